@@ -1,0 +1,164 @@
+//! Builds the application from [`Settings`] and runs it until shut down.
+//! `main` only parses flags, sets up logging and calls [`Application`];
+//! tests build the same application on port 0.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::config::Settings;
+use crate::http::locks::input::TtlPolicy;
+use crate::http::routes::router;
+use crate::http::state::AppState;
+use crate::lock::memory::MemoryBackend;
+use crate::lock::redis::{RedisBackend, RedisConfig, redact_url};
+use crate::lock::{LockBackend, LockError, Ttl};
+use crate::metrics::{Instrumented, Metrics};
+
+/// Why the application could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The lock backend could not be built (for example, a bad Redis URL).
+    #[error("{0}")]
+    Backend(#[from] LockError),
+    /// A setting is out of range.
+    #[error("invalid settings: {0}")]
+    Settings(String),
+    /// The metrics registry could not be built.
+    #[error("cannot build metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// A bound, ready-to-run lockd.
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+}
+
+impl Application {
+    /// Builds the backend the settings ask for (Redis, or memory with
+    /// `dev`), binds the listener and builds the router.
+    ///
+    /// # Errors
+    /// [`StartupError`] when the address cannot be bound or the backend
+    /// cannot be built. Redis being down is not an error: requests get 503
+    /// until it comes back.
+    pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
+        let backend: Arc<dyn LockBackend> = if settings.dev {
+            tracing::warn!(
+                "dev mode: locks are kept in this process's memory and are NOT shared \
+                 with other lockd processes; do not use this in production"
+            );
+            Arc::new(MemoryBackend::new())
+        } else {
+            tracing::info!(redis = %redact_url(&settings.redis_url), "using Redis");
+            Arc::new(RedisBackend::new(&RedisConfig {
+                url: settings.redis_url.clone(),
+                key_prefix: settings.key_prefix.clone(),
+                timeout: Duration::from_millis(settings.redis_timeout_ms),
+                pool_size: settings.pool_size,
+            })?)
+        };
+        Self::with_backend(settings, backend).await
+    }
+
+    /// Like [`Application::build`], with a backend of the caller's (tests
+    /// use this to keep a handle on a [`MemoryBackend`]).
+    ///
+    /// # Errors
+    /// As for [`Application::build`].
+    pub async fn with_backend(
+        settings: &Settings,
+        backend: Arc<dyn LockBackend>,
+    ) -> Result<Self, StartupError> {
+        let default = Ttl::from_millis(
+            settings.default_ttl_ms,
+            settings.max_ttl_ms,
+            "default_ttl_ms",
+        )
+        .map_err(|e| StartupError::Settings(e.to_string()))?;
+        let metrics = Arc::new(Metrics::new()?);
+        let state = AppState {
+            locks: Arc::new(Instrumented::new(backend, metrics.clone())),
+            ttl: TtlPolicy {
+                default,
+                max_ms: settings.max_ttl_ms,
+            },
+            metrics,
+        };
+        let listener =
+            TcpListener::bind(settings.listen)
+                .await
+                .map_err(|source| StartupError::Bind {
+                    addr: settings.listen,
+                    source,
+                })?;
+        Ok(Self {
+            listener,
+            router: router(state),
+        })
+    }
+
+    /// The address the listener is bound to (useful with port 0).
+    ///
+    /// # Errors
+    /// When the socket cannot report its address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves requests until `shutdown` completes, then finishes the
+    /// requests in flight and returns.
+    ///
+    /// # Errors
+    /// When the listener fails.
+    pub async fn run_until<F>(self, shutdown: F) -> std::io::Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}

@@ -1,0 +1,269 @@
+//! Settings: command-line flags and environment variables (clap) over an
+//! optional TOML file (`--config`, read with figment) over defaults.
+//! `config/lockd.example.toml` documents every setting.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use figment::Figment;
+use figment::providers::{Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::lock::redis::redact_url;
+
+/// `lockd`: a distributed lock service over HTTP, with locks held in Redis.
+#[derive(Debug, Parser)]
+#[command(name = "lockd", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP service.
+    Serve(ServeArgs),
+    /// Print the OpenAPI document (JSON) that `/openapi.json` serves.
+    Openapi,
+}
+
+/// Flags of `lockd serve`. Each one overrides the same setting from the
+/// `--config` file; unset flags leave the file's value or the default.
+#[derive(Debug, Default, Args, Serialize)]
+pub struct ServeArgs {
+    /// A TOML file with settings (see config/lockd.example.toml).
+    #[arg(long, env = "LOCKD_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "LOCKD_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Redis URL, e.g. redis://:password@host:6379/0 [default: redis://127.0.0.1:6379].
+    #[arg(long, env = "LOCKD_REDIS_URL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_url: Option<String>,
+    /// Prefix of every Redis key lockd writes [default: lockd:].
+    #[arg(long, env = "LOCKD_KEY_PREFIX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+    /// Lease length when a request gives no ttl_ms, in ms [default: 30000].
+    #[arg(long, env = "LOCKD_DEFAULT_TTL_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_ttl_ms: Option<u64>,
+    /// Longest lease a request may ask for, in ms [default: 3600000].
+    #[arg(long, env = "LOCKD_MAX_TTL_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ttl_ms: Option<u64>,
+    /// Longest time one Redis operation may take, connecting included, in ms;
+    /// past it the request gets 503 [default: 1000].
+    #[arg(long, env = "LOCKD_REDIS_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_timeout_ms: Option<u64>,
+    /// Most pooled Redis connections [default: 16].
+    #[arg(long, env = "LOCKD_POOL_SIZE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_size: Option<usize>,
+    /// Keep locks in this process's memory instead of Redis, to try lockd
+    /// without Redis. Locks are not shared between processes.
+    #[arg(long, env = "LOCKD_DEV")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dev: bool,
+}
+
+/// The service's settings, after flags, environment, file and defaults are
+/// merged. `Debug` hides any password in the Redis URL.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Address to listen on; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Redis URL.
+    pub redis_url: String,
+    /// Prefix of every Redis key lockd writes.
+    pub key_prefix: String,
+    /// Lease length when a request gives no `ttl_ms`, in milliseconds.
+    pub default_ttl_ms: u64,
+    /// Longest lease a request may ask for, in milliseconds.
+    pub max_ttl_ms: u64,
+    /// Longest time one Redis operation may take, in milliseconds.
+    pub redis_timeout_ms: u64,
+    /// Most pooled Redis connections.
+    pub pool_size: usize,
+    /// Use the in-memory backend instead of Redis.
+    pub dev: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            redis_url: "redis://127.0.0.1:6379".into(),
+            key_prefix: "lockd:".into(),
+            default_ttl_ms: 30_000,
+            max_ttl_ms: 3_600_000,
+            redis_timeout_ms: 1_000,
+            pool_size: 16,
+            dev: false,
+        }
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("listen", &self.listen)
+            .field("redis_url", &redact_url(&self.redis_url))
+            .field("key_prefix", &self.key_prefix)
+            .field("default_ttl_ms", &self.default_ttl_ms)
+            .field("max_ttl_ms", &self.max_ttl_ms)
+            .field("redis_timeout_ms", &self.redis_timeout_ms)
+            .field("pool_size", &self.pool_size)
+            .field("dev", &self.dev)
+            .finish()
+    }
+}
+
+/// Why the settings could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The `--config` file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A value has the wrong type, or a key is unknown.
+    #[error("invalid settings: {0}")]
+    Parse(#[from] Box<figment::Error>),
+    /// The values do not fit together.
+    #[error("invalid settings: {0}")]
+    Invalid(String),
+}
+
+impl Settings {
+    /// Merges defaults, the `--config` file and the flags (which clap has
+    /// already merged with the environment), in that order of precedence
+    /// from lowest to highest, then checks the result.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the file cannot be read, has an unknown key or a
+    /// value of the wrong type, or when the values do not fit together.
+    pub fn load(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        if let Some(path) = &args.config {
+            // figment skips a missing file silently; a named file must exist.
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            figment = figment.merge(Toml::string(&text));
+        }
+        let settings: Settings = figment
+            .merge(Serialized::defaults(args))
+            .extract()
+            .map_err(Box::new)?;
+        settings.check()?;
+        Ok(settings)
+    }
+
+    /// Checks the values that each parse alone but must fit together.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the setting at fault.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.max_ttl_ms == 0 {
+            return invalid("max_ttl_ms must be at least 1".into());
+        }
+        if !(1..=self.max_ttl_ms).contains(&self.default_ttl_ms) {
+            return invalid(format!(
+                "default_ttl_ms must be from 1 to max_ttl_ms ({})",
+                self.max_ttl_ms
+            ));
+        }
+        if self.redis_timeout_ms == 0 {
+            return invalid("redis_timeout_ms must be at least 1".into());
+        }
+        if self.pool_size == 0 {
+            return invalid("pool_size must be at least 1".into());
+        }
+        if self.key_prefix.contains(['{', '}']) {
+            return invalid("key_prefix must not contain braces: they mark the hash tag".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        writeln!(
+            file,
+            "max_ttl_ms = 5000\ndefault_ttl_ms = 4000\npool_size = 3"
+        )
+        .expect("write");
+        let args = ServeArgs {
+            config: Some(file.path().to_path_buf()),
+            pool_size: Some(7),
+            ..ServeArgs::default()
+        };
+        let settings = Settings::load(&args).expect("valid settings");
+        assert_eq!(settings.max_ttl_ms, 5000);
+        assert_eq!(settings.default_ttl_ms, 4000);
+        assert_eq!(settings.pool_size, 7);
+        assert_eq!(settings.key_prefix, "lockd:");
+    }
+
+    #[test]
+    fn unknown_keys_and_missing_files_are_errors() {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        writeln!(file, "max_ttl = 5000").expect("write");
+        let args = ServeArgs {
+            config: Some(file.path().to_path_buf()),
+            ..ServeArgs::default()
+        };
+        assert!(matches!(Settings::load(&args), Err(ConfigError::Parse(_))));
+        let args = ServeArgs {
+            config: Some("/nonexistent/lockd.toml".into()),
+            ..ServeArgs::default()
+        };
+        assert!(matches!(
+            Settings::load(&args),
+            Err(ConfigError::Read { .. })
+        ));
+    }
+
+    #[test]
+    fn default_ttl_above_max_is_refused() {
+        let args = ServeArgs {
+            default_ttl_ms: Some(10),
+            max_ttl_ms: Some(5),
+            ..ServeArgs::default()
+        };
+        assert!(matches!(
+            Settings::load(&args),
+            Err(ConfigError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn debug_hides_the_redis_password() {
+        let settings = Settings {
+            redis_url: "redis://:hunter2@127.0.0.1:6379".into(),
+            ..Settings::default()
+        };
+        assert!(!format!("{settings:?}").contains("hunter2"));
+    }
+}

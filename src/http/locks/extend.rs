@@ -1,0 +1,45 @@
+//! `PATCH /locks/{name}`: extend a lease.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::HeaderMap;
+
+use super::input::holder_token;
+use super::model::{ExtendBody, ExtendQuery, Extended};
+use crate::http::extract::{JsonBody, LockPath, StrictQuery};
+use crate::http::problem::{ApiError, Problem};
+use crate::http::state::AppState;
+
+/// Reset the lease of a lock you hold to `ttl_ms` from now. Never creates a
+/// lock: an expired lease stays expired.
+#[utoipa::path(
+    patch,
+    path = "/locks/{name}",
+    tag = "locks",
+    params(
+        ("name" = String, Path, description = "Lock name"),
+        ("Lock-Token" = Option<String>, Header, description = "The holder's token (or `token` in the body)"),
+        ExtendQuery,
+    ),
+    request_body(content = Option<ExtendBody>),
+    responses(
+        (status = 200, description = "Extended", body = Extended),
+        (status = 400, description = "No token, or an invalid TTL or body; nothing was changed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Nobody holds the lock: the lease ran out or it was released", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another token holds the lock; nothing was changed", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub async fn extend(
+    State(state): State<AppState>,
+    LockPath(name): LockPath,
+    headers: HeaderMap,
+    StrictQuery(query): StrictQuery<ExtendQuery>,
+    JsonBody(body): JsonBody<ExtendBody>,
+) -> Result<Json<Extended>, ApiError> {
+    let token = holder_token(&headers, body.token.as_deref())?;
+    let ttl = state.ttl.resolve(query.ttl_ms.as_deref(), body.ttl_ms)?;
+    let lease = state.locks.extend(&name, &token, ttl).await?;
+    Ok(Json(Extended::new(&name, &lease)))
+}

@@ -1,0 +1,98 @@
+//! Turns the raw query, headers and body of a request into the lock core's
+//! parsed types, with the rules shared by every route: a value may come from
+//! one place only, and a token never from the URL.
+
+use axum::http::HeaderMap;
+
+use super::model::{AcquireBody, AcquireQuery};
+use crate::http::problem::ApiError;
+use crate::lock::{AcquireRequest, LockName, Owner, Token, Ttl};
+
+/// The header that carries a lock token on PATCH and DELETE.
+pub const LOCK_TOKEN: &str = "lock-token";
+
+/// The TTL rules of this server.
+#[derive(Debug, Clone, Copy)]
+pub struct TtlPolicy {
+    /// The TTL when a request gives none.
+    pub default: Ttl,
+    /// The largest TTL a request may ask for, in milliseconds.
+    pub max_ms: u64,
+}
+
+impl TtlPolicy {
+    /// The TTL from a query's text or a body's integer (at most one of them),
+    /// or the default.
+    ///
+    /// # Errors
+    /// 400 when both are given or the value is out of range.
+    pub fn resolve(&self, query: Option<&str>, body: Option<u64>) -> Result<Ttl, ApiError> {
+        match (query, body) {
+            (Some(_), Some(_)) => Err(given_twice("ttl_ms")),
+            (Some(text), None) => Ok(Ttl::parse_text(text, self.max_ms, "ttl_ms")?),
+            (None, Some(ms)) => Ok(Ttl::from_millis(ms, self.max_ms, "ttl_ms")?),
+            (None, None) => Ok(self.default),
+        }
+    }
+}
+
+fn given_twice(field: &str) -> ApiError {
+    ApiError::invalid(format!(
+        "`{field}` was given both in the query string and in the body; give it once"
+    ))
+}
+
+/// Builds an acquire request from the query and the body.
+///
+/// # Errors
+/// 400 when a parameter is given twice or a value is invalid.
+pub fn acquire_request(
+    name: LockName,
+    query: AcquireQuery,
+    body: AcquireBody,
+    ttl: &TtlPolicy,
+) -> Result<AcquireRequest, ApiError> {
+    let ttl = ttl.resolve(query.ttl_ms.as_deref(), body.ttl_ms)?;
+    let owner = match (query.owner, body.owner) {
+        (Some(_), Some(_)) => return Err(given_twice("owner")),
+        (q, b) => q.or(b).map(|o| Owner::parse(&o)).transpose()?,
+    };
+    let token = match body.token {
+        Some(raw) => Token::parse(&raw)?,
+        None => Token::generate(),
+    };
+    Ok(AcquireRequest {
+        name,
+        token,
+        ttl,
+        owner,
+    })
+}
+
+/// The holder's token, from the `Lock-Token` header or the body's `token`.
+///
+/// # Errors
+/// 400 when there is none, when both are given, or when it is malformed.
+pub fn holder_token(headers: &HeaderMap, body_token: Option<&str>) -> Result<Token, ApiError> {
+    let header = headers
+        .get(LOCK_TOKEN)
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::invalid("the Lock-Token header is not ASCII"))
+        })
+        .transpose()?;
+    let raw = match (header, body_token) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "the token was given both in the Lock-Token header and in the body; give it once",
+            ));
+        }
+        (Some(t), None) | (None, Some(t)) => t,
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "no token: send the holder's token in the Lock-Token header or as `token` in the JSON body",
+            ));
+        }
+    };
+    Ok(Token::parse(raw)?)
+}

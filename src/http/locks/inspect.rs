@@ -1,0 +1,33 @@
+//! `GET /locks/{name}`: who holds a lock, without its token.
+
+use axum::Json;
+use axum::extract::State;
+
+use super::model::{NoQuery, Status};
+use crate::http::extract::{LockPath, StrictQuery};
+use crate::http::problem::{ApiError, Kind, Problem};
+use crate::http::state::AppState;
+
+/// Show the holder's fence, remaining lease and owner label. Never the token.
+#[utoipa::path(
+    get,
+    path = "/locks/{name}",
+    tag = "locks",
+    params(("name" = String, Path, description = "Lock name")),
+    responses(
+        (status = 200, description = "The lock is held", body = Status),
+        (status = 400, description = "Invalid lock name", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The lock is free", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub async fn inspect(
+    State(state): State<AppState>,
+    LockPath(name): LockPath,
+    StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
+) -> Result<Json<Status>, ApiError> {
+    match state.locks.inspect(&name).await? {
+        Some(info) => Ok(Json(Status::new(&name, info))),
+        None => Err(ApiError::new(Kind::LockNotHeld, "the lock is free")),
+    }
+}

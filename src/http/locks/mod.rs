@@ -1,0 +1,10 @@
+//! The `/locks/{name}` routes: one file per action, each a thin handler
+//! that parses input ([`input`]), calls the lock core and shapes the answer
+//! ([`model`]).
+
+pub mod acquire;
+pub mod extend;
+pub mod input;
+pub mod inspect;
+pub mod model;
+pub mod release;

@@ -1,0 +1,179 @@
+//! The JSON and query shapes of `/locks/{name}`. Every duration is in
+//! milliseconds (`_ms`), every time is RFC 3339 UTC.
+
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use crate::lock::{Lease, LockInfo, LockName};
+
+/// Body of `POST /locks/{name}`. Every field is optional, and so is the body.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireBody {
+    /// Lease length in milliseconds, from 1 to the server's maximum
+    /// (default 3600000). A JSON integer: `"1500"` is refused. Default: the
+    /// server's default TTL (30000).
+    #[schema(minimum = 1, example = 30000)]
+    pub ttl_ms: Option<u64>,
+    /// A token of your choosing, 16 to 128 characters of `[A-Za-z0-9_-]`.
+    /// Sending the same token again while it holds the lock renews the lease
+    /// (200) instead of failing: safe retries after a lost response.
+    #[schema(example = "job-42-attempt-1-7f3a9c")]
+    pub token: Option<String>,
+    /// A label for the holder, up to 256 characters, shown by GET.
+    #[schema(example = "billing-worker-3")]
+    pub owner: Option<String>,
+}
+
+/// Query parameters of `POST /locks/{name}`, for curl and webhook configs. A
+/// parameter may not be given both here and in the body.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct AcquireQuery {
+    /// Lease length in milliseconds, as decimal digits.
+    #[param(value_type = Option<u64>, minimum = 1)]
+    pub ttl_ms: Option<String>,
+    /// A label for the holder, up to 256 characters.
+    pub owner: Option<String>,
+}
+
+/// Body of `PATCH /locks/{name}`. Optional when the token comes in the
+/// `Lock-Token` header.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendBody {
+    /// The holder's token, unless it is sent in the `Lock-Token` header.
+    pub token: Option<String>,
+    /// The new lease length in milliseconds, counted from now. Default: the
+    /// server's default TTL (30000).
+    #[schema(minimum = 1, example = 30000)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// Body of `DELETE /locks/{name}`. Optional when the token comes in the
+/// `Lock-Token` header.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// The holder's token, unless it is sent in the `Lock-Token` header.
+    pub token: Option<String>,
+}
+
+/// Query parameters of `PATCH /locks/{name}`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ExtendQuery {
+    /// The new lease length in milliseconds, as decimal digits.
+    #[param(value_type = Option<u64>, minimum = 1)]
+    pub ttl_ms: Option<String>,
+}
+
+/// Query parameters of `DELETE /locks/{name}`: none are taken.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoQuery {}
+
+/// A granted lock (201), or a renewed one (200, same token and fence).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Grant {
+    /// The lock's name.
+    pub name: String,
+    /// The secret proving ownership: send it to extend and release. Keep it
+    /// out of URLs and logs.
+    pub token: String,
+    /// The fencing token: larger than every earlier grant of this lock. Pass
+    /// it to the storage you write to, so it can refuse a stale holder.
+    /// `null` only for a lock written by a foreign client.
+    pub fence: Option<u64>,
+    /// The lease granted, in milliseconds.
+    pub ttl_ms: u64,
+    /// When the lease ends at the latest (RFC 3339, UTC).
+    pub expires_at: String,
+}
+
+/// A lease after an extend.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Extended {
+    /// The lock's name.
+    pub name: String,
+    /// The holder's fencing token (unchanged by an extend).
+    pub fence: Option<u64>,
+    /// The new lease, in milliseconds from now.
+    pub ttl_ms: u64,
+    /// When the lease ends at the latest (RFC 3339, UTC).
+    pub expires_at: String,
+}
+
+/// What anyone may see of a held lock. Never the token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Status {
+    /// The lock's name.
+    pub name: String,
+    /// Always `true` (a free lock answers 404).
+    pub held: bool,
+    /// The holder's fencing token.
+    pub fence: Option<u64>,
+    /// The holder's remaining lease in milliseconds; `null` when a foreign
+    /// client set the key without a TTL.
+    pub ttl_ms: Option<u64>,
+    /// When the lease ends (RFC 3339, UTC); `null` as for `ttl_ms`.
+    pub expires_at: Option<String>,
+    /// The holder's label, if it gave one.
+    pub owner: Option<String>,
+    /// When the holder was granted the lock (RFC 3339, UTC).
+    pub granted_at: Option<String>,
+}
+
+/// A time as RFC 3339 UTC with milliseconds.
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Grant {
+    /// The answer for `lease`, taken with `token`.
+    pub fn new(name: &LockName, token: String, lease: &Lease) -> Self {
+        Self {
+            name: name.to_string(),
+            token,
+            fence: lease.fence,
+            ttl_ms: lease.ttl.as_millis(),
+            expires_at: rfc3339(lease.expires_at),
+        }
+    }
+}
+
+impl Extended {
+    /// The answer for an extended `lease`.
+    pub fn new(name: &LockName, lease: &Lease) -> Self {
+        Self {
+            name: name.to_string(),
+            fence: lease.fence,
+            ttl_ms: lease.ttl.as_millis(),
+            expires_at: rfc3339(lease.expires_at),
+        }
+    }
+}
+
+impl Status {
+    /// The answer for a held lock.
+    pub fn new(name: &LockName, info: LockInfo) -> Self {
+        let now = SystemTime::now();
+        Self {
+            name: name.to_string(),
+            held: true,
+            fence: info.fence,
+            ttl_ms: info.remaining.map(millis),
+            expires_at: info.remaining.map(|r| rfc3339(now + r)),
+            owner: info.owner,
+            granted_at: info.granted_at.map(rfc3339),
+        }
+    }
+}

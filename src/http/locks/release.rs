@@ -1,0 +1,41 @@
+//! `DELETE /locks/{name}`: release a lock.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+
+use super::input::holder_token;
+use super::model::{NoQuery, ReleaseBody};
+use crate::http::extract::{JsonBody, LockPath, StrictQuery};
+use crate::http::problem::{ApiError, Problem};
+use crate::http::state::AppState;
+
+/// Release a lock you hold (compare-and-delete on the token).
+#[utoipa::path(
+    delete,
+    path = "/locks/{name}",
+    tag = "locks",
+    params(
+        ("name" = String, Path, description = "Lock name"),
+        ("Lock-Token" = Option<String>, Header, description = "The holder's token (or `token` in the body)"),
+    ),
+    request_body(content = Option<ReleaseBody>),
+    responses(
+        (status = 204, description = "Released"),
+        (status = 400, description = "No token, or an invalid body", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Nobody holds the lock: the lease ran out or it was released", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another token holds the lock; nothing was changed", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub async fn release(
+    State(state): State<AppState>,
+    LockPath(name): LockPath,
+    headers: HeaderMap,
+    StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
+    JsonBody(body): JsonBody<ReleaseBody>,
+) -> Result<StatusCode, ApiError> {
+    let token = holder_token(&headers, body.token.as_deref())?;
+    state.locks.release(&name, &token).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,10 @@
+//! The HTTP face of lockd: routes, thin handlers, extractors and the one
+//! mapping from errors to RFC 9457 problem documents.
+
+pub mod extract;
+pub mod locks;
+pub mod openapi;
+pub mod ops;
+pub mod problem;
+pub mod routes;
+pub mod state;

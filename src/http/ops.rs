@@ -1,0 +1,57 @@
+//! Operational routes: health, readiness, metrics and the OpenAPI document.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde::Serialize;
+use utoipa::{OpenApi, ToSchema};
+
+use super::openapi::ApiDoc;
+use super::problem::{ApiError, Problem};
+use super::state::AppState;
+
+/// A health answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` for `/healthz`, `ready` for `/readyz`.
+    pub status: &'static str,
+}
+
+/// Liveness: 200 while the process runs.
+#[utoipa::path(get, path = "/healthz", tag = "ops",
+    responses((status = 200, description = "The process runs", body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// Readiness: 200 when the lock backend answers PING, 503 otherwise.
+#[utoipa::path(get, path = "/readyz", tag = "ops",
+    responses(
+        (status = 200, description = "Redis answers", body = Health),
+        (status = 503, description = "Redis does not answer", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    state.locks.ping().await?;
+    Ok(Json(Health { status: "ready" }))
+}
+
+/// Prometheus metrics in text format 0.0.4.
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4")))]
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(get, path = "/openapi.json", tag = "ops",
+    responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
+pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -1,0 +1,273 @@
+//! RFC 9457 problem details: the one shape of every error lockd answers.
+//!
+//! Domain errors ([`LockError`], [`InvalidInput`]) become an [`ApiError`],
+//! mapped to a status and a problem type in one place. [`normalize`] catches
+//! the errors produced by layers below the handlers (router 404/405, body
+//! limit 413, timeout) and gives them the same shape.
+
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::lock::{InvalidInput, LockError};
+
+/// The media type of a problem document (RFC 9457 §3).
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "type": "urn:lockd:problem:lock-held",
+    "title": "Lock is held",
+    "status": 409,
+    "detail": "the lock is held by another holder; it frees in at most 2500 ms",
+    "retry_after_ms": 2500
+}))]
+pub struct Problem {
+    /// A URI naming the kind of problem, `urn:lockd:problem:<slug>`; the
+    /// README lists every slug.
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    /// A short summary of the kind of problem.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong with this request. Never carries internal error text
+    /// or a lock token.
+    pub detail: String,
+    /// For `lock-held` and `backend-unavailable`: milliseconds to wait before
+    /// trying again (also sent, rounded up to seconds, as `Retry-After`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+/// The kinds of problem lockd answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// 400: the request is malformed or a value is out of range.
+    InvalidRequest,
+    /// 404: nobody holds the lock.
+    LockNotHeld,
+    /// 409: another holder has the lock.
+    LockHeld,
+    /// 409: the lock is held under another token.
+    NotLockOwner,
+    /// 404: no such route.
+    RouteNotFound,
+    /// 405: the route exists, the method does not.
+    MethodNotAllowed,
+    /// 413: the body is over the limit.
+    PayloadTooLarge,
+    /// 503: the lock backend did not answer.
+    BackendUnavailable,
+    /// 503: the request took longer than the server allows.
+    Timeout,
+    /// 500: a bug; details are in the server log.
+    Internal,
+}
+
+impl Kind {
+    fn parts(self) -> (StatusCode, &'static str, &'static str) {
+        use StatusCode as S;
+        match self {
+            Self::InvalidRequest => (S::BAD_REQUEST, "invalid-request", "Invalid request"),
+            Self::LockNotHeld => (S::NOT_FOUND, "lock-not-held", "Lock is not held"),
+            Self::LockHeld => (S::CONFLICT, "lock-held", "Lock is held"),
+            Self::NotLockOwner => (
+                S::CONFLICT,
+                "not-lock-owner",
+                "Token does not hold the lock",
+            ),
+            Self::RouteNotFound => (S::NOT_FOUND, "route-not-found", "No such route"),
+            Self::MethodNotAllowed => (
+                S::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+            ),
+            Self::PayloadTooLarge => (
+                S::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "Request body too large",
+            ),
+            Self::BackendUnavailable => (
+                S::SERVICE_UNAVAILABLE,
+                "backend-unavailable",
+                "Lock backend unavailable",
+            ),
+            Self::Timeout => (S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"),
+            Self::Internal => (S::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
+        }
+    }
+}
+
+/// An error answer: a [`Kind`], a detail for the caller and, for retryable
+/// kinds, how long to wait.
+#[derive(Debug)]
+pub struct ApiError {
+    kind: Kind,
+    detail: String,
+    retry_after: Option<Duration>,
+    /// A status other than the kind's own, for client errors that no kind
+    /// names (such as 415 from a layer).
+    status: Option<StatusCode>,
+}
+
+/// How long a caller should wait after a 503 before trying again.
+const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
+
+impl ApiError {
+    /// An error of `kind` with `detail` for the caller.
+    pub fn new(kind: Kind, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+            retry_after: None,
+            status: None,
+        }
+    }
+
+    /// A 400 with `detail`.
+    pub fn invalid(detail: impl Into<String>) -> Self {
+        Self::new(Kind::InvalidRequest, detail)
+    }
+
+    /// The kind of problem.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    fn retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
+    }
+}
+
+impl From<InvalidInput> for ApiError {
+    fn from(e: InvalidInput) -> Self {
+        Self::invalid(e.to_string())
+    }
+}
+
+impl From<LockError> for ApiError {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::Held { retry_after } => Self::new(
+                Kind::LockHeld,
+                format!(
+                    "the lock is held by another holder; it frees in at most {} ms",
+                    retry_after.as_millis()
+                ),
+            )
+            .retry_after(retry_after),
+            LockError::NotHeld => Self::new(
+                Kind::LockNotHeld,
+                "nobody holds this lock: it was released or its lease ran out",
+            ),
+            LockError::NotOwner => Self::new(
+                Kind::NotLockOwner,
+                "the lock is held under another token; nothing was changed",
+            ),
+            LockError::Unavailable(why) => {
+                tracing::warn!(error = %why, "lock backend unavailable");
+                Self::new(
+                    Kind::BackendUnavailable,
+                    "the lock backend did not answer in time; try again shortly",
+                )
+                .retry_after(UNAVAILABLE_RETRY)
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (kind_status, slug, title) = self.kind.parts();
+        let status = self.status.unwrap_or(kind_status);
+        let problem = Problem {
+            problem_type: format!("urn:lockd:problem:{slug}"),
+            title: title.to_owned(),
+            status: status.as_u16(),
+            detail: self.detail,
+            retry_after_ms: self
+                .retry_after
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        };
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(wait) = self.retry_after {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs(wait)),
+            );
+        }
+        response
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up (RFC 9110 §10.2.3), at least 1.
+pub fn retry_after_secs(wait: Duration) -> u64 {
+    wait.as_millis()
+        .div_ceil(1000)
+        .clamp(1, u128::from(u64::MAX)) as u64
+}
+
+/// Middleware: turns any error response that is not already a problem
+/// document (router 404 and 405, body-limit 413, timeout 503) into one,
+/// keeping its status and headers such as `Allow`.
+pub async fn normalize(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return response;
+    }
+    let (kind, detail) = match status {
+        StatusCode::NOT_FOUND => (Kind::RouteNotFound, "no route matches this path"),
+        StatusCode::METHOD_NOT_ALLOWED => (
+            Kind::MethodNotAllowed,
+            "this route does not take this method; see the Allow header",
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => (Kind::PayloadTooLarge, "the request body is over 64 KiB"),
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::REQUEST_TIMEOUT => (
+            Kind::Timeout,
+            "the request took longer than the server allows",
+        ),
+        s if s.is_client_error() => (Kind::InvalidRequest, "the request was refused"),
+        _ => (Kind::Internal, "internal error; see the server log"),
+    };
+    let (parts, _) = response.into_parts();
+    let mut error = ApiError::new(kind, detail);
+    if kind == Kind::InvalidRequest {
+        error.status = Some(status);
+    }
+    let mut fresh = error.into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            fresh.headers_mut().insert(name, value.clone());
+        }
+    }
+    fresh
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+    }
+}

@@ -1,0 +1,19 @@
+//! lockd: a distributed lock service over HTTP, with locks held in Redis.
+//!
+//! # Layout
+//! - [`lock`]: the lock core. Parsed input types, the [`lock::LockBackend`]
+//!   trait, the Redis backend with its Lua scripts, and an in-memory backend.
+//!   No HTTP in it.
+//! - [`http`]: the axum routes, one thin handler per action, extractors, and
+//!   the one mapping from errors to RFC 9457 problem documents.
+//! - [`metrics`]: the Prometheus registry and a backend decorator that
+//!   counts outcomes and times calls.
+//! - [`config`]: flags, environment and the TOML file, merged into
+//!   [`config::Settings`].
+//! - [`app`]: builds and runs the application; `main` only calls it.
+
+pub mod app;
+pub mod config;
+pub mod http;
+pub mod lock;
+pub mod metrics;

@@ -1,0 +1,26 @@
+//! The lock core's error type. The HTTP layer maps it to problem documents
+//! in one place (`http::problem`).
+
+use std::time::Duration;
+
+/// What can go wrong with a lock operation.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Another holder has the lock. `retry_after` is the holder's remaining
+    /// lease: the earliest moment the lock can be free without a release.
+    #[error("the lock is held by another holder")]
+    Held {
+        /// The holder's remaining lease.
+        retry_after: Duration,
+    },
+    /// Nobody holds the lock (it was released, or its lease ran out).
+    #[error("nobody holds the lock")]
+    NotHeld,
+    /// The lock is held under another token.
+    #[error("the lock is held under another token")]
+    NotOwner,
+    /// The backend could not be reached or did not answer in time. The text
+    /// is for logs only; it never reaches a client.
+    #[error("lock backend unavailable: {0}")]
+    Unavailable(String),
+}

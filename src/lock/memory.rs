@@ -1,0 +1,242 @@
+//! An in-process backend with the same semantics as the Redis one, for
+//! `lockd serve --dev` and tests. Locks live in this process only: two lockd
+//! processes never see each other's locks.
+//!
+//! A std [`Mutex`] is right here (as in mini-redis's `db.rs`): the critical
+//! sections are short, never await, and a tokio mutex would only add cost.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::{
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Token, Ttl,
+};
+
+struct Holder {
+    token: Token,
+    fence: u64,
+    owner: Option<String>,
+    granted_at: SystemTime,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    holders: HashMap<String, Holder>,
+    /// Fencing counters. Like Redis's `:fence` keys they outlive the locks,
+    /// so fences never go backwards.
+    fences: HashMap<String, u64>,
+}
+
+impl State {
+    /// The live holder of `name`, dropping an expired one first.
+    fn live(&mut self, name: &LockName, now: Instant) -> Option<&mut Holder> {
+        if self
+            .holders
+            .get(name.as_str())
+            .is_some_and(|h| h.expires <= now)
+        {
+            self.holders.remove(name.as_str());
+        }
+        self.holders.get_mut(name.as_str())
+    }
+
+    /// Drops every expired holder, so that names used once do not pile up.
+    fn sweep(&mut self, now: Instant) {
+        self.holders.retain(|_, h| h.expires > now);
+    }
+}
+
+/// Locks in this process's memory.
+#[derive(Default)]
+pub struct MemoryBackend {
+    state: Mutex<State>,
+}
+
+impl MemoryBackend {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated
+        // in a way that breaks mutual exclusion, so a poisoned lock is used.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The token and remaining lease of the holder of `name`, if any. For
+    /// tests that check what the store holds, as they read Redis keys for the
+    /// Redis backend.
+    pub fn peek(&self, name: &str) -> Option<(String, Duration)> {
+        let name = LockName::parse(name).ok()?;
+        let now = Instant::now();
+        let mut state = self.state();
+        state
+            .live(&name, now)
+            .map(|h| (h.token.expose().to_owned(), h.expires - now))
+    }
+
+    /// How many locks are held now.
+    pub fn held_count(&self) -> usize {
+        let mut state = self.state();
+        state.sweep(Instant::now());
+        state.holders.len()
+    }
+}
+
+fn lease(fence: u64, ttl: Ttl) -> Lease {
+    Lease {
+        fence: Some(fence),
+        ttl,
+        expires_at: SystemTime::now() + ttl.as_duration(),
+    }
+}
+
+/// Sweep expired holders once every this many acquires.
+const SWEEP_EVERY: u64 = 1024;
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(holder) = state.live(&req.name, now) {
+            if holder.token != req.token {
+                return Err(LockError::Held {
+                    retry_after: (holder.expires - now).max(Duration::from_millis(1)),
+                });
+            }
+            holder.expires = now + req.ttl.as_duration();
+            return Ok(Acquired::Renewed(lease(holder.fence, req.ttl)));
+        }
+        let counter = state
+            .fences
+            .entry(req.name.as_str().to_owned())
+            .or_default();
+        *counter += 1;
+        let fence = *counter;
+        if fence.is_multiple_of(SWEEP_EVERY) {
+            state.sweep(now);
+        }
+        state.holders.insert(
+            req.name.as_str().to_owned(),
+            Holder {
+                token: req.token.clone(),
+                fence,
+                owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+                granted_at: SystemTime::now(),
+                expires: now + req.ttl.as_duration(),
+            },
+        );
+        Ok(Acquired::Granted(lease(fence, req.ttl)))
+    }
+
+    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let holder = state.live(name, now).ok_or(LockError::NotHeld)?;
+        if &holder.token != token {
+            return Err(LockError::NotOwner);
+        }
+        holder.expires = now + ttl.as_duration();
+        Ok(lease(holder.fence, ttl))
+    }
+
+    async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let holder = state.live(name, now).ok_or(LockError::NotHeld)?;
+        if &holder.token != token {
+            return Err(LockError::NotOwner);
+        }
+        state.holders.remove(name.as_str());
+        Ok(())
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        Ok(state.live(name, now).map(|h| LockInfo {
+            fence: Some(h.fence),
+            remaining: Some(h.expires - now),
+            owner: h.owner.clone(),
+            granted_at: Some(h.granted_at),
+        }))
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(name: &str, token: &Token, ttl_ms: u64) -> AcquireRequest {
+        AcquireRequest {
+            name: LockName::parse(name).expect("valid name"),
+            token: token.clone(),
+            ttl: Ttl::from_millis(ttl_ms, u64::MAX, "ttl_ms").expect("valid ttl"),
+            owner: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_runs_out_after_its_ttl_and_the_fence_grows() {
+        let store = MemoryBackend::new();
+        let (a, b) = (Token::generate(), Token::generate());
+        let first = store.acquire(&request("k", &a, 100)).await.expect("free");
+        assert!(matches!(
+            store.acquire(&request("k", &b, 100)).await,
+            Err(LockError::Held { .. })
+        ));
+        tokio::time::advance(Duration::from_millis(101)).await;
+        let second = store
+            .acquire(&request("k", &b, 100))
+            .await
+            .expect("expired");
+        assert!(second.lease().fence > first.lease().fence);
+        let name = LockName::parse("k").expect("valid");
+        assert!(matches!(
+            store.release(&name, &a).await,
+            Err(LockError::NotOwner)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_reports_the_remaining_lease() {
+        let store = MemoryBackend::new();
+        store
+            .acquire(&request("k", &Token::generate(), 1000))
+            .await
+            .expect("free");
+        tokio::time::advance(Duration::from_millis(400)).await;
+        match store.acquire(&request("k", &Token::generate(), 1000)).await {
+            Err(LockError::Held { retry_after }) => {
+                assert_eq!(retry_after, Duration::from_millis(600));
+            }
+            other => panic!("expected Held, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn extend_never_revives_an_expired_lock() {
+        let store = MemoryBackend::new();
+        let a = Token::generate();
+        store.acquire(&request("k", &a, 50)).await.expect("free");
+        tokio::time::advance(Duration::from_millis(60)).await;
+        let name = LockName::parse("k").expect("valid");
+        let ttl = Ttl::from_millis(5000, u64::MAX, "ttl_ms").expect("valid");
+        assert!(matches!(
+            store.extend(&name, &a, ttl).await,
+            Err(LockError::NotHeld)
+        ));
+        assert_eq!(store.held_count(), 0);
+    }
+}

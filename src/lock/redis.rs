@@ -1,0 +1,291 @@
+//! The single-instance Redis backend.
+//!
+//! Data model (documented in the README so other clients can interoperate),
+//! for lock name `N` and key prefix `P` (default `lockd:`):
+//! - `P{N}`: the lock. Its value is exactly the holder's token and its TTL is
+//!   the lease.
+//! - `P{N}:fence`: the fencing counter, incremented by every grant. It has no
+//!   TTL, so fences never go backwards while Redis keeps its data.
+//! - `P{N}:meta`: a hash with `fence`, `owner` and `granted_at_ms`, written
+//!   with the lock, with the same TTL, and deleted with it.
+//!
+//! The braces are a Redis Cluster hash tag: all three keys of a lock live in
+//! one slot, so each script touches a single node.
+//!
+//! Every operation is one Lua script (see `scripts/`), run by SHA through
+//! [`redis::Script`], which loads the script again after `NOSCRIPT` (Redis
+//! restarted, or `SCRIPT FLUSH`). A single Redis loses locks that were not
+//! yet replicated when it fails over; use Redlock for that.
+
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use deadpool_redis::redis::{
+    self, AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation,
+};
+use deadpool_redis::{Manager, Pool, Runtime};
+use tokio::time::Instant;
+
+use super::{
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Token, Ttl,
+    unix_millis,
+};
+
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/inspect.lua")));
+
+/// How to reach one Redis server.
+#[derive(Clone)]
+pub struct RedisConfig {
+    /// A `redis://` or `rediss://` URL. It may carry a password: never log it
+    /// (see [`redact_url`]).
+    pub url: String,
+    /// The prefix of every key lockd writes, such as `lockd:`.
+    pub key_prefix: String,
+    /// The longest time one operation may take, connecting included. Past it
+    /// the operation fails with [`LockError::Unavailable`].
+    pub timeout: Duration,
+    /// The most pooled connections.
+    pub pool_size: usize,
+}
+
+/// The Redis keys of one lock.
+struct Keys {
+    lock: String,
+    fence: String,
+    meta: String,
+}
+
+impl Keys {
+    fn new(prefix: &str, name: &LockName) -> Self {
+        let lock = format!("{prefix}{{{name}}}");
+        Self {
+            fence: format!("{lock}:fence"),
+            meta: format!("{lock}:meta"),
+            lock,
+        }
+    }
+}
+
+/// Locks held in one Redis server, through a deadpool connection pool.
+pub struct RedisBackend {
+    pool: Pool,
+    prefix: String,
+    timeout: Duration,
+}
+
+impl RedisBackend {
+    /// Builds the backend. No connection is opened until the first
+    /// operation, so lockd starts while Redis is down and recovers when it
+    /// comes back.
+    ///
+    /// # Errors
+    /// When the URL cannot be parsed or the pool cannot be built.
+    pub fn new(config: &RedisConfig) -> Result<Self, LockError> {
+        let connection = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout));
+        let manager = Manager::new_with_config(config.url.as_str(), connection).map_err(|e| {
+            LockError::Unavailable(format!("bad Redis URL {}: {e}", redact_url(&config.url)))
+        })?;
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .wait_timeout(Some(config.timeout))
+            .create_timeout(Some(config.timeout))
+            .recycle_timeout(Some(config.timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| LockError::Unavailable(format!("cannot build the Redis pool: {e}")))?;
+        Ok(Self {
+            pool,
+            prefix: config.key_prefix.clone(),
+            timeout: config.timeout,
+        })
+    }
+
+    /// The pool, for gauges read at scrape time.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Runs a script within the operation timeout. A connection that broke
+    /// (Redis restarted) is thrown away and the script is sent once more on a
+    /// fresh one; every script here is safe to repeat.
+    async fn run<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, LockError> {
+        let attempt = async {
+            let mut retried = false;
+            loop {
+                let mut conn = self.pool.get().await.map_err(|e| unavailable(&e))?;
+                match call.invoke_async(&mut *conn).await {
+                    Ok(value) => return Ok(value),
+                    Err(e) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
+                        drop(deadpool_redis::Connection::take(conn));
+                        retried = true;
+                    }
+                    Err(e) => return Err(unavailable(&e)),
+                }
+            }
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .map_err(|_| {
+                LockError::Unavailable(format!("no answer from Redis in {:?}", self.timeout))
+            })?
+    }
+}
+
+fn unavailable(e: &dyn std::fmt::Display) -> LockError {
+    LockError::Unavailable(e.to_string())
+}
+
+/// The lease from a grant whose script was sent at `sent` (wall clock
+/// `sent_wall`): the lease began after that, so counting from it errs early.
+fn lease(fence: i64, ttl: Ttl, sent_wall: SystemTime) -> Lease {
+    Lease {
+        fence: u64::try_from(fence).ok(),
+        ttl,
+        expires_at: sent_wall + ttl.as_duration(),
+    }
+}
+
+fn positive_ms(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1))
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        let keys = Keys::new(&self.prefix, &req.name);
+        let sent_wall = SystemTime::now();
+        let mut call = ACQUIRE.prepare_invoke();
+        call.key(&keys.lock)
+            .key(&keys.fence)
+            .key(&keys.meta)
+            .arg(req.token.expose())
+            .arg(req.ttl.as_millis())
+            .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
+            .arg(unix_millis(sent_wall));
+        let (status, value): (i64, i64) = self.run(&call).await?;
+        match status {
+            1 => Ok(Acquired::Granted(lease(value, req.ttl, sent_wall))),
+            2 => Ok(Acquired::Renewed(lease(value, req.ttl, sent_wall))),
+            // PTTL is -1 only for a key a foreign client set without a TTL:
+            // there is no expiry to wait for, so suggest one second.
+            _ if value < 0 => Err(LockError::Held {
+                retry_after: Duration::from_secs(1),
+            }),
+            _ => Err(LockError::Held {
+                retry_after: positive_ms(value),
+            }),
+        }
+    }
+
+    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
+        let keys = Keys::new(&self.prefix, name);
+        let sent_wall = SystemTime::now();
+        let mut call = EXTEND.prepare_invoke();
+        call.key(&keys.lock)
+            .key(&keys.meta)
+            .arg(token.expose())
+            .arg(ttl.as_millis());
+        let (status, fence): (i64, i64) = self.run(&call).await?;
+        match status {
+            1 => Ok(lease(fence, ttl, sent_wall)),
+            0 => Err(LockError::NotHeld),
+            _ => Err(LockError::NotOwner),
+        }
+    }
+
+    async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
+        let keys = Keys::new(&self.prefix, name);
+        let mut call = RELEASE.prepare_invoke();
+        call.key(&keys.lock).key(&keys.meta).arg(token.expose());
+        match self.run::<i64>(&call).await? {
+            1 => Ok(()),
+            0 => Err(LockError::NotHeld),
+            _ => Err(LockError::NotOwner),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        let keys = Keys::new(&self.prefix, name);
+        let read_at = Instant::now();
+        let mut call = INSPECT.prepare_invoke();
+        call.key(&keys.lock).key(&keys.meta);
+        let (pttl, fence, owner, granted_at): (i64, String, String, String) =
+            self.run(&call).await?;
+        if pttl == -2 {
+            return Ok(None);
+        }
+        // The PTTL was read somewhere during the round trip; count the time
+        // since the request was sent against it, so the answer errs early.
+        let remaining = u64::try_from(pttl)
+            .ok()
+            .map(|ms| Duration::from_millis(ms).saturating_sub(read_at.elapsed()));
+        Ok(Some(LockInfo {
+            fence: fence.parse().ok(),
+            remaining,
+            owner: Some(owner).filter(|o| !o.is_empty()),
+            granted_at: granted_at
+                .parse::<u64>()
+                .ok()
+                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+        }))
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        let attempt = async {
+            let mut conn = self.pool.get().await.map_err(|e| unavailable(&e))?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut *conn)
+                .await
+                .map_err(|e| unavailable(&e))
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .map_err(|_| LockError::Unavailable("PING timed out".into()))?
+            .map(drop)
+    }
+}
+
+/// A Redis URL with any password replaced by `***`, for logs and errors.
+pub fn redact_url(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut url) => {
+            if url.password().is_some() {
+                // Cannot fail: a URL with a password has a host.
+                let _ = url.set_password(Some("***"));
+            }
+            url.to_string()
+        }
+        Err(_) => "<unparsable URL>".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_use_the_name_as_a_hash_tag() {
+        let name = LockName::parse("orders:1").expect("valid");
+        let keys = Keys::new("lockd:", &name);
+        assert_eq!(keys.lock, "lockd:{orders:1}");
+        assert_eq!(keys.fence, "lockd:{orders:1}:fence");
+        assert_eq!(keys.meta, "lockd:{orders:1}:meta");
+    }
+
+    #[test]
+    fn redacted_urls_hide_the_password() {
+        let shown = redact_url("redis://user:s3cret@127.0.0.1:6379/0");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("127.0.0.1:6379"));
+        assert_eq!(redact_url("not a url"), "<unparsable URL>");
+    }
+}

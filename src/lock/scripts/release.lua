@@ -1,0 +1,14 @@
+-- Release a lock: compare the token, then delete. Never a plain DEL.
+-- KEYS[1] lock key, KEYS[2] holder metadata hash
+-- ARGV[1] token
+-- Returns 1 when released, 0 when nobody holds the lock, -1 when another
+-- token holds it (nothing is changed then).
+local current = redis.call('GET', KEYS[1])
+if not current then
+  return 0
+end
+if current ~= ARGV[1] then
+  return -1
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1

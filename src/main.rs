@@ -1,0 +1,58 @@
+//! The `lockd` command: parses flags, sets up logging, runs the service.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use lockd::app::{Application, shutdown_signal};
+use lockd::config::{Cli, Command, Settings};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Openapi => {
+            println!("{}", lockd::http::openapi::pretty_json());
+            ExitCode::SUCCESS
+        }
+        Command::Serve(args) => {
+            init_logging();
+            let settings = match Settings::load(&args) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("lockd: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match serve(&settings).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+async fn serve(settings: &Settings) -> Result<(), Box<dyn std::error::Error>> {
+    let app = Application::build(settings).await?;
+    tracing::info!(addr = %app.local_addr()?, "lockd listening");
+    app.run_until(shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Logs to stderr; `LOCKD_LOG` (or `RUST_LOG`) sets the filter, default
+/// `info`.
+fn init_logging() {
+    let filter = std::env::var("LOCKD_LOG")
+        .ok()
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .and_then(|f| EnvFilter::try_new(f).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

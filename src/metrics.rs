@@ -1,0 +1,210 @@
+//! Prometheus metrics: one [`Registry`] per application (so tests can run
+//! several apps in one process), and [`Instrumented`], a decorator that
+//! counts the outcome and times every backend call without the lock core
+//! knowing about metrics.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
+use tokio::time::Instant;
+
+use crate::lock::{
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Token, Ttl,
+};
+
+/// Bucket bounds in seconds, from 100 µs (a loopback Redis round trip) to
+/// 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// Every metric lockd exports.
+pub struct Metrics {
+    registry: Registry,
+    /// `lockd_acquire_total{result}`: acquired, reacquired, contended, error.
+    pub acquire_total: IntCounterVec,
+    /// `lockd_release_total{result}`: released, not_held, not_owner, error.
+    pub release_total: IntCounterVec,
+    /// `lockd_extend_total{result}`: extended, not_held, not_owner, error.
+    pub extend_total: IntCounterVec,
+    /// `lockd_backend_duration_seconds{op}`: time of each backend call.
+    pub backend_duration: HistogramVec,
+    /// `lockd_http_requests_total{method,route,status}`, by route template.
+    pub http_requests: IntCounterVec,
+    /// `lockd_http_request_duration_seconds{method,route}`.
+    pub http_duration: HistogramVec,
+}
+
+/// The result labels of each counter, created at zero at start-up so that
+/// dashboards never see a missing series.
+const ACQUIRE_RESULTS: &[&str] = &["acquired", "reacquired", "contended", "error"];
+const RELEASE_RESULTS: &[&str] = &["released", "not_held", "not_owner", "error"];
+const EXTEND_RESULTS: &[&str] = &["extended", "not_held", "not_owner", "error"];
+const BACKEND_OPS: &[&str] = &["acquire", "release", "extend", "inspect", "ping"];
+
+impl Metrics {
+    /// Creates and registers every metric.
+    ///
+    /// # Errors
+    /// When a metric's definition is invalid (a programming error).
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(c.clone()))?;
+            Ok::<_, prometheus::Error>(c)
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str]| {
+            let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+            let h = HistogramVec::new(opts, labels)?;
+            registry.register(Box::new(h.clone()))?;
+            Ok::<_, prometheus::Error>(h)
+        };
+        let metrics = Self {
+            acquire_total: counter(
+                "lockd_acquire_total",
+                "Acquire requests by result.",
+                &["result"],
+            )?,
+            release_total: counter(
+                "lockd_release_total",
+                "Release requests by result.",
+                &["result"],
+            )?,
+            extend_total: counter(
+                "lockd_extend_total",
+                "Extend requests by result.",
+                &["result"],
+            )?,
+            backend_duration: histogram(
+                "lockd_backend_duration_seconds",
+                "Time of one lock backend operation, in seconds.",
+                &["op"],
+            )?,
+            http_requests: counter(
+                "lockd_http_requests_total",
+                "HTTP requests by method, route template and status.",
+                &["method", "route", "status"],
+            )?,
+            http_duration: histogram(
+                "lockd_http_request_duration_seconds",
+                "HTTP request time by method and route template, in seconds.",
+                &["method", "route"],
+            )?,
+            registry,
+        };
+        for (vec, results) in [
+            (&metrics.acquire_total, ACQUIRE_RESULTS),
+            (&metrics.release_total, RELEASE_RESULTS),
+            (&metrics.extend_total, EXTEND_RESULTS),
+        ] {
+            for result in results {
+                vec.with_label_values(&[result]);
+            }
+        }
+        for op in BACKEND_OPS {
+            metrics.backend_duration.with_label_values(&[op]);
+        }
+        Ok(metrics)
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metric families.
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+/// A [`LockBackend`] that records every call's outcome and duration in
+/// [`Metrics`], then returns the inner backend's answer unchanged.
+pub struct Instrumented {
+    inner: Arc<dyn LockBackend>,
+    metrics: Arc<Metrics>,
+}
+
+impl Instrumented {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn LockBackend>, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    fn time(&self, op: &str, started: Instant) {
+        self.metrics
+            .backend_duration
+            .with_label_values(&[op])
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// The result label of a release or extend.
+fn ownership_result<T>(outcome: &Result<T, LockError>, ok: &'static str) -> &'static str {
+    match outcome {
+        Ok(_) => ok,
+        Err(LockError::NotHeld) => "not_held",
+        Err(LockError::NotOwner) => "not_owner",
+        Err(_) => "error",
+    }
+}
+
+#[async_trait]
+impl LockBackend for Instrumented {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        let started = Instant::now();
+        let outcome = self.inner.acquire(req).await;
+        self.time("acquire", started);
+        let result = match &outcome {
+            Ok(Acquired::Granted(_)) => "acquired",
+            Ok(Acquired::Renewed(_)) => "reacquired",
+            Err(LockError::Held { .. }) => "contended",
+            Err(_) => "error",
+        };
+        self.metrics
+            .acquire_total
+            .with_label_values(&[result])
+            .inc();
+        outcome
+    }
+
+    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
+        let started = Instant::now();
+        let outcome = self.inner.extend(name, token, ttl).await;
+        self.time("extend", started);
+        let result = ownership_result(&outcome, "extended");
+        self.metrics.extend_total.with_label_values(&[result]).inc();
+        outcome
+    }
+
+    async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
+        let started = Instant::now();
+        let outcome = self.inner.release(name, token).await;
+        self.time("release", started);
+        let result = ownership_result(&outcome, "released");
+        self.metrics
+            .release_total
+            .with_label_values(&[result])
+            .inc();
+        outcome
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        let started = Instant::now();
+        let outcome = self.inner.inspect(name).await;
+        self.time("inspect", started);
+        outcome
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        let started = Instant::now();
+        let outcome = self.inner.ping().await;
+        self.time("ping", started);
+        outcome
+    }
+}
