@@ -259,6 +259,26 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_documents_every_setting_with_its_default() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/lockd.example.toml");
+        let args = ServeArgs {
+            config: Some(path.into()),
+            ..ServeArgs::default()
+        };
+        let from_file = Settings::load(&args).expect("example file loads");
+        let as_json = |s: &Settings| serde_json::to_value(s).expect("serializes");
+        let defaults = as_json(&Settings::default());
+        assert_eq!(as_json(&from_file), defaults);
+        let text = std::fs::read_to_string(path).expect("read example");
+        for key in defaults.as_object().expect("an object").keys() {
+            assert!(
+                text.contains(&format!("\n{key} = ")),
+                "{key} is not documented"
+            );
+        }
+    }
+
+    #[test]
     fn debug_hides_the_redis_password() {
         let settings = Settings {
             redis_url: "redis://:hunter2@127.0.0.1:6379".into(),

@@ -1,5 +1,6 @@
 //! The `lockd` command: parses flags, sets up logging, runs the service.
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
 use clap::Parser;

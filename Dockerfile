@@ -1,0 +1,18 @@
+# Builds lockd into a small Debian image. Used by docker-compose.yml.
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src src
+RUN cargo build --release --locked --bin lockd
+
+FROM debian:bookworm-slim
+RUN useradd --system --uid 10001 --no-create-home lockd
+COPY --from=build /src/target/release/lockd /usr/local/bin/lockd
+USER lockd
+# Inside a container lockd must listen on all interfaces to be reachable;
+# publish the port on loopback only (see docker-compose.yml) until you add
+# access control in front of it.
+ENV LOCKD_LISTEN=0.0.0.0:8080
+EXPOSE 8080
+ENTRYPOINT ["lockd"]
+CMD ["serve"]

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds and runs `lockd serve` on 127.0.0.1:8080. Unless a Redis URL or
+# --dev is given, it makes sure a Redis answers on 127.0.0.1:6379, installing
+# and starting a local redis-server (no persistence) when none does.
+# Arguments go to `lockd serve`, e.g. scripts/run.sh --default-ttl-ms 10000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+wants_local_redis=yes
+if [ -n "${LOCKD_REDIS_URL:-}" ] || [ -n "${LOCKD_DEV:-}" ]; then wants_local_redis=no; fi
+for arg in "$@"; do
+  case "$arg" in --redis-url*|--dev|--config*) wants_local_redis=no ;; esac
+done
+
+if [ "$wants_local_redis" = yes ]; then
+  scripts/ensure-redis.sh
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    echo "starting redis-server on 127.0.0.1:6379 (no persistence)" >&2
+    redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no --daemonize yes \
+      --logfile "${TMPDIR:-/tmp}/lockd-redis.log" >/dev/null
+    for _ in $(seq 50); do
+      redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+  fi
+fi
+
+cargo build --release --locked --bin lockd
+exec target/release/lockd serve "$@"

@@ -1,0 +1,59 @@
+//! The committed `openapi/openapi.json` must equal what the running service
+//! serves at `/openapi.json`. When this fails after an API change,
+//! regenerate the file: `cargo run -- openapi > openapi/openapi.json`.
+
+use std::sync::Arc;
+
+use lockd::app::Application;
+use lockd::config::Settings;
+use lockd::lock::memory::MemoryBackend;
+
+#[tokio::test]
+async fn served_openapi_matches_the_committed_spec() {
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        ..Settings::default()
+    };
+    let app = Application::with_backend(&settings, Arc::new(MemoryBackend::new()))
+        .await
+        .expect("app builds");
+    let addr = app.local_addr().expect("bound");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+
+    let served: serde_json::Value = reqwest::get(format!("http://{addr}/openapi.json"))
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("JSON");
+    let committed_text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi/openapi.json"),
+    )
+    .expect("openapi/openapi.json exists");
+    let committed: serde_json::Value =
+        serde_json::from_str(&committed_text).expect("committed spec is JSON");
+    assert!(
+        served == committed,
+        "openapi/openapi.json is stale: run `cargo run -- openapi > openapi/openapi.json`"
+    );
+
+    // Every operation documents its error answers with the problem schema.
+    let problem = "#/components/schemas/Problem";
+    let paths = served["paths"].as_object().expect("paths");
+    let lock_ops = paths["/locks/{name}"].as_object().expect("lock route");
+    assert_eq!(lock_ops.len(), 4, "GET, POST, PATCH, DELETE");
+    for (method, op) in lock_ops {
+        let responses = op["responses"].as_object().expect("responses");
+        for status in ["400", "503"] {
+            let schema =
+                &responses[status]["content"]["application/problem+json"]["schema"]["$ref"];
+            assert_eq!(schema, problem, "{method} {status}");
+        }
+    }
+
+    let _ = stop.send(());
+    server.await.expect("server task").expect("server ran");
+}
