@@ -1,0 +1,767 @@
+//! HTTP conformance of `/locks/{name}` and the operational routes, run
+//! against both backends (`redis::*` and `memory::*`): validation and
+//! problem documents, renewals and fences, mutual exclusion under
+//! contention, and metrics. The Redis data model has its own Redis-only test.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::future::join_all;
+use reqwest::Method;
+use serde_json::json;
+use support::{TestApp, backend_tests, lock_key, metric, ms_until, random_token, samples};
+
+backend_tests!(
+    bad_lock_names_are_refused_with_a_problem_and_write_nothing,
+    malformed_requests_are_refused_with_problems_and_write_nothing,
+    oversized_bodies_are_413_problems_and_write_nothing,
+    unknown_routes_and_methods_are_problems,
+    boundary_values_and_query_forms_are_accepted,
+    reacquire_with_own_token_renews_with_same_fence_and_resets_ttl,
+    fences_grow_across_grants_releases_and_expiries,
+    inspect_shows_owner_and_fence_but_never_the_token,
+    extend_and_release_take_the_token_from_the_body_too,
+    contended_acquire_says_when_to_retry,
+    mutual_exclusion_holds_among_16_contending_clients,
+    metrics_count_outcomes_by_result_and_route_template,
+    healthz_and_readyz_answer_while_the_store_is_up,
+);
+
+/// Requests that must be refused before the store is touched.
+struct Refusal {
+    method: Method,
+    path: String,
+    headers: Vec<(&'static str, String)>,
+    body: Option<String>,
+    status: u16,
+    slug: &'static str,
+}
+
+impl Refusal {
+    fn new(method: Method, path: impl Into<String>, status: u16, slug: &'static str) -> Self {
+        Self {
+            method,
+            path: path.into(),
+            headers: Vec::new(),
+            body: None,
+            status,
+            slug,
+        }
+    }
+
+    fn token(mut self, token: &str) -> Self {
+        self.headers.push(("Lock-Token", token.to_owned()));
+        self
+    }
+
+    fn body(mut self, body: impl Into<String>) -> Self {
+        self.headers
+            .push(("Content-Type", "application/json".to_owned()));
+        self.body = Some(body.into());
+        self
+    }
+
+    fn bad(method: Method, path: impl Into<String>) -> Self {
+        Self::new(method, path, 400, "invalid-request")
+    }
+}
+
+/// What the store holds and how often it was called.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    lock_keys: usize,
+    redis_keys: Option<Vec<String>>,
+    backend_calls: u64,
+}
+
+async fn snapshot(app: &TestApp) -> Snapshot {
+    Snapshot {
+        lock_keys: app.lock_key_count().await,
+        redis_keys: match app.is_redis() {
+            true => Some(app.redis_server().keys().await),
+            false => None,
+        },
+        backend_calls: app.backend_calls().await,
+    }
+}
+
+/// Sends every refusal, checks each answer is the expected problem
+/// document, and that neither the store nor Redis's script counters moved.
+async fn assert_all_refused(app: &TestApp, refusals: Vec<Refusal>) {
+    let before = snapshot(app).await;
+    if app.is_redis() {
+        app.redis_server().reset_stats().await;
+    }
+    for r in &refusals {
+        let headers: Vec<(&str, &str)> = r.headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let reply = app
+            .send(
+                r.method.clone(),
+                &r.path,
+                &headers,
+                r.body.clone().map(String::into_bytes),
+            )
+            .await;
+        assert_eq!(
+            reply.status.as_u16(),
+            r.status,
+            "{} {} body {:?} -> {}",
+            r.method,
+            r.path,
+            r.body.as_deref().map(|b| &b[..b.len().min(80)]),
+            reply.text
+        );
+        reply.expect_problem(r.status, r.slug);
+    }
+    if app.is_redis() {
+        assert_eq!(
+            app.redis_server().script_calls().await,
+            0,
+            "a refused request reached Redis"
+        );
+    }
+    assert_eq!(snapshot(app).await, before, "a refused request wrote");
+}
+
+async fn bad_lock_names_are_refused_with_a_problem_and_write_nothing(app: &TestApp) {
+    let token = random_token();
+    let long = "x".repeat(201);
+    let names = [
+        "a%20b",   // space
+        "%7Bx%7D", // braces: the Redis hash tag
+        "a%7Db",   // a closing brace alone
+        long.as_str(),
+        "a%0Ab",  // percent-encoded newline
+        "a%00b",  // NUL
+        "a%2Fb",  // slash
+        "%C3%A9", // é
+        "a*b",    // glob characters
+        "a%3Fb",  // ?
+    ];
+    let mut refusals = Vec::new();
+    for name in names {
+        let path = format!("/locks/{name}");
+        refusals.push(Refusal::bad(Method::POST, &path));
+        refusals.push(Refusal::bad(Method::POST, &path).body(r#"{"ttl_ms":1000}"#));
+        refusals.push(Refusal::bad(Method::PATCH, &path).token(&token));
+        refusals.push(Refusal::bad(Method::DELETE, &path).token(&token));
+        refusals.push(Refusal::bad(Method::GET, &path));
+    }
+    assert_all_refused(app, refusals).await;
+}
+
+async fn malformed_requests_are_refused_with_problems_and_write_nothing(app: &TestApp) {
+    let held = app
+        .acquire("v:held", Some(json!({ "ttl_ms": 30_000, "owner": "a" })))
+        .await;
+    held.expect_status(201);
+    let tok = held.token();
+    let (_, pttl_before) = app.holder("v:held").await.expect("held");
+    let (free, mine) = ("/locks/v:free", "/locks/v:held");
+    let long_owner = "o".repeat(257);
+    use Method as M;
+    let refusals = vec![
+        // Unknown members and parameters.
+        Refusal::bad(M::POST, free).body(r#"{"ttl_ms":1000,"color":"red"}"#),
+        Refusal::bad(M::POST, free).body(r#"{"ttl":1000}"#),
+        Refusal::bad(M::POST, format!("{free}?color=red")),
+        Refusal::bad(M::PATCH, mine).body(format!(r#"{{"token":"{tok}","extra":1}}"#)),
+        Refusal::bad(M::PATCH, format!("{mine}?owner=x")).token(&tok),
+        Refusal::bad(M::DELETE, mine).body(format!(r#"{{"token":"{tok}","ttl_ms":5}}"#)),
+        Refusal::bad(M::DELETE, format!("{mine}?ttl_ms=5")).token(&tok),
+        Refusal::bad(M::GET, format!("{mine}?ttl_ms=5")),
+        // A token in the URL, on every route.
+        Refusal::bad(M::POST, format!("{free}?token={tok}")),
+        Refusal::bad(M::POST, format!("{mine}?ttl_ms=1000&token={tok}")),
+        Refusal::bad(M::PATCH, format!("{mine}?token={tok}")),
+        Refusal::bad(M::DELETE, format!("{mine}?token={tok}")),
+        Refusal::bad(M::GET, format!("{mine}?token={tok}")),
+        // The same parameter in the query and in the body.
+        Refusal::bad(M::POST, format!("{free}?ttl_ms=1000")).body(r#"{"ttl_ms":1000}"#),
+        Refusal::bad(M::POST, format!("{free}?owner=a")).body(r#"{"owner":"a"}"#),
+        Refusal::bad(M::PATCH, format!("{mine}?ttl_ms=1000"))
+            .body(format!(r#"{{"token":"{tok}","ttl_ms":1000}}"#)),
+        // The token in the header and in the body.
+        Refusal::bad(M::PATCH, mine)
+            .token(&tok)
+            .body(format!(r#"{{"token":"{tok}"}}"#)),
+        Refusal::bad(M::DELETE, mine)
+            .token(&tok)
+            .body(format!(r#"{{"token":"{tok}"}}"#)),
+        // Malformed tokens and owners.
+        Refusal::bad(M::POST, free).body(r#"{"token":"short"}"#),
+        Refusal::bad(M::POST, free).body(r#"{"token":"abcdefghijklmnop!"}"#),
+        Refusal::bad(M::POST, free).body(format!(r#"{{"token":"{}"}}"#, "a".repeat(129))),
+        Refusal::bad(M::PATCH, mine).token("short"),
+        Refusal::bad(M::DELETE, mine).token("abcdefghijklmnop!"),
+        Refusal::bad(M::POST, free).body(format!(r#"{{"owner":"{long_owner}"}}"#)),
+        Refusal::bad(M::POST, free).body(r#"{"owner":"a\nb"}"#),
+        Refusal::bad(M::POST, format!("{free}?owner=a%0Ab")),
+        // Malformed JSON, and JSON that is not an object.
+        Refusal::bad(M::POST, free).body(r#"{"ttl_ms":"#),
+        Refusal::bad(M::POST, free).body("not json"),
+        Refusal::bad(M::POST, free).body("[]"),
+        Refusal::bad(M::POST, free).body(r#""x""#),
+        Refusal::bad(M::POST, free).body("null"),
+        Refusal::bad(M::POST, free).body(r#"{"ttl_ms":1000}{"ttl_ms":1}"#),
+        Refusal::bad(M::PATCH, mine).token(&tok).body("{"),
+        Refusal::bad(M::DELETE, mine).token(&tok).body("[1]"),
+    ];
+    assert_all_refused(app, refusals).await;
+    let (holder, pttl_after) = app.holder("v:held").await.expect("still held");
+    assert_eq!(holder, tok);
+    assert!(pttl_after <= pttl_before, "{pttl_before} -> {pttl_after}");
+    assert_eq!(app.holder("v:free").await, None);
+}
+
+async fn oversized_bodies_are_413_problems_and_write_nothing(app: &TestApp) {
+    let held = app.acquire_ttl("big:held", 30_000).await;
+    held.expect_status(201);
+    let tok = held.token();
+    let padding = " ".repeat(64 * 1024);
+    let big = format!(r#"{{"ttl_ms":1000{padding}}}"#);
+    let big_owner = format!(r#"{{"owner":"{}"}}"#, "o".repeat(70_000));
+    let refusals = vec![
+        Refusal::new(Method::POST, "/locks/big:free", 413, "payload-too-large").body(&*big),
+        Refusal::new(Method::POST, "/locks/big:free", 413, "payload-too-large").body(big_owner),
+        Refusal::new(Method::PATCH, "/locks/big:held", 413, "payload-too-large")
+            .token(&tok)
+            .body(&*big),
+        Refusal::new(Method::DELETE, "/locks/big:held", 413, "payload-too-large")
+            .token(&tok)
+            .body(&*big),
+    ];
+    assert_all_refused(app, refusals).await;
+    assert_eq!(app.holder_token("big:held").await, Some(tok));
+    // Just under the limit is fine.
+    let fits = format!(r#"{{"ttl_ms":1000{}}}"#, " ".repeat(64 * 1024 - 20));
+    let reply = app
+        .send(
+            Method::POST,
+            "/locks/big:fits",
+            &[("Content-Type", "application/json")],
+            Some(fits.into_bytes()),
+        )
+        .await;
+    reply.expect_status(201);
+}
+
+async fn unknown_routes_and_methods_are_problems(app: &TestApp) {
+    let refusals = vec![
+        Refusal::new(Method::GET, "/nope", 404, "route-not-found"),
+        Refusal::new(Method::GET, "/locks", 404, "route-not-found"),
+        Refusal::new(Method::GET, "/locks/", 404, "route-not-found"),
+        Refusal::new(Method::POST, "/locks/a/b", 404, "route-not-found"),
+        Refusal::new(Method::PUT, "/locks/k", 405, "method-not-allowed"),
+        Refusal::new(Method::POST, "/healthz", 405, "method-not-allowed"),
+        Refusal::new(Method::DELETE, "/metrics", 405, "method-not-allowed"),
+    ];
+    assert_all_refused(app, refusals).await;
+    let reply = app.send(Method::PUT, "/locks/k", &[], None).await;
+    reply.expect_problem(405, "method-not-allowed");
+    let allow: BTreeSet<String> = reply
+        .header("allow")
+        .expect("405 names the allowed methods")
+        .split(',')
+        .map(|m| m.trim().to_owned())
+        .collect();
+    for method in ["GET", "POST", "PATCH", "DELETE"] {
+        assert!(allow.contains(method), "Allow: {allow:?}");
+    }
+}
+
+async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
+    // The longest name, with every character of the alphabet.
+    let alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-:@";
+    let longest = format!("{alphabet}{}", "z".repeat(200 - alphabet.len()));
+    let a = app.acquire_ttl(&longest, 3_600_000).await;
+    a.expect_status(201);
+    assert_eq!(a.str("name"), longest);
+    assert_eq!(a.u64("ttl_ms"), 3_600_000);
+    let (holder, pttl) = app.holder(&longest).await.expect("held");
+    assert_eq!(holder, a.token());
+    assert!(pttl > 3_599_000 && pttl <= 3_600_000, "PTTL {pttl}");
+    app.extend_ttl(&longest, &a.token(), 1)
+        .await
+        .expect_status(200);
+
+    // ttl_ms and owner in the query string, for curl.
+    let q = app
+        .send(
+            Method::POST,
+            "/locks/q:1?ttl_ms=1500&owner=cli-1",
+            &[],
+            None,
+        )
+        .await;
+    q.expect_status(201);
+    assert_eq!(q.u64("ttl_ms"), 1500);
+    let (_, pttl) = app.holder("q:1").await.expect("held");
+    assert!(pttl > 1400 && pttl <= 1500, "PTTL {pttl}");
+    assert_eq!(app.inspect("q:1").await.str("owner"), "cli-1");
+    let e = app
+        .send(
+            Method::PATCH,
+            "/locks/q:1?ttl_ms=2500",
+            &[("Lock-Token", &q.token())],
+            None,
+        )
+        .await;
+    e.expect_status(200);
+    assert_eq!(e.u64("ttl_ms"), 2500);
+    let (_, pttl) = app.holder("q:1").await.expect("held");
+    assert!(pttl > 2400 && pttl <= 2500, "PTTL {pttl}");
+
+    // No body at all: the default TTL (30 s).
+    let d = app.acquire("q:default", None).await;
+    d.expect_status(201);
+    assert_eq!(d.u64("ttl_ms"), 30_000);
+    let (_, pttl) = app.holder("q:default").await.expect("held");
+    assert!(pttl > 29_000 && pttl <= 30_000, "PTTL {pttl}");
+    let e = app.extend("q:default", &d.token(), None).await;
+    e.expect_status(200);
+    assert_eq!(e.u64("ttl_ms"), 30_000);
+
+    // A JSON body is read whatever its Content-Type (curl -d).
+    let f = app
+        .send(
+            Method::POST,
+            "/locks/q:form",
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            Some(br#"{"ttl_ms":4000}"#.to_vec()),
+        )
+        .await;
+    f.expect_status(201);
+    assert_eq!(f.u64("ttl_ms"), 4000);
+
+    // A client-chosen token of 16 and of 128 characters.
+    for len in [16, 128] {
+        let token = "t".repeat(len);
+        let name = format!("q:tok{len}");
+        let r = app
+            .acquire(&name, Some(json!({ "token": token, "ttl_ms": 5000 })))
+            .await;
+        r.expect_status(201);
+        assert_eq!(r.token(), token);
+        assert_eq!(app.holder_token(&name).await, Some(token.clone()));
+        app.release(&name, &token).await.expect_status(204);
+    }
+}
+
+async fn reacquire_with_own_token_renews_with_same_fence_and_resets_ttl(app: &TestApp) {
+    let name = "re:k";
+    let token = random_token();
+    let first = app
+        .acquire(
+            name,
+            Some(json!({ "token": token, "ttl_ms": 2000, "owner": "w1" })),
+        )
+        .await;
+    first.expect_status(201);
+    assert_eq!(first.token(), token);
+    let fence = first.fence();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, pttl) = app.holder(name).await.expect("held");
+    assert!(pttl < 1750, "PTTL {pttl} after 300 ms of 2000");
+
+    let again = app
+        .acquire(name, Some(json!({ "token": token, "ttl_ms": 5000 })))
+        .await;
+    again.expect_status(200);
+    assert_eq!(again.token(), token);
+    assert_eq!(again.fence(), fence, "a renewal must keep the fence");
+    assert_eq!(again.u64("ttl_ms"), 5000);
+    let (holder, pttl) = app.holder(name).await.expect("held");
+    assert_eq!(holder, token);
+    assert!(pttl > 4900 && pttl <= 5000, "PTTL {pttl}: not reset");
+
+    app.acquire_ttl(name, 5000)
+        .await
+        .expect_problem(409, "lock-held");
+    let status = app.inspect(name).await;
+    assert_eq!(status.fence(), fence);
+    assert_eq!(status.str("owner"), "w1");
+
+    app.release(name, &token).await.expect_status(204);
+    let next = app
+        .acquire(name, Some(json!({ "token": token, "ttl_ms": 5000 })))
+        .await;
+    next.expect_status(201);
+    assert!(next.fence() > fence, "a new grant needs a new fence");
+}
+
+async fn fences_grow_across_grants_releases_and_expiries(app: &TestApp) {
+    let name = "fence:k";
+    let mut fences = Vec::new();
+    for _ in 0..5 {
+        let r = app.acquire_ttl(name, 5000).await;
+        r.expect_status(201);
+        fences.push(r.fence());
+        app.release(name, &r.token()).await.expect_status(204);
+    }
+    for _ in 0..3 {
+        let r = app.acquire_ttl(name, 20).await;
+        r.expect_status(201);
+        fences.push(r.fence());
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let extended = {
+        let r = app.acquire_ttl(name, 5000).await;
+        r.expect_status(201);
+        fences.push(r.fence());
+        app.extend_ttl(name, &r.token(), 6000).await
+    };
+    extended.expect_status(200);
+    assert_eq!(
+        Some(&extended.fence()),
+        fences.last(),
+        "extend moved the fence"
+    );
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences not strictly increasing: {fences:?}"
+    );
+    // Each lock has its own counter.
+    let other = app.acquire_ttl("fence:other", 5000).await;
+    other.expect_status(201);
+    assert!(other.fence() >= 1);
+    assert!(other.fence() < fences[fences.len() - 1]);
+}
+
+async fn inspect_shows_owner_and_fence_but_never_the_token(app: &TestApp) {
+    let name = "see:k";
+    app.inspect(name).await.expect_problem(404, "lock-not-held");
+    let grant = app
+        .acquire(
+            name,
+            Some(json!({ "ttl_ms": 10_000, "owner": "billing-worker-3" })),
+        )
+        .await;
+    grant.expect_status(201);
+    let token = grant.token();
+    let status = app.inspect(name).await;
+    status.expect_status(200);
+    assert!(!status.text.contains(&token), "GET shows the token");
+    let body = status.json();
+    assert_eq!(body["name"], name);
+    assert_eq!(body["held"], true);
+    assert_eq!(body["owner"], "billing-worker-3");
+    assert_eq!(status.fence(), grant.fence());
+    let ttl = status.u64("ttl_ms");
+    assert!(ttl > 9000 && ttl <= 10_000, "ttl_ms {ttl}");
+    let granted = ms_until(&status.str("granted_at"));
+    assert!(
+        (-5000..=5).contains(&granted),
+        "granted_at {granted} ms away"
+    );
+    let expires = ms_until(&status.str("expires_at"));
+    assert!(
+        expires > 9000 && expires <= 10_010,
+        "expires_at {expires} ms away"
+    );
+    // Without an owner, `owner` is null.
+    app.acquire_ttl("see:anon", 5000).await.expect_status(201);
+    assert!(app.inspect("see:anon").await.json()["owner"].is_null());
+    // Released: free again.
+    app.release(name, &token).await.expect_status(204);
+    app.inspect(name).await.expect_problem(404, "lock-not-held");
+}
+
+async fn extend_and_release_take_the_token_from_the_body_too(app: &TestApp) {
+    let name = "body:k";
+    let grant = app.acquire_ttl(name, 3000).await;
+    grant.expect_status(201);
+    let token = grant.token();
+    let e = app
+        .send_json(
+            Method::PATCH,
+            &format!("/locks/{name}"),
+            &[],
+            Some(json!({ "token": token, "ttl_ms": 7000 })),
+        )
+        .await;
+    e.expect_status(200);
+    assert_eq!(e.fence(), grant.fence());
+    let (_, pttl) = app.holder(name).await.expect("held");
+    assert!(pttl > 6900 && pttl <= 7000, "PTTL {pttl}");
+    let wrong = app
+        .send_json(
+            Method::DELETE,
+            &format!("/locks/{name}"),
+            &[],
+            Some(json!({ "token": random_token() })),
+        )
+        .await;
+    wrong.expect_problem(409, "not-lock-owner");
+    let r = app
+        .send_json(
+            Method::DELETE,
+            &format!("/locks/{name}"),
+            &[],
+            Some(json!({ "token": token })),
+        )
+        .await;
+    r.expect_status(204);
+    assert!(r.text.is_empty());
+    assert_eq!(app.holder(name).await, None);
+    assert_eq!(app.lock_key_count().await, 0);
+}
+
+async fn contended_acquire_says_when_to_retry(app: &TestApp) {
+    let name = "busy:k";
+    app.acquire_ttl(name, 2500).await.expect_status(201);
+    let reply = app.acquire_ttl(name, 1000).await;
+    let problem = reply.expect_problem(409, "lock-held");
+    let wait = problem["retry_after_ms"].as_u64().expect("retry_after_ms");
+    assert!(wait > 2400 && wait <= 2500, "retry_after_ms {wait}");
+    assert_eq!(reply.header("retry-after").as_deref(), Some("3"));
+}
+
+/// 16 clients contend on one name, each taking it 10 times: at most one
+/// holds it at any moment, and fences grow in the order of the grants.
+async fn mutual_exclusion_holds_among_16_contending_clients(app: &TestApp) {
+    const CLIENTS: u64 = 16;
+    const HOLDS: usize = 10;
+    let name = "mutex:hot";
+    let held = Arc::new(AtomicBool::new(false));
+    let fences = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let clients = (0..CLIENTS).map(|client| {
+        let (held, fences) = (held.clone(), fences.clone());
+        async move {
+            let mut holds = 0;
+            let mut attempts = 0u64;
+            while holds < HOLDS {
+                attempts += 1;
+                let r = app.acquire_ttl(name, 10_000).await;
+                match r.status.as_u16() {
+                    201 => {
+                        assert!(
+                            !held.swap(true, Ordering::SeqCst),
+                            "client {client} was granted the lock while another held it"
+                        );
+                        fences.lock().unwrap().push(r.fence());
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        held.store(false, Ordering::SeqCst);
+                        app.release(name, &r.token()).await.expect_status(204);
+                        holds += 1;
+                    }
+                    409 => {
+                        let pause = 1 + (client + attempts) % 3;
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                    }
+                    other => panic!("client {client}: acquire got {other}: {}", r.text),
+                }
+            }
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(30), join_all(clients))
+        .await
+        .expect("16 clients x 10 holds within 30 s");
+    let fences = fences.lock().unwrap().clone();
+    assert_eq!(fences.len(), 16 * HOLDS);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences out of grant order: {fences:?}"
+    );
+    assert_eq!(app.holder(name).await, None);
+}
+
+async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
+    let (alpha, beta, gamma) = ("m-secret-alpha", "m-secret-beta", "m-secret-gamma");
+    let stranger = random_token();
+    let mine = random_token();
+    let a = app.acquire_ttl(alpha, 30_000).await;
+    a.expect_status(201);
+    app.acquire_ttl(beta, 30_000).await.expect_status(201);
+    let g = json!({ "token": mine, "ttl_ms": 30_000 });
+    app.acquire(gamma, Some(g.clone())).await.expect_status(201);
+    app.acquire(gamma, Some(g)).await.expect_status(200);
+    for _ in 0..2 {
+        app.acquire_ttl(alpha, 1000).await.expect_status(409);
+    }
+    app.acquire_ttl(alpha, 0).await.expect_status(400);
+    app.extend_ttl(alpha, &a.token(), 20_000)
+        .await
+        .expect_status(200);
+    app.extend_ttl(beta, &stranger, 20_000)
+        .await
+        .expect_status(409);
+    app.extend_ttl("m-secret-none", &stranger, 20_000)
+        .await
+        .expect_status(404);
+    app.release(beta, &stranger).await.expect_status(409);
+    app.release(alpha, &a.token()).await.expect_status(204);
+    app.release(alpha, &a.token()).await.expect_status(404);
+    app.inspect(beta).await.expect_status(200);
+    app.inspect(alpha).await.expect_status(404);
+    app.get("/nope/m-secret-delta").await.expect_status(404);
+    app.get("/healthz").await.expect_status(200);
+
+    let text = app.metrics().await;
+    let count = |name: &str, labels: &[(&str, &str)]| {
+        metric(&text, name, labels).unwrap_or_else(|| panic!("no {name}{labels:?} in\n{text}"))
+    };
+    let expected_results = [
+        ("lockd_acquire_total", "acquired", 3.0),
+        ("lockd_acquire_total", "reacquired", 1.0),
+        ("lockd_acquire_total", "contended", 2.0),
+        ("lockd_acquire_total", "error", 0.0),
+        ("lockd_extend_total", "extended", 1.0),
+        ("lockd_extend_total", "not_owner", 1.0),
+        ("lockd_extend_total", "not_held", 1.0),
+        ("lockd_extend_total", "error", 0.0),
+        ("lockd_release_total", "released", 1.0),
+        ("lockd_release_total", "not_owner", 1.0),
+        ("lockd_release_total", "not_held", 1.0),
+        ("lockd_release_total", "error", 0.0),
+    ];
+    for (name, result, value) in expected_results {
+        assert_eq!(
+            count(name, &[("result", result)]),
+            value,
+            "{name}{{{result}}}"
+        );
+    }
+    for (op, calls) in [
+        ("acquire", 6.0),
+        ("extend", 3.0),
+        ("release", 3.0),
+        ("inspect", 2.0),
+    ] {
+        assert_eq!(
+            count("lockd_backend_duration_seconds_count", &[("op", op)]),
+            calls,
+            "backend calls of {op}"
+        );
+    }
+    let route = "/locks/{name}";
+    for (method, status, n) in [
+        ("POST", "201", 3.0),
+        ("POST", "200", 1.0),
+        ("POST", "409", 2.0),
+        ("POST", "400", 1.0),
+        ("PATCH", "200", 1.0),
+        ("PATCH", "409", 1.0),
+        ("PATCH", "404", 1.0),
+        ("DELETE", "204", 1.0),
+        ("DELETE", "409", 1.0),
+        ("DELETE", "404", 1.0),
+        ("GET", "200", 1.0),
+        ("GET", "404", 1.0),
+    ] {
+        let labels = [("method", method), ("route", route), ("status", status)];
+        assert_eq!(
+            count("lockd_http_requests_total", &labels),
+            n,
+            "{method} {route} {status}"
+        );
+    }
+    assert_eq!(
+        count(
+            "lockd_http_requests_total",
+            &[("method", "GET"), ("route", "/healthz"), ("status", "200")]
+        ),
+        1.0
+    );
+    assert!(
+        !text.contains("secret"),
+        "a raw lock name or path reached the metrics:\n{text}"
+    );
+    let templates = [
+        "/locks/{name}",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "unmatched",
+    ];
+    for sample in samples(&text) {
+        if let Some(route) = sample.labels.get("route") {
+            assert!(templates.contains(&route.as_str()), "route label {route:?}");
+        }
+    }
+}
+
+async fn healthz_and_readyz_answer_while_the_store_is_up(app: &TestApp) {
+    let health = app.get("/healthz").await;
+    health.expect_status(200);
+    assert_eq!(health.str("status"), "ok");
+    let ready = app.get("/readyz").await;
+    ready.expect_status(200);
+    assert_eq!(ready.str("status"), "ready");
+}
+
+/// The Redis keys of a lock are exactly the documented three, with the
+/// documented values and TTLs, and only the fence counter outlives the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keys_follow_the_documented_data_model() {
+    let app = TestApp::redis().await;
+    let redis = app.redis_server();
+    let name = "orders:1";
+    let (lock, fence, meta) = (
+        lock_key(name),
+        format!("{}:fence", lock_key(name)),
+        format!("{}:meta", lock_key(name)),
+    );
+    let grant = app
+        .acquire(name, Some(json!({ "ttl_ms": 5000, "owner": "w-1" })))
+        .await;
+    grant.expect_status(201);
+    let token = grant.token();
+    let mut all = vec![lock.clone(), fence.clone(), meta.clone()];
+    all.sort();
+    assert_eq!(redis.keys().await, all);
+    let (value, pttl) = redis.get_with_pttl(&lock).await.expect("lock key");
+    assert_eq!(value, token);
+    assert!(pttl > 4900 && pttl <= 5000, "lock PTTL {pttl}");
+    let meta_pttl = redis.pttl(&meta).await;
+    assert!(
+        (meta_pttl - pttl).abs() <= 5,
+        "meta PTTL {meta_pttl}, lock {pttl}"
+    );
+    assert_eq!(redis.pttl(&fence).await, -1, "the fence counter has a TTL");
+    let counter: u64 = redis.cmd(::redis::cmd("GET").arg(&fence)).await;
+    assert_eq!(counter, grant.fence());
+    let hash: std::collections::HashMap<String, String> =
+        redis.cmd(::redis::cmd("HGETALL").arg(&meta)).await;
+    assert_eq!(hash.get("fence"), Some(&grant.fence().to_string()));
+    assert_eq!(hash.get("owner").map(String::as_str), Some("w-1"));
+    let granted_ms: u64 = hash["granted_at_ms"].parse().expect("ms since epoch");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as u64;
+    assert!(
+        now_ms.abs_diff(granted_ms) < 5000,
+        "granted_at_ms {granted_ms}"
+    );
+
+    // An extend moves both TTLs.
+    app.extend_ttl(name, &token, 9000).await.expect_status(200);
+    let (lock_pttl, meta_pttl) = (redis.pttl(&lock).await, redis.pttl(&meta).await);
+    assert!(
+        lock_pttl > 8900 && lock_pttl <= 9000,
+        "lock PTTL {lock_pttl}"
+    );
+    assert!((meta_pttl - lock_pttl).abs() <= 5, "meta PTTL {meta_pttl}");
+
+    // A release leaves the fence counter only.
+    app.release(name, &token).await.expect_status(204);
+    assert_eq!(redis.keys().await, vec![fence.clone()]);
+    assert_eq!(redis.pttl(&fence).await, -1);
+
+    // An expiry too: the meta hash expires with the lock.
+    let short = app.acquire_ttl(name, 50).await;
+    short.expect_status(201);
+    assert_eq!(short.fence(), grant.fence() + 1);
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(redis.keys().await, vec![fence.clone()]);
+    let counter: u64 = redis.cmd(::redis::cmd("GET").arg(&fence)).await;
+    assert_eq!(counter, short.fence());
+}

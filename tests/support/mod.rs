@@ -1,0 +1,782 @@
+//! Shared harness of the integration tests.
+//!
+//! Every test gets its own world: a real `redis-server` on a free loopback
+//! port ([`RedisServer`]) and a lockd built in-process on port 0
+//! ([`TestApp`]), or a lockd over the in-memory backend. Tests drive lockd
+//! over HTTP, as a client would, and look at the store directly through
+//! backend-neutral probes ([`TestApp::holder`], [`TestApp::lock_key_count`])
+//! to check what was (or was not) written.
+//!
+//! - [`RedisServer`] spawns `redis-server` with no persistence in a temporary
+//!   directory, waits until it answers `PING`, and kills it on drop. It can
+//!   be stopped and started again on the same port, or frozen with SIGSTOP,
+//!   for outage tests. [`RedisServer::cmd`] runs a raw command.
+//! - [`TestApp`] builds `lockd::app::Application` exactly as `main` does
+//!   (with [`lockd::config::Settings`]), serves it on a spawned task, and
+//!   offers one helper per API action, returning a [`Reply`].
+//! - [`backend_tests!`] turns each `async fn name(app: &TestApp)` into one
+//!   `#[tokio::test]` per backend (`redis::name` and `memory::name`), so the
+//!   same conformance tests run against both.
+//!
+//! Set `TEST_LOG=1` to see lockd's logs while a test runs.
+
+#![allow(dead_code)]
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use lockd::app::Application;
+use lockd::config::Settings;
+use lockd::lock::memory::MemoryBackend;
+use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+/// The key prefix lockd uses by default.
+pub const PREFIX: &str = "lockd:";
+
+/// The media type of every error answer.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+static TRACING: LazyLock<()> = LazyLock::new(|| {
+    if std::env::var_os("TEST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
+            .with_test_writer()
+            .try_init();
+    }
+});
+
+// ---------------------------------------------------------------------------
+// Redis
+// ---------------------------------------------------------------------------
+
+/// A real `redis-server` process on a loopback port, killed on drop.
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Mutex<Option<Child>>,
+}
+
+/// How long a fresh `redis-server` may take to answer `PING`.
+const REDIS_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl RedisServer {
+    /// Starts a server on a free port, retrying on a port collision.
+    pub async fn spawn() -> Self {
+        for _ in 0..20 {
+            let server = Self {
+                port: free_port(),
+                dir: tempfile::tempdir().expect("temp dir for redis-server"),
+                child: Mutex::new(None),
+            };
+            match server.try_start().await {
+                Ok(()) => return server,
+                Err(why) => eprintln!(
+                    "redis-server on port {} failed ({why}); trying another port",
+                    server.port
+                ),
+            }
+        }
+        panic!("could not start redis-server on any port");
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit. Its data is lost:
+    /// it runs without persistence.
+    pub fn stop(&self) {
+        self.kill();
+    }
+
+    /// Starts the server again on the same port, after [`Self::stop`].
+    pub async fn start(&self) {
+        self.try_start()
+            .await
+            .unwrap_or_else(|why| panic!("cannot restart redis-server: {why}"));
+    }
+
+    /// Freezes the server (SIGSTOP): it accepts connections but never answers.
+    pub fn sigstop(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a server frozen by [`Self::sigstop`].
+    pub fn sigcont(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self
+            .child
+            .lock()
+            .unwrap()
+            .as_ref()
+            .expect("redis-server is running")
+            .id();
+        let status = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} {pid} failed");
+    }
+
+    fn kill(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    async fn try_start(&self) -> Result<(), String> {
+        assert!(
+            self.child.lock().unwrap().is_none(),
+            "redis-server already running"
+        );
+        let log = std::fs::File::create(self.dir.path().join("redis.log"))
+            .map_err(|e| format!("log file: {e}"))?;
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot spawn redis-server: {e}"))?;
+        *self.child.lock().unwrap() = Some(child);
+        let deadline = Instant::now() + REDIS_START_TIMEOUT;
+        loop {
+            if let Some(status) = self
+                .child
+                .lock()
+                .unwrap()
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child.lock().unwrap().take();
+                return Err(format!("redis-server exited: {status}"));
+            }
+            if self.ping().await {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                return Err("no PONG in time".into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn ping(&self) -> bool {
+        let Ok(client) = redis::Client::open(self.url()) else {
+            return false;
+        };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            return false;
+        };
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .is_ok_and(|p| p == "PONG")
+    }
+
+    /// A fresh connection (a new one each time, so that it survives restarts).
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("valid redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test redis-server")
+    }
+
+    /// Runs one raw command, e.g. `redis.cmd::<i64>(redis::cmd("PTTL").arg(k))`.
+    pub async fn cmd<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let mut conn = self.connection().await;
+        cmd.query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("redis command failed: {e}"))
+    }
+
+    /// Every key in the database, sorted.
+    pub async fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.cmd(redis::cmd("KEYS").arg("*")).await;
+        keys.sort();
+        keys
+    }
+
+    /// The value and PTTL of `key` read atomically (`None` when absent).
+    pub async fn get_with_pttl(&self, key: &str) -> Option<(String, i64)> {
+        let mut conn = self.connection().await;
+        let (value, pttl): (Option<String>, i64) = redis::pipe()
+            .atomic()
+            .cmd("GET")
+            .arg(key)
+            .cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("GET and PTTL");
+        value.map(|v| (v, pttl))
+    }
+
+    /// The PTTL of `key`: -2 when absent, -1 when it has no TTL.
+    pub async fn pttl(&self, key: &str) -> i64 {
+        self.cmd(redis::cmd("PTTL").arg(key)).await
+    }
+
+    /// Resets `INFO commandstats`.
+    pub async fn reset_stats(&self) {
+        let _: () = self.cmd(redis::cmd("CONFIG").arg("RESETSTAT")).await;
+    }
+
+    /// How many scripts (`EVAL`, `EVALSHA`) ran since [`Self::reset_stats`]:
+    /// every lock operation of lockd is a script.
+    pub async fn script_calls(&self) -> u64 {
+        let info: String = self.cmd(redis::cmd("INFO").arg("commandstats")).await;
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+            .map(|l| {
+                l.split(['=', ','])
+                    .nth(1)
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .expect("calls=N in commandstats")
+            })
+            .sum()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
+/// The Redis key of lock `name`.
+pub fn lock_key(name: &str) -> String {
+    format!("{PREFIX}{{{name}}}")
+}
+
+// ---------------------------------------------------------------------------
+// lockd
+// ---------------------------------------------------------------------------
+
+/// The store behind a [`TestApp`], kept so tests can look at it directly.
+pub enum Store {
+    /// A real redis-server.
+    Redis(RedisServer),
+    /// The in-memory backend.
+    Memory(Arc<MemoryBackend>),
+}
+
+/// An HTTP answer, body read as text.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub text: String,
+}
+
+impl Reply {
+    /// The body as JSON (panics when it is not).
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.text).unwrap_or_else(|e| {
+            panic!(
+                "body of a {} is not JSON ({e}): {:?}",
+                self.status, self.text
+            )
+        })
+    }
+
+    /// A string member of the JSON body.
+    pub fn str(&self, field: &str) -> String {
+        self.json()[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("no string `{field}` in {}", self.text))
+            .to_owned()
+    }
+
+    /// An integer member of the JSON body.
+    pub fn u64(&self, field: &str) -> u64 {
+        self.json()[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no integer `{field}` in {}", self.text))
+    }
+
+    /// The token of a grant.
+    pub fn token(&self) -> String {
+        self.str("token")
+    }
+
+    /// The fence of a grant, extend or inspect answer.
+    pub fn fence(&self) -> u64 {
+        self.u64("fence")
+    }
+
+    /// A header as text.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("ASCII header").to_owned())
+    }
+
+    /// Asserts the status, with the body in the message.
+    #[track_caller]
+    pub fn expect_status(&self, status: u16) -> &Self {
+        assert_eq!(
+            self.status.as_u16(),
+            status,
+            "unexpected status; body: {}",
+            self.text
+        );
+        self
+    }
+
+    /// Asserts that this is an RFC 9457 problem document with `status` and
+    /// `urn:lockd:problem:<slug>`, and returns it.
+    #[track_caller]
+    pub fn expect_problem(&self, status: u16, slug: &str) -> Value {
+        self.expect_status(status);
+        let content_type = self.header("content-type").unwrap_or_default();
+        assert!(
+            content_type.starts_with(PROBLEM_JSON),
+            "content-type {content_type:?} is not {PROBLEM_JSON}; body: {}",
+            self.text
+        );
+        let body = self.json();
+        assert_eq!(
+            body["type"],
+            format!("urn:lockd:problem:{slug}"),
+            "{}",
+            self.text
+        );
+        assert_eq!(body["status"], status, "{}", self.text);
+        for member in ["title", "detail"] {
+            assert!(
+                body[member].as_str().is_some_and(|s| !s.is_empty()),
+                "problem without `{member}`: {}",
+                self.text
+            );
+        }
+        body
+    }
+}
+
+/// A lockd served on a loopback port, with its store.
+pub struct TestApp {
+    /// Where lockd listens.
+    pub addr: SocketAddr,
+    /// An HTTP client (with a timeout, so no test can hang).
+    pub client: reqwest::Client,
+    /// The store lockd uses.
+    pub store: Store,
+    /// The settings lockd was built with.
+    pub settings: Settings,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+/// The default test settings: any port, and a short Redis timeout.
+fn test_settings(redis_url: String) -> Settings {
+    Settings {
+        listen: "127.0.0.1:0".parse().expect("valid address"),
+        redis_url,
+        ..Settings::default()
+    }
+}
+
+impl TestApp {
+    /// lockd over a fresh redis-server.
+    pub async fn redis() -> Self {
+        Self::redis_with(|_| {}).await
+    }
+
+    /// lockd over a fresh redis-server, with settings changed by `tweak`.
+    pub async fn redis_with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        LazyLock::force(&TRACING);
+        let server = RedisServer::spawn().await;
+        let mut settings = test_settings(server.url());
+        tweak(&mut settings);
+        let app = Application::build(&settings)
+            .await
+            .expect("build lockd over Redis");
+        Self::serve(app, Store::Redis(server), settings)
+    }
+
+    /// lockd over the in-memory backend.
+    pub async fn memory() -> Self {
+        Self::memory_with(|_| {}).await
+    }
+
+    /// lockd over the in-memory backend, with settings changed by `tweak`.
+    pub async fn memory_with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        LazyLock::force(&TRACING);
+        let mut settings = test_settings("redis://127.0.0.1:1".into());
+        tweak(&mut settings);
+        let backend = Arc::new(MemoryBackend::new());
+        let app = Application::with_backend(&settings, backend.clone())
+            .await
+            .expect("build lockd over memory");
+        Self::serve(app, Store::Memory(backend), settings)
+    }
+
+    fn serve(app: Application, store: Store, settings: Settings) -> Self {
+        let addr = app.local_addr().expect("local address");
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(app.run_until(async move {
+            let _ = rx.await;
+        }));
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("HTTP client");
+        Self {
+            addr,
+            client,
+            store,
+            settings,
+            shutdown: Some(tx),
+        }
+    }
+
+    /// The Redis server (panics for the memory backend).
+    pub fn redis_server(&self) -> &RedisServer {
+        match &self.store {
+            Store::Redis(server) => server,
+            Store::Memory(_) => panic!("this test needs the Redis backend"),
+        }
+    }
+
+    /// Whether the store is Redis.
+    pub fn is_redis(&self) -> bool {
+        matches!(self.store, Store::Redis(_))
+    }
+
+    /// `http://<addr><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Sends any request. `path` includes any query string.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> Reply {
+        let what = format!("{method} {path}");
+        self.try_send(method, path, headers, body)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: no HTTP answer: {e}"))
+    }
+
+    /// Like [`Self::send`], but a request that gets no HTTP answer (the
+    /// connection was dropped, or it timed out) is an `Err`.
+    pub async fn try_send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> Result<Reply, reqwest::Error> {
+        let mut request = self.client.request(method, self.url(path));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await?;
+        Ok(Reply {
+            status,
+            headers,
+            text,
+        })
+    }
+
+    /// Sends a request with an optional JSON body.
+    pub async fn send_json(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Value>,
+    ) -> Reply {
+        let body = body.map(|b| serde_json::to_vec(&b).expect("serialize JSON"));
+        let mut all = headers.to_vec();
+        if body.is_some() {
+            all.push((CONTENT_TYPE.as_str(), "application/json"));
+        }
+        self.send(method, path, &all, body).await
+    }
+
+    /// `POST /locks/{name}` with an optional JSON body.
+    pub async fn acquire(&self, name: &str, body: Option<Value>) -> Reply {
+        self.send_json(Method::POST, &format!("/locks/{name}"), &[], body)
+            .await
+    }
+
+    /// `POST /locks/{name}` with `{"ttl_ms": ttl_ms}`.
+    pub async fn acquire_ttl(&self, name: &str, ttl_ms: u64) -> Reply {
+        self.acquire(name, Some(serde_json::json!({ "ttl_ms": ttl_ms })))
+            .await
+    }
+
+    /// `PATCH /locks/{name}` with the token in `Lock-Token` and an optional
+    /// JSON body.
+    pub async fn extend(&self, name: &str, token: &str, body: Option<Value>) -> Reply {
+        self.send_json(
+            Method::PATCH,
+            &format!("/locks/{name}"),
+            &[("Lock-Token", token)],
+            body,
+        )
+        .await
+    }
+
+    /// `PATCH /locks/{name}` to `ttl_ms`.
+    pub async fn extend_ttl(&self, name: &str, token: &str, ttl_ms: u64) -> Reply {
+        self.extend(name, token, Some(serde_json::json!({ "ttl_ms": ttl_ms })))
+            .await
+    }
+
+    /// `DELETE /locks/{name}` with the token in `Lock-Token`.
+    pub async fn release(&self, name: &str, token: &str) -> Reply {
+        self.send(
+            Method::DELETE,
+            &format!("/locks/{name}"),
+            &[("Lock-Token", token)],
+            None,
+        )
+        .await
+    }
+
+    /// `GET /locks/{name}`.
+    pub async fn inspect(&self, name: &str) -> Reply {
+        self.get(&format!("/locks/{name}")).await
+    }
+
+    /// `GET <path>`.
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(Method::GET, path, &[], None).await
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let reply = self.get("/metrics").await;
+        reply.expect_status(200);
+        reply.text
+    }
+
+    /// How many lock operations reached the backend so far (from
+    /// `lockd_backend_duration_seconds_count`, any op but `ping`).
+    pub async fn backend_calls(&self) -> u64 {
+        let text = self.metrics().await;
+        ["acquire", "extend", "release", "inspect"]
+            .iter()
+            .map(|op| {
+                metric(&text, "lockd_backend_duration_seconds_count", &[("op", op)]).unwrap_or(0.0)
+                    as u64
+            })
+            .sum()
+    }
+
+    /// Who holds `name` according to the store: the token and the remaining
+    /// lease in ms (Redis: `GET` and `PTTL` of the lock key; memory: `peek`).
+    pub async fn holder(&self, name: &str) -> Option<(String, i64)> {
+        match &self.store {
+            Store::Redis(server) => server.get_with_pttl(&lock_key(name)).await,
+            Store::Memory(backend) => backend.peek(name).map(|(token, left)| {
+                (
+                    token,
+                    i64::try_from(left.as_millis()).expect("lease fits in i64"),
+                )
+            }),
+        }
+    }
+
+    /// The holder's token only.
+    pub async fn holder_token(&self, name: &str) -> Option<String> {
+        self.holder(name).await.map(|(token, _)| token)
+    }
+
+    /// How many lock records the store has (Redis: keys under the prefix
+    /// except `:fence` counters, i.e. lock and meta keys; memory: held locks).
+    pub async fn lock_key_count(&self) -> usize {
+        match &self.store {
+            Store::Redis(server) => server
+                .keys()
+                .await
+                .iter()
+                .filter(|k| k.starts_with(PREFIX) && !k.ends_with(":fence"))
+                .count(),
+            Store::Memory(backend) => backend.held_count(),
+        }
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Generates one `#[tokio::test]` per backend for each listed
+/// `async fn name(app: &TestApp)` of the calling file: `redis::name` over a
+/// fresh redis-server and `memory::name` over the in-memory backend.
+#[allow(unused_macros)]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let app = crate::support::TestApp::redis().await;
+                    super::$name(&app).await;
+                }
+            )*
+        }
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let app = crate::support::TestApp::memory().await;
+                    super::$name(&app).await;
+                }
+            )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use backend_tests;
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// The value of the sample `name{labels}` in Prometheus text, where `labels`
+/// must be exactly the sample's labels (in any order).
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let wanted: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    samples(text)
+        .into_iter()
+        .find(|s| s.name == name && s.labels == wanted)
+        .map(|s| s.value)
+}
+
+/// One sample of Prometheus text format.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// Parses the samples of Prometheus text format (comments skipped).
+pub fn samples(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(parse_sample)
+        .collect()
+}
+
+fn bad_line<T>(line: &str) -> T {
+    panic!("malformed metrics line {line:?}")
+}
+
+fn parse_sample(line: &str) -> Sample {
+    let name_end = line.find(['{', ' ']).unwrap_or_else(|| bad_line(line));
+    let name = line[..name_end].to_owned();
+    let mut labels = BTreeMap::new();
+    let mut rest = &line[name_end..];
+    if let Some(after) = rest.strip_prefix('{') {
+        let mut chars = after.char_indices();
+        let mut key = String::new();
+        let end;
+        loop {
+            let (i, c) = chars.next().unwrap_or_else(|| bad_line(line));
+            match c {
+                '}' => {
+                    end = i + 1;
+                    break;
+                }
+                ',' => {}
+                '=' => {
+                    assert_eq!(chars.next().map(|(_, c)| c), Some('"'), "{line}");
+                    let mut value = String::new();
+                    loop {
+                        let (_, c) = chars.next().unwrap_or_else(|| bad_line(line));
+                        match c {
+                            '"' => break,
+                            '\\' => value.push(chars.next().unwrap_or_else(|| bad_line(line)).1),
+                            c => value.push(c),
+                        }
+                    }
+                    labels.insert(std::mem::take(&mut key), value);
+                }
+                c => key.push(c),
+            }
+        }
+        rest = &after[end..];
+    }
+    let value = rest
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| bad_line(line));
+    Sample {
+        name,
+        labels,
+        value,
+    }
+}
+
+/// A valid client token that nobody uses (32 characters, like lockd's).
+pub fn random_token() -> String {
+    use base64::Engine as _;
+    let bytes: [u8; 24] = rand::random();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// Milliseconds from now until an RFC 3339 time (negative when past).
+pub fn ms_until(rfc3339: &str) -> i64 {
+    let t = humantime::parse_rfc3339(rfc3339)
+        .unwrap_or_else(|e| panic!("{rfc3339:?} is not RFC 3339: {e}"));
+    let now = std::time::SystemTime::now();
+    match t.duration_since(now) {
+        Ok(d) => i64::try_from(d.as_millis()).expect("fits"),
+        Err(e) => -i64::try_from(e.duration().as_millis()).expect("fits"),
+    }
+}
