@@ -83,6 +83,9 @@ impl Application {
         settings: &Settings,
         backend: Arc<dyn LockBackend>,
     ) -> Result<Self, StartupError> {
+        settings
+            .check()
+            .map_err(|e| StartupError::Settings(e.to_string()))?;
         let default = Ttl::from_millis(
             settings.default_ttl_ms,
             settings.max_ttl_ms,

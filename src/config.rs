@@ -11,6 +11,7 @@ use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::lock::Ttl;
 use crate::lock::redis::redact_url;
 
 /// `lockd`: a distributed lock service over HTTP, with locks held in Redis.
@@ -179,8 +180,11 @@ impl Settings {
     /// [`ConfigError::Invalid`] naming the setting at fault.
     pub fn check(&self) -> Result<(), ConfigError> {
         let invalid = |msg: String| Err(ConfigError::Invalid(msg));
-        if self.max_ttl_ms == 0 {
-            return invalid("max_ttl_ms must be at least 1".into());
+        if !(1..=Ttl::CEILING_MS).contains(&self.max_ttl_ms) {
+            return invalid(format!(
+                "max_ttl_ms must be from 1 to {} (365 days)",
+                Ttl::CEILING_MS
+            ));
         }
         if !(1..=self.max_ttl_ms).contains(&self.default_ttl_ms) {
             return invalid(format!(

@@ -31,6 +31,7 @@ backend_tests!(
     mutual_exclusion_holds_among_16_contending_clients,
     metrics_count_outcomes_by_result_and_route_template,
     healthz_and_readyz_answer_while_the_store_is_up,
+    a_token_given_twice_is_refused_and_changes_nothing,
 );
 
 /// Requests that must be refused before the store is touched.
@@ -764,4 +765,38 @@ async fn redis_keys_follow_the_documented_data_model() {
     assert_eq!(redis.keys().await, vec![fence.clone()]);
     let counter: u64 = redis.cmd(::redis::cmd("GET").arg(&fence)).await;
     assert_eq!(counter, short.fence());
+}
+
+async fn a_token_given_twice_is_refused_and_changes_nothing(app: &TestApp) {
+    let name = "twice:k";
+    let grant = app.acquire_ttl(name, 5000).await;
+    grant.expect_status(201);
+    let token = grant.token();
+    let path = format!("/locks/{name}");
+    let other = random_token();
+    for method in [Method::PATCH, Method::DELETE] {
+        // The Lock-Token header twice, even with the right token first.
+        let twice = [
+            ("Lock-Token", token.as_str()),
+            ("Lock-Token", other.as_str()),
+        ];
+        let r = app
+            .try_send(method.clone(), &path, &twice, None)
+            .await
+            .expect("answer");
+        r.expect_problem(400, "invalid-request");
+        // The header and the body both.
+        let both = app
+            .send_json(
+                method.clone(),
+                &path,
+                &[("Lock-Token", token.as_str())],
+                Some(json!({ "token": token })),
+            )
+            .await;
+        both.expect_problem(400, "invalid-request");
+    }
+    let (holder, pttl) = app.holder(name).await.expect("still held");
+    assert_eq!(holder, token);
+    assert!(pttl <= 5000 && pttl > 4000, "PTTL {pttl}");
 }

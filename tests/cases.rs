@@ -11,6 +11,9 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use lockd::app::Application;
+use lockd::config::Settings;
+use lockd::lock::Ttl;
 use reqwest::Method;
 use serde_json::json;
 use support::{Reply, TestApp, backend_tests, ms_until, random_token};
@@ -345,17 +348,12 @@ async fn c03_absurd_ttls_are_refused_before_the_store_is_touched(app: &TestApp) 
     );
 }
 
-/// C03 must hold whatever `max_ttl_ms` the operator sets: `Settings::check`
-/// accepts any `max_ttl_ms` from 1 up, and lockd then passes TTLs that
-/// neither Redis (`PX` above `i64::MAX`) nor an RFC 3339 `expires_at`
-/// (after 9999-12-31) can represent. Either such a setting is refused at
-/// start-up, or every such TTL gets an answer, never a 5xx, and 2^63 and
-/// above are refused with 400 with nothing written.
+/// C03 must hold whatever `max_ttl_ms` the operator sets. A setting above
+/// `Ttl::CEILING_MS` (365 days) is refused at start-up; at the ceiling,
+/// TTLs that neither Redis (`PX` above `i64::MAX`) nor an RFC 3339
+/// `expires_at` (after 9999-12-31) can represent get an answer, never a 5xx,
+/// and 2^63 and above are refused with 400 with nothing written.
 async fn c03_huge_max_ttl_setting_still_refuses_absurd_ttls(app: &TestApp) {
-    if app.settings.check().is_err() {
-        // lockd refuses to start with this setting: nothing to check.
-        return;
-    }
     let held = app.acquire_ttl("c03:huge:held", 10_000).await;
     held.expect_status(201);
     let tok = held.token();
@@ -404,17 +402,27 @@ async fn c03_huge_max_ttl_setting_still_refuses_absurd_ttls(app: &TestApp) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: max_ttl_ms is unbounded; absurd TTLs reach Redis (503) or panic formatting expires_at"]
-async fn c03_huge_max_ttl_setting_still_refuses_absurd_ttls_on_redis() {
-    let app = TestApp::redis_with(|s| s.max_ttl_ms = u64::MAX).await;
+async fn c03_largest_max_ttl_setting_still_refuses_absurd_ttls_on_redis() {
+    let app = TestApp::redis_with(|s| s.max_ttl_ms = Ttl::CEILING_MS).await;
     c03_huge_max_ttl_setting_still_refuses_absurd_ttls(&app).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: max_ttl_ms is unbounded; an absurd TTL panics formatting expires_at after the lock is stored"]
-async fn c03_huge_max_ttl_setting_still_refuses_absurd_ttls_on_memory() {
-    let app = TestApp::memory_with(|s| s.max_ttl_ms = u64::MAX).await;
+async fn c03_largest_max_ttl_setting_still_refuses_absurd_ttls_on_memory() {
+    let app = TestApp::memory_with(|s| s.max_ttl_ms = Ttl::CEILING_MS).await;
     c03_huge_max_ttl_setting_still_refuses_absurd_ttls(&app).await;
+}
+
+#[tokio::test]
+async fn c03_a_max_ttl_setting_above_the_ceiling_is_refused_at_start_up() {
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        max_ttl_ms: Ttl::CEILING_MS + 1,
+        dev: true,
+        ..Settings::default()
+    };
+    let built = Application::build(&settings).await;
+    assert!(built.is_err(), "max_ttl_ms above 365 days must be refused");
 }
 
 // ---------------------------------------------------------------------------

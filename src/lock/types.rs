@@ -94,11 +94,18 @@ impl fmt::Display for LockName {
 pub struct Ttl(u64);
 
 impl Ttl {
-    /// Parses a TTL in milliseconds, accepting `1..=max_ms`.
+    /// The longest TTL lockd ever grants, whatever the settings say: 365
+    /// days, in milliseconds. It keeps every expiry time far inside what
+    /// Redis and RFC 3339 timestamps can hold.
+    pub const CEILING_MS: u64 = 365 * 24 * 60 * 60 * 1000;
+
+    /// Parses a TTL in milliseconds, accepting `1..=max_ms` (and never more
+    /// than [`Self::CEILING_MS`]).
     ///
     /// # Errors
     /// [`InvalidInput::Ttl`] naming `field` when `ms` is 0 or above `max_ms`.
     pub fn from_millis(ms: u64, max_ms: u64, field: &'static str) -> Result<Self, InvalidInput> {
+        let max_ms = max_ms.min(Self::CEILING_MS);
         if (1..=max_ms).contains(&ms) {
             Ok(Self(ms))
         } else {
@@ -236,6 +243,8 @@ mod tests {
         );
         assert!(Ttl::from_millis(0, 10, "ttl_ms").is_err());
         assert!(Ttl::from_millis(11, 10, "ttl_ms").is_err());
+        assert!(Ttl::from_millis(Ttl::CEILING_MS + 1, u64::MAX, "ttl_ms").is_err());
+        assert!(Ttl::from_millis(Ttl::CEILING_MS, u64::MAX, "ttl_ms").is_ok());
     }
 
     #[test]

@@ -74,6 +74,11 @@ pub fn acquire_request(
 /// # Errors
 /// 400 when there is none, when both are given, or when it is malformed.
 pub fn holder_token(headers: &HeaderMap, body_token: Option<&str>) -> Result<Token, ApiError> {
+    if headers.get_all(LOCK_TOKEN).iter().nth(1).is_some() {
+        return Err(ApiError::invalid(
+            "the Lock-Token header was given more than once; give it once",
+        ));
+    }
     let header = headers
         .get(LOCK_TOKEN)
         .map(|v| {

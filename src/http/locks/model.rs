@@ -128,9 +128,13 @@ pub struct Status {
     pub granted_at: Option<String>,
 }
 
-/// A time as RFC 3339 UTC with milliseconds.
+/// A time as RFC 3339 UTC with milliseconds. Times past the end of year
+/// 9999, which RFC 3339 cannot write, are clamped to it (TTLs are capped far
+/// below that, so this is only a guard).
 pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
+    const LAST_RFC3339_SECOND: u64 = 253_402_300_799;
+    let last = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(LAST_RFC3339_SECOND);
+    humantime::format_rfc3339_millis(t.min(last)).to_string()
 }
 
 fn millis(d: std::time::Duration) -> u64 {
