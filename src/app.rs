@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use axum::Router;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::http::locks::input::TtlPolicy;
+use crate::http::locks::input::{TtlPolicy, WaitPolicy};
 use crate::http::routes::router;
 use crate::http::state::AppState;
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::{RedisBackend, RedisConfig, redact_url};
-use crate::lock::{LockBackend, LockError, Ttl};
+use crate::lock::{LockBackend, LockError, Locks, Ttl};
 use crate::metrics::{Instrumented, Metrics};
 
 /// Why the application could not start.
@@ -45,6 +46,9 @@ pub enum StartupError {
 pub struct Application {
     listener: TcpListener,
     router: Router,
+    /// Cancelled when shutdown begins: ends every wait and the release-event
+    /// connection.
+    stopping: CancellationToken,
 }
 
 impl Application {
@@ -93,11 +97,16 @@ impl Application {
         )
         .map_err(|e| StartupError::Settings(e.to_string()))?;
         let metrics = Arc::new(Metrics::new()?);
+        let stopping = CancellationToken::new();
+        let backend = Arc::new(Instrumented::new(backend, metrics.clone()));
         let state = AppState {
-            locks: Arc::new(Instrumented::new(backend, metrics.clone())),
+            locks: Locks::new(backend, settings.max_waiters, stopping.clone()),
             ttl: TtlPolicy {
                 default,
                 max_ms: settings.max_ttl_ms,
+            },
+            wait: WaitPolicy {
+                max_ms: settings.max_wait_ms,
             },
             metrics,
         };
@@ -111,6 +120,7 @@ impl Application {
         Ok(Self {
             listener,
             router: router(state),
+            stopping,
         })
     }
 
@@ -122,8 +132,9 @@ impl Application {
         self.listener.local_addr()
     }
 
-    /// Serves requests until `shutdown` completes, then finishes the
-    /// requests in flight and returns.
+    /// Serves requests until `shutdown` completes, then ends every wait
+    /// (those requests get 503 `shutting-down`), finishes the requests in
+    /// flight and returns.
     ///
     /// # Errors
     /// When the listener fails.
@@ -131,9 +142,16 @@ impl Application {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await
+        let stopping = self.stopping.clone();
+        let result = axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                stopping.cancel();
+            })
+            .await;
+        // Also stops the release-event task when the server failed.
+        self.stopping.cancel();
+        result
     }
 }
 

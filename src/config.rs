@@ -27,7 +27,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the HTTP service.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print the OpenAPI document (JSON) that `/openapi.json` serves.
     Openapi,
 }
@@ -69,6 +69,14 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_POOL_SIZE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool_size: Option<usize>,
+    /// Longest wait_ms a request may ask for, in ms [default: 60000].
+    #[arg(long, env = "LOCKD_MAX_WAIT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
+    /// Most requests waiting for locks at once; beyond it, 503 [default: 10000].
+    #[arg(long, env = "LOCKD_MAX_WAITERS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_waiters: Option<usize>,
     /// Keep locks in this process's memory instead of Redis, to try lockd
     /// without Redis. Locks are not shared between processes.
     #[arg(long, env = "LOCKD_DEV")]
@@ -95,6 +103,10 @@ pub struct Settings {
     pub redis_timeout_ms: u64,
     /// Most pooled Redis connections.
     pub pool_size: usize,
+    /// Longest `wait_ms` a request may ask for, in milliseconds.
+    pub max_wait_ms: u64,
+    /// Most requests waiting for locks at once.
+    pub max_waiters: usize,
     /// Use the in-memory backend instead of Redis.
     pub dev: bool,
 }
@@ -109,6 +121,8 @@ impl Default for Settings {
             max_ttl_ms: 3_600_000,
             redis_timeout_ms: 1_000,
             pool_size: 16,
+            max_wait_ms: 60_000,
+            max_waiters: 10_000,
             dev: false,
         }
     }
@@ -124,6 +138,8 @@ impl fmt::Debug for Settings {
             .field("max_ttl_ms", &self.max_ttl_ms)
             .field("redis_timeout_ms", &self.redis_timeout_ms)
             .field("pool_size", &self.pool_size)
+            .field("max_wait_ms", &self.max_wait_ms)
+            .field("max_waiters", &self.max_waiters)
             .field("dev", &self.dev)
             .finish()
     }
@@ -197,6 +213,9 @@ impl Settings {
         }
         if self.pool_size == 0 {
             return invalid("pool_size must be at least 1".into());
+        }
+        if self.max_waiters == 0 {
+            return invalid("max_waiters must be at least 1".into());
         }
         if self.key_prefix.contains(['{', '}']) {
             return invalid("key_prefix must not contain braces: they mark the hash tag".into());

@@ -1,18 +1,23 @@
 //! Prometheus metrics: one [`Registry`] per application (so tests can run
-//! several apps in one process), and [`Instrumented`], a decorator that
-//! counts the outcome and times every backend call without the lock core
-//! knowing about metrics.
+//! several apps in one process), request outcome counters fed by the
+//! handlers, and [`Instrumented`], a decorator that times every backend call
+//! without the lock core knowing about metrics.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 use tokio::time::Instant;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::lock::{
-    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Token, Ttl,
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
+    Token, Ttl,
 };
 
 /// Bucket bounds in seconds, from 100 µs (a loopback Redis round trip) to
@@ -31,6 +36,11 @@ pub struct Metrics {
     pub release_total: IntCounterVec,
     /// `lockd_extend_total{result}`: extended, not_held, not_owner, error.
     pub extend_total: IntCounterVec,
+    /// `lockd_acquire_wait_seconds{result}`: time from an acquire request to
+    /// its outcome, waiting included.
+    pub acquire_wait: HistogramVec,
+    /// `lockd_waiters`: requests waiting for a lock now, read at scrape time.
+    pub waiters: IntGauge,
     /// `lockd_backend_duration_seconds{op}`: time of each backend call.
     pub backend_duration: HistogramVec,
     /// `lockd_http_requests_total{method,route,status}`, by route template.
@@ -41,7 +51,7 @@ pub struct Metrics {
 
 /// The result labels of each counter, created at zero at start-up so that
 /// dashboards never see a missing series.
-const ACQUIRE_RESULTS: &[&str] = &["acquired", "reacquired", "contended", "error"];
+const ACQUIRE_RESULTS: &[&str] = &["acquired", "reacquired", "contended", "timeout", "error"];
 const RELEASE_RESULTS: &[&str] = &["released", "not_held", "not_owner", "error"];
 const EXTEND_RESULTS: &[&str] = &["extended", "not_held", "not_owner", "error"];
 const BACKEND_OPS: &[&str] = &["acquire", "release", "extend", "inspect", "ping"];
@@ -80,6 +90,16 @@ impl Metrics {
                 "Extend requests by result.",
                 &["result"],
             )?,
+            acquire_wait: histogram(
+                "lockd_acquire_wait_seconds",
+                "Time from an acquire request to its outcome, waiting included, in seconds.",
+                &["result"],
+            )?,
+            waiters: {
+                let g = IntGauge::new("lockd_waiters", "Requests waiting for a lock now.")?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
             backend_duration: histogram(
                 "lockd_backend_duration_seconds",
                 "Time of one lock backend operation, in seconds.",
@@ -106,41 +126,53 @@ impl Metrics {
                 vec.with_label_values(&[result]);
             }
         }
+        for result in ACQUIRE_RESULTS {
+            metrics.acquire_wait.with_label_values(&[result]);
+        }
         for op in BACKEND_OPS {
             metrics.backend_duration.with_label_values(&[op]);
         }
         Ok(metrics)
     }
 
-    /// The metrics in Prometheus text format.
-    pub fn render(&self) -> String {
+    /// Counts an acquire request's outcome and the time it took, waiting
+    /// included.
+    pub fn observe_acquire(&self, outcome: &Result<Acquired, LockError>, took: Duration) {
+        let result = match outcome {
+            Ok(Acquired::Granted(_)) => "acquired",
+            Ok(Acquired::Renewed(_)) => "reacquired",
+            Err(LockError::Held { .. }) => "contended",
+            Err(LockError::WaitTimedOut { .. }) => "timeout",
+            Err(_) => "error",
+        };
+        self.acquire_total.with_label_values(&[result]).inc();
+        self.acquire_wait
+            .with_label_values(&[result])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts a release request's outcome.
+    pub fn observe_release(&self, outcome: &Result<(), LockError>) {
+        let result = ownership_result(outcome, "released");
+        self.release_total.with_label_values(&[result]).inc();
+    }
+
+    /// Counts an extend request's outcome.
+    pub fn observe_extend<T>(&self, outcome: &Result<T, LockError>) {
+        let result = ownership_result(outcome, "extended");
+        self.extend_total.with_label_values(&[result]).inc();
+    }
+
+    /// The metrics in Prometheus text format; `waiting` is the number of
+    /// requests waiting now.
+    pub fn render(&self, waiting: usize) -> String {
+        self.waiters.set(i64::try_from(waiting).unwrap_or(i64::MAX));
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail for well-formed metric families.
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
             tracing::error!(error = %e, "cannot encode metrics");
         }
         String::from_utf8_lossy(&buf).into_owned()
-    }
-}
-
-/// A [`LockBackend`] that records every call's outcome and duration in
-/// [`Metrics`], then returns the inner backend's answer unchanged.
-pub struct Instrumented {
-    inner: Arc<dyn LockBackend>,
-    metrics: Arc<Metrics>,
-}
-
-impl Instrumented {
-    /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn LockBackend>, metrics: Arc<Metrics>) -> Self {
-        Self { inner, metrics }
-    }
-
-    fn time(&self, op: &str, started: Instant) {
-        self.metrics
-            .backend_duration
-            .with_label_values(&[op])
-            .observe(started.elapsed().as_secs_f64());
     }
 }
 
@@ -154,57 +186,55 @@ fn ownership_result<T>(outcome: &Result<T, LockError>, ok: &'static str) -> &'st
     }
 }
 
+/// A [`LockBackend`] that times every call in
+/// `lockd_backend_duration_seconds{op}`, then returns the inner backend's
+/// answer unchanged. One request may make several calls (a waiter retries).
+pub struct Instrumented {
+    inner: Arc<dyn LockBackend>,
+    metrics: Arc<Metrics>,
+}
+
+impl Instrumented {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn LockBackend>, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    async fn time<T>(&self, op: &str, call: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let outcome = call.await;
+        self.metrics
+            .backend_duration
+            .with_label_values(&[op])
+            .observe(started.elapsed().as_secs_f64());
+        outcome
+    }
+}
+
 #[async_trait]
 impl LockBackend for Instrumented {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
-        let started = Instant::now();
-        let outcome = self.inner.acquire(req).await;
-        self.time("acquire", started);
-        let result = match &outcome {
-            Ok(Acquired::Granted(_)) => "acquired",
-            Ok(Acquired::Renewed(_)) => "reacquired",
-            Err(LockError::Held { .. }) => "contended",
-            Err(_) => "error",
-        };
-        self.metrics
-            .acquire_total
-            .with_label_values(&[result])
-            .inc();
-        outcome
+        self.time("acquire", self.inner.acquire(req)).await
     }
 
     async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
-        let started = Instant::now();
-        let outcome = self.inner.extend(name, token, ttl).await;
-        self.time("extend", started);
-        let result = ownership_result(&outcome, "extended");
-        self.metrics.extend_total.with_label_values(&[result]).inc();
-        outcome
+        self.time("extend", self.inner.extend(name, token, ttl))
+            .await
     }
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
-        let started = Instant::now();
-        let outcome = self.inner.release(name, token).await;
-        self.time("release", started);
-        let result = ownership_result(&outcome, "released");
-        self.metrics
-            .release_total
-            .with_label_values(&[result])
-            .inc();
-        outcome
+        self.time("release", self.inner.release(name, token)).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        let started = Instant::now();
-        let outcome = self.inner.inspect(name).await;
-        self.time("inspect", started);
-        outcome
+        self.time("inspect", self.inner.inspect(name)).await
     }
 
     async fn ping(&self) -> Result<(), LockError> {
-        let started = Instant::now();
-        let outcome = self.inner.ping().await;
-        self.time("ping", started);
-        outcome
+        self.time("ping", self.inner.ping()).await
+    }
+
+    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+        self.inner.watch_releases(listener, stop);
     }
 }

@@ -45,7 +45,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics.render(),
+        state.metrics.render(state.locks.waiting()),
     )
 }
 

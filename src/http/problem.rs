@@ -65,6 +65,10 @@ pub enum Kind {
     PayloadTooLarge,
     /// 503: the lock backend did not answer.
     BackendUnavailable,
+    /// 503: too many requests are waiting on this instance.
+    TooManyWaiters,
+    /// 503: the service is shutting down.
+    ShuttingDown,
     /// 503: the request took longer than the server allows.
     Timeout,
     /// 500: a bug; details are in the server log.
@@ -98,6 +102,16 @@ impl Kind {
                 S::SERVICE_UNAVAILABLE,
                 "backend-unavailable",
                 "Lock backend unavailable",
+            ),
+            Self::TooManyWaiters => (
+                S::SERVICE_UNAVAILABLE,
+                "too-many-waiters",
+                "Too many waiting requests",
+            ),
+            Self::ShuttingDown => (
+                S::SERVICE_UNAVAILABLE,
+                "shutting-down",
+                "Service shutting down",
             ),
             Self::Timeout => (S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"),
             Self::Internal => (S::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
@@ -164,6 +178,24 @@ impl From<LockError> for ApiError {
                 ),
             )
             .retry_after(retry_after),
+            LockError::WaitTimedOut { retry_after } => Self::new(
+                Kind::LockHeld,
+                format!(
+                    "the lock was not granted within wait_ms; the holder's lease ends in at most {} ms",
+                    retry_after.as_millis()
+                ),
+            )
+            .retry_after(retry_after),
+            LockError::TooManyWaiters => Self::new(
+                Kind::TooManyWaiters,
+                "too many requests are waiting for locks on this instance; retry later or with wait_ms 0",
+            )
+            .retry_after(UNAVAILABLE_RETRY),
+            LockError::ShuttingDown => Self::new(
+                Kind::ShuttingDown,
+                "the service is shutting down; retry on another instance or shortly",
+            )
+            .retry_after(UNAVAILABLE_RETRY),
             LockError::NotHeld => Self::new(
                 Kind::LockNotHeld,
                 "nobody holds this lock: it was released or its lease ran out",

@@ -18,11 +18,13 @@ use super::{ops, problem};
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
-/// The longest a request may take before it is answered 503.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How much longer than the longest wait a request may take before it is
+/// answered 503.
+pub const REQUEST_TIMEOUT_MARGIN: Duration = Duration::from_secs(30);
 
 /// Builds the router with every route and layer.
 pub fn router(state: AppState) -> Router {
+    let request_timeout = Duration::from_millis(state.wait.max_ms) + REQUEST_TIMEOUT_MARGIN;
     Router::new()
         .route(
             "/locks/{name}",
@@ -38,7 +40,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
-            REQUEST_TIMEOUT,
+            request_timeout,
         ))
         .layer(middleware::from_fn(problem::normalize))
         .layer(middleware::from_fn_with_state(state.clone(), track_http))

@@ -2,17 +2,19 @@
 
 use std::sync::Arc;
 
-use crate::http::locks::input::TtlPolicy;
-use crate::lock::LockBackend;
+use crate::http::locks::input::{TtlPolicy, WaitPolicy};
+use crate::lock::Locks;
 use crate::metrics::Metrics;
 
 /// The application state handed to every handler.
 #[derive(Clone)]
 pub struct AppState {
-    /// The lock store, already wrapped in metrics.
-    pub locks: Arc<dyn LockBackend>,
+    /// The lock service (waiting included) over the instrumented backend.
+    pub locks: Locks,
     /// Default and maximum TTL.
     pub ttl: TtlPolicy,
+    /// Maximum wait.
+    pub wait: WaitPolicy,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
 }

@@ -19,6 +19,19 @@ pub enum LockError {
     /// The lock is held under another token.
     #[error("the lock is held under another token")]
     NotOwner,
+    /// The lock stayed held for the whole wait. `retry_after` is the holder's
+    /// remaining lease when the wait ended.
+    #[error("the lock was not granted within the wait")]
+    WaitTimedOut {
+        /// The holder's remaining lease.
+        retry_after: Duration,
+    },
+    /// The instance's wait queues are full (`max_waiters`).
+    #[error("too many requests are waiting")]
+    TooManyWaiters,
+    /// The service is shutting down and ended the wait.
+    #[error("the service is shutting down")]
+    ShuttingDown,
     /// The backend could not be reached or did not answer in time. The text
     /// is for logs only; it never reaches a client.
     #[error("lock backend unavailable: {0}")]

@@ -6,14 +6,16 @@
 //! sections are short, never await, and a tokio mutex would only add cost.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::{
-    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Token, Ttl,
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
+    Token, Ttl,
 };
 
 struct Holder {
@@ -55,6 +57,8 @@ impl State {
 #[derive(Default)]
 pub struct MemoryBackend {
     state: Mutex<State>,
+    /// Told about every release, so that waiters wake at once.
+    listener: OnceLock<Arc<dyn ReleaseListener>>,
 }
 
 impl MemoryBackend {
@@ -155,6 +159,10 @@ impl LockBackend for MemoryBackend {
             return Err(LockError::NotOwner);
         }
         state.holders.remove(name.as_str());
+        drop(state);
+        if let Some(listener) = self.listener.get() {
+            listener.released(name.as_str());
+        }
         Ok(())
     }
 
@@ -171,6 +179,12 @@ impl LockBackend for MemoryBackend {
 
     async fn ping(&self) -> Result<(), LockError> {
         Ok(())
+    }
+
+    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, _stop: CancellationToken) {
+        if self.listener.set(listener).is_err() {
+            tracing::warn!("the memory backend already has a release listener; keeping the first");
+        }
     }
 }
 

@@ -8,17 +8,25 @@
 //!   `scripts/`).
 //! - [`memory`]: an in-process backend with the same semantics, for
 //!   `lockd serve --dev` and tests.
+//! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
+//!   a backend; [`queue`] holds the per-instance wait queues.
 
 pub mod error;
 pub mod memory;
+pub mod queue;
 pub mod redis;
+pub mod service;
 pub mod types;
 
 use std::time::{Duration, SystemTime};
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
 pub use error::LockError;
+pub use service::Locks;
 pub use types::{InvalidInput, LockName, Owner, Token, Ttl};
 
 /// A request to take a lock.
@@ -122,6 +130,22 @@ pub trait LockBackend: Send + Sync + 'static {
     /// # Errors
     /// [`LockError::Unavailable`] when it does not.
     async fn ping(&self) -> Result<(), LockError>;
+
+    /// Starts telling `listener` about every release of a lock, by any
+    /// client of the same store, until `stop` is cancelled. The default does
+    /// nothing: waiters then wake only when the holder's lease runs out.
+    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+        let _ = (listener, stop);
+    }
+}
+
+/// Receives release events from a backend.
+pub trait ReleaseListener: Send + Sync + 'static {
+    /// The lock `name` was released.
+    fn released(&self, name: &str);
+    /// Events may have been missed (the event connection was lost and is
+    /// back): every waiter that retries should retry now.
+    fn resync(&self);
 }
 
 /// Milliseconds since the Unix epoch of a wall-clock time (0 before 1970).

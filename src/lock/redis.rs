@@ -8,6 +8,9 @@
 //!   TTL, so fences never go backwards while Redis keeps its data.
 //! - `P{N}:meta`: a hash with `fence`, `owner` and `granted_at_ms`, written
 //!   with the lock, with the same TTL, and deleted with it.
+//! - The channel `P{N}:released` gets an empty message at every release.
+//!   Each lockd instance listens with one `PSUBSCRIBE P{*}:released`
+//!   connection and wakes its first waiter for that lock.
 //!
 //! The braces are a Redis Cluster hash tag: all three keys of a lock live in
 //! one slot, so each script touches a single node.
@@ -17,7 +20,7 @@
 //! restarted, or `SCRIPT FLUSH`). A single Redis loses locks that were not
 //! yet replicated when it fails over; use Redlock for that.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -25,11 +28,13 @@ use deadpool_redis::redis::{
     self, AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation,
 };
 use deadpool_redis::{Manager, Pool, Runtime};
+use futures_util::StreamExt as _;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::{
-    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Token, Ttl,
-    unix_millis,
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
+    Token, Ttl, unix_millis,
 };
 
 static ACQUIRE: LazyLock<Script> =
@@ -60,6 +65,7 @@ struct Keys {
     lock: String,
     fence: String,
     meta: String,
+    released: String,
 }
 
 impl Keys {
@@ -68,6 +74,7 @@ impl Keys {
         Self {
             fence: format!("{lock}:fence"),
             meta: format!("{lock}:meta"),
+            released: format!("{lock}:released"),
             lock,
         }
     }
@@ -76,6 +83,8 @@ impl Keys {
 /// Locks held in one Redis server, through a deadpool connection pool.
 pub struct RedisBackend {
     pool: Pool,
+    /// For the release-event connection, which is not pooled.
+    client: redis::Client,
     prefix: String,
     timeout: Duration,
 }
@@ -91,9 +100,11 @@ impl RedisBackend {
         let connection = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.timeout))
             .set_response_timeout(Some(config.timeout));
-        let manager = Manager::new_with_config(config.url.as_str(), connection).map_err(|e| {
+        let bad_url = |e: redis::RedisError| {
             LockError::Unavailable(format!("bad Redis URL {}: {e}", redact_url(&config.url)))
-        })?;
+        };
+        let manager = Manager::new_with_config(config.url.as_str(), connection).map_err(bad_url)?;
+        let client = redis::Client::open(config.url.as_str()).map_err(bad_url)?;
         let pool = Pool::builder(manager)
             .max_size(config.pool_size)
             .wait_timeout(Some(config.timeout))
@@ -104,6 +115,7 @@ impl RedisBackend {
             .map_err(|e| LockError::Unavailable(format!("cannot build the Redis pool: {e}")))?;
         Ok(Self {
             pool,
+            client,
             prefix: config.key_prefix.clone(),
             timeout: config.timeout,
         })
@@ -205,7 +217,10 @@ impl LockBackend for RedisBackend {
     async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
         let keys = Keys::new(&self.prefix, name);
         let mut call = RELEASE.prepare_invoke();
-        call.key(&keys.lock).key(&keys.meta).arg(token.expose());
+        call.key(&keys.lock)
+            .key(&keys.meta)
+            .arg(token.expose())
+            .arg(&keys.released);
         match self.run::<i64>(&call).await? {
             1 => Ok(()),
             0 => Err(LockError::NotHeld),
@@ -252,6 +267,93 @@ impl LockBackend for RedisBackend {
             .map_err(|_| LockError::Unavailable("PING timed out".into()))?
             .map(drop)
     }
+
+    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+        let events = ReleaseEvents {
+            client: self.client.clone(),
+            pattern: format!("{}{{*}}:released", glob_escape(&self.prefix)),
+            prefix: format!("{}{{", self.prefix),
+            timeout: self.timeout,
+            listener,
+        };
+        tokio::spawn(async move {
+            tokio::select! {
+                () = events.run() => {}
+                () = stop.cancelled() => {}
+            }
+        });
+    }
+}
+
+/// The release-event subscriber: one connection per lockd instance.
+struct ReleaseEvents {
+    client: redis::Client,
+    pattern: String,
+    /// `P{`, stripped from a channel name to find the lock name.
+    prefix: String,
+    timeout: Duration,
+    listener: Arc<dyn ReleaseListener>,
+}
+
+impl ReleaseEvents {
+    /// Subscribes and dispatches events for ever, reconnecting with capped
+    /// exponential backoff when the connection is lost. After every
+    /// (re)subscription all waiters retry once, since releases may have been
+    /// missed meanwhile.
+    async fn run(self) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.subscribe().await {
+                Ok(mut stream) => {
+                    backoff = Duration::from_millis(50);
+                    self.listener.resync();
+                    while let Some(msg) = stream.next().await {
+                        if let Some(name) = self.lock_name(msg.get_channel_name()) {
+                            self.listener.released(name);
+                        }
+                    }
+                    tracing::warn!(
+                        "release-event connection to Redis lost; waiters fall back to lease expiry until it is back"
+                    );
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot subscribe to release events"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn subscribe(&self) -> Result<redis::aio::PubSubStream, String> {
+        let connect = async {
+            let mut pubsub = self.client.get_async_pubsub().await?;
+            pubsub.psubscribe(&self.pattern).await?;
+            Ok::<_, redis::RedisError>(pubsub.into_on_message())
+        };
+        match tokio::time::timeout(self.timeout, connect).await {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        }
+    }
+
+    /// `P{name}:released` → `name`.
+    fn lock_name<'a>(&self, channel: &'a str) -> Option<&'a str> {
+        channel
+            .strip_prefix(&self.prefix)?
+            .strip_suffix("}:released")
+    }
+}
+
+/// Escapes the glob characters of Redis patterns (`*?[]\`).
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// A Redis URL with any password replaced by `***`, for logs and errors.
@@ -279,6 +381,13 @@ mod tests {
         assert_eq!(keys.lock, "lockd:{orders:1}");
         assert_eq!(keys.fence, "lockd:{orders:1}:fence");
         assert_eq!(keys.meta, "lockd:{orders:1}:meta");
+        assert_eq!(keys.released, "lockd:{orders:1}:released");
+    }
+
+    #[test]
+    fn glob_characters_in_the_prefix_are_escaped() {
+        assert_eq!(glob_escape("lockd:"), "lockd:");
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use tokio::time::Instant;
 
 use super::input::acquire_request;
 use super::model::{AcquireBody, AcquireQuery, Grant};
@@ -12,7 +13,9 @@ use crate::http::state::AppState;
 use crate::lock::Acquired;
 
 /// Take the lock `name` for `ttl_ms`, or renew it when `token` already
-/// holds it. Fails at once with 409 when another holder has it.
+/// holds it. When another holder has it, fail at once with 409, or, with
+/// `wait_ms`, wait up to that long for it (in arrival order, woken by the
+/// release or the lease's end).
 #[utoipa::path(
     post,
     path = "/locks/{name}",
@@ -26,9 +29,9 @@ use crate::lock::Acquired;
         (status = 201, description = "Granted: a new lease with a new fence", body = Grant),
         (status = 200, description = "Renewed: the given token already held the lock; same fence, lease reset", body = Grant),
         (status = 400, description = "Invalid name, TTL, token, owner or body; nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Another holder has the lock; `retry_after_ms` and `Retry-After` say when it frees at the latest", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Another holder has the lock (after `wait_ms`, if given); `retry_after_ms` and `Retry-After` say when it frees at the latest", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis did not answer in time, too many requests are waiting, or the service is shutting down; see `Retry-After`", body = Problem, content_type = "application/problem+json"),
     ),
 )]
 pub async fn acquire(
@@ -37,16 +40,17 @@ pub async fn acquire(
     StrictQuery(query): StrictQuery<AcquireQuery>,
     JsonBody(body): JsonBody<AcquireBody>,
 ) -> Result<(StatusCode, Json<Grant>), ApiError> {
+    let started = Instant::now();
+    let wait = state.wait.resolve(query.wait_ms.as_deref(), body.wait_ms)?;
     let request = acquire_request(name, query, body, &state.ttl)?;
-    let outcome = state.locks.acquire(&request).await?;
+    let (name, token) = (request.name.clone(), request.token.clone());
+    let outcome = state.locks.acquire(request, wait).await;
+    state.metrics.observe_acquire(&outcome, started.elapsed());
+    let outcome = outcome?;
     let status = match outcome {
         Acquired::Granted(_) => StatusCode::CREATED,
         Acquired::Renewed(_) => StatusCode::OK,
     };
-    let grant = Grant::new(
-        &request.name,
-        request.token.expose().to_owned(),
-        outcome.lease(),
-    );
+    let grant = Grant::new(&name, token.expose().to_owned(), outcome.lease());
     Ok((status, Json(grant)))
 }

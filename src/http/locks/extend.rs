@@ -40,6 +40,8 @@ pub async fn extend(
 ) -> Result<Json<Extended>, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
     let ttl = state.ttl.resolve(query.ttl_ms.as_deref(), body.ttl_ms)?;
-    let lease = state.locks.extend(&name, &token, ttl).await?;
+    let outcome = state.locks.extend(&name, &token, ttl).await;
+    state.metrics.observe_extend(&outcome);
+    let lease = outcome?;
     Ok(Json(Extended::new(&name, &lease)))
 }

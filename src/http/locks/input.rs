@@ -2,6 +2,8 @@
 //! parsed types, with the rules shared by every route: a value may come from
 //! one place only, and a token never from the URL.
 
+use std::time::Duration;
+
 use axum::http::HeaderMap;
 
 use super::model::{AcquireBody, AcquireQuery};
@@ -33,6 +35,43 @@ impl TtlPolicy {
             (None, Some(ms)) => Ok(Ttl::from_millis(ms, self.max_ms, "ttl_ms")?),
             (None, None) => Ok(self.default),
         }
+    }
+}
+
+/// The wait rules of this server.
+#[derive(Debug, Clone, Copy)]
+pub struct WaitPolicy {
+    /// The longest wait a request may ask for, in milliseconds.
+    pub max_ms: u64,
+}
+
+impl WaitPolicy {
+    /// The wait from a query's text or a body's integer (at most one of
+    /// them), or zero.
+    ///
+    /// # Errors
+    /// 400 when both are given, or the value is not an integer in
+    /// `0..=max_ms`.
+    pub fn resolve(&self, query: Option<&str>, body: Option<u64>) -> Result<Duration, ApiError> {
+        let out_of_range = || {
+            ApiError::invalid(format!(
+                "wait_ms must be an integer number of milliseconds from 0 to {}",
+                self.max_ms
+            ))
+        };
+        let ms = match (query, body) {
+            (Some(_), Some(_)) => return Err(given_twice("wait_ms")),
+            (Some(text), None) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+                text.parse::<u64>().map_err(|_| out_of_range())?
+            }
+            (Some(_), None) => return Err(out_of_range()),
+            (None, Some(ms)) => ms,
+            (None, None) => 0,
+        };
+        if ms > self.max_ms {
+            return Err(out_of_range());
+        }
+        Ok(Duration::from_millis(ms))
     }
 }
 

@@ -25,6 +25,12 @@ pub struct AcquireBody {
     /// A label for the holder, up to 256 characters, shown by GET.
     #[schema(example = "billing-worker-3")]
     pub owner: Option<String>,
+    /// How long to wait for a held lock, in milliseconds, from 0 to the
+    /// server's maximum (default 60000). 0 (the default) fails at once with
+    /// 409. While waiting, the request is woken by the holder's release or
+    /// lease expiry; the lease counts from the grant.
+    #[schema(minimum = 0, example = 5000)]
+    pub wait_ms: Option<u64>,
 }
 
 /// Query parameters of `POST /locks/{name}`, for curl and webhook configs. A
@@ -38,6 +44,9 @@ pub struct AcquireQuery {
     pub ttl_ms: Option<String>,
     /// A label for the holder, up to 256 characters.
     pub owner: Option<String>,
+    /// How long to wait for a held lock, in milliseconds, as decimal digits.
+    #[param(value_type = Option<u64>, minimum = 0)]
+    pub wait_ms: Option<String>,
 }
 
 /// Body of `PATCH /locks/{name}`. Optional when the token comes in the

@@ -36,6 +36,8 @@ pub async fn release(
     JsonBody(body): JsonBody<ReleaseBody>,
 ) -> Result<StatusCode, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
-    state.locks.release(&name, &token).await?;
+    let outcome = state.locks.release(&name, &token).await;
+    state.metrics.observe_release(&outcome);
+    outcome?;
     Ok(StatusCode::NO_CONTENT)
 }

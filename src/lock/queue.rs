@@ -1,0 +1,231 @@
+//! Per-instance wait queues: who waits for which lock, in arrival order.
+//!
+//! Only the head of a lock's queue retries; the others sleep until they
+//! become head. A release event wakes the head only, so one release costs one
+//! retry per lockd instance, not one per waiter (no thundering herd).
+//!
+//! Each waiter has its own [`Notify`]. `notify_one` stores a permit when the
+//! waiter is not parked yet, so a wake-up that arrives between a failed
+//! attempt and the next `notified().await` is never lost.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+use super::{LockName, ReleaseListener};
+
+struct Waiter {
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+/// The wait queues of one lockd instance.
+pub struct WaitQueues {
+    queues: Mutex<HashMap<String, VecDeque<Waiter>>>,
+    waiting: AtomicUsize,
+    next_id: AtomicU64,
+    max_waiters: usize,
+}
+
+/// The queue is full: `max_waiters` requests are waiting already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFull;
+
+impl WaitQueues {
+    /// Queues that hold at most `max_waiters` waiters in all.
+    pub fn new(max_waiters: usize) -> Self {
+        Self {
+            queues: Mutex::new(HashMap::new()),
+            waiting: AtomicUsize::new(0),
+            next_id: AtomicU64::new(0),
+            max_waiters,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Waiter>>> {
+        // Every critical section leaves the map consistent before it can
+        // panic, so a poisoned mutex is safe to use.
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Joins the back of `name`'s queue. The place leaves the queue when it
+    /// is dropped, and wakes the next waiter if it was the head.
+    ///
+    /// # Errors
+    /// [`QueueFull`] when `max_waiters` requests are waiting already.
+    pub fn join(self: &Arc<Self>, name: &LockName) -> Result<Place, QueueFull> {
+        let reserved = self
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_waiters).then_some(n + 1)
+            });
+        if reserved.is_err() {
+            return Err(QueueFull);
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let wake = Arc::new(Notify::new());
+        self.lock()
+            .entry(name.as_str().to_owned())
+            .or_default()
+            .push_back(Waiter {
+                id,
+                wake: wake.clone(),
+            });
+        Ok(Place {
+            queues: self.clone(),
+            name: name.as_str().to_owned(),
+            id,
+            wake,
+        })
+    }
+
+    /// Wakes the head of `name`'s queue, if anyone waits: the lock was
+    /// released.
+    pub fn wake(&self, name: &str) {
+        if let Some(head) = self.lock().get(name).and_then(VecDeque::front) {
+            head.wake.notify_one();
+        }
+    }
+
+    /// Wakes the head of every queue: release events may have been missed
+    /// (the event connection was re-established).
+    pub fn wake_all(&self) {
+        for head in self.lock().values().filter_map(VecDeque::front) {
+            head.wake.notify_one();
+        }
+    }
+
+    /// How many requests wait now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// How many requests wait for `name` now.
+    pub fn waiting_for(&self, name: &str) -> usize {
+        self.lock().get(name).map_or(0, VecDeque::len)
+    }
+}
+
+impl ReleaseListener for WaitQueues {
+    fn released(&self, name: &str) {
+        self.wake(name);
+    }
+
+    fn resync(&self) {
+        self.wake_all();
+    }
+}
+
+/// A place in a lock's queue.
+pub struct Place {
+    queues: Arc<WaitQueues>,
+    name: String,
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+impl Place {
+    /// Whether this place is at the head of its queue (the one that retries).
+    pub fn is_head(&self) -> bool {
+        self.queues
+            .lock()
+            .get(&self.name)
+            .and_then(VecDeque::front)
+            .is_some_and(|w| w.id == self.id)
+    }
+
+    /// Completes when this waiter is woken: it became head, or, as head, the
+    /// lock was released. A wake-up sent before this is called is not lost.
+    pub async fn woken(&self) {
+        self.wake.notified().await;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut queues = self.queues.lock();
+        if let Some(queue) = queues.get_mut(&self.name) {
+            let was_head = queue.front().is_some_and(|w| w.id == self.id);
+            queue.retain(|w| w.id != self.id);
+            match queue.front() {
+                None => {
+                    queues.remove(&self.name);
+                }
+                Some(next) if was_head => next.wake.notify_one(),
+                Some(_) => {}
+            }
+        }
+        drop(queues);
+        self.queues.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn name(s: &str) -> LockName {
+        LockName::parse(s).expect("valid name")
+    }
+
+    #[tokio::test]
+    async fn places_are_served_in_arrival_order() {
+        let queues = Arc::new(WaitQueues::new(10));
+        let first = queues.join(&name("k")).expect("room");
+        let second = queues.join(&name("k")).expect("room");
+        let other = queues.join(&name("other")).expect("room");
+        assert!(first.is_head());
+        assert!(!second.is_head());
+        assert!(other.is_head());
+        assert_eq!(queues.waiting(), 3);
+        drop(first);
+        assert!(second.is_head());
+        // The new head was woken when the old one left.
+        tokio::time::timeout(Duration::from_secs(1), second.woken())
+            .await
+            .expect("woken");
+        drop((second, other));
+        assert_eq!(queues.waiting(), 0);
+        assert_eq!(queues.waiting_for("k"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_release_wakes_the_head_only() {
+        let queues = Arc::new(WaitQueues::new(10));
+        let head = queues.join(&name("k")).expect("room");
+        let next = queues.join(&name("k")).expect("room");
+        queues.wake("k");
+        tokio::time::timeout(Duration::from_secs(1), head.woken())
+            .await
+            .expect("head woken");
+        let next_woken = tokio::time::timeout(Duration::from_millis(50), next.woken()).await;
+        assert!(
+            next_woken.is_err(),
+            "a waiter behind the head must sleep on"
+        );
+    }
+
+    #[test]
+    fn the_queue_refuses_waiters_beyond_the_limit() {
+        let queues = Arc::new(WaitQueues::new(2));
+        let a = queues.join(&name("a")).expect("room");
+        let _b = queues.join(&name("b")).expect("room");
+        assert!(queues.join(&name("c")).is_err());
+        drop(a);
+        assert!(queues.join(&name("c")).is_ok());
+    }
+
+    #[test]
+    fn a_waiter_leaving_from_the_middle_keeps_the_order() {
+        let queues = Arc::new(WaitQueues::new(10));
+        let a = queues.join(&name("k")).expect("room");
+        let b = queues.join(&name("k")).expect("room");
+        let c = queues.join(&name("k")).expect("room");
+        drop(b);
+        drop(a);
+        assert!(c.is_head());
+    }
+}

@@ -1,0 +1,185 @@
+//! [`Locks`]: the lock service the HTTP layer calls. It adds waiting to a
+//! [`LockBackend`]: a request may wait up to `wait` for a held lock, woken by
+//! release events and by the holder's lease running out, never by polling at
+//! a fixed interval.
+//!
+//! # Cancel safety
+//! An acquire runs in a task of its own. When the caller goes away (client
+//! hung up, request timed out), the task finishes the backend call it is in,
+//! and if that call granted the lock, releases it with a compare-and-delete:
+//! a lock is never left set for a caller who will not see its token (field
+//! case C08).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::queue::WaitQueues;
+use super::{
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Token, Ttl,
+};
+
+/// The most random delay added to a retry at the holder's lease end, so that
+/// the queue heads of several lockd instances do not all retry at the same
+/// instant.
+const EXPIRY_JITTER_MS: u64 = 5;
+
+/// Locks with waiting, over one backend.
+#[derive(Clone)]
+pub struct Locks {
+    backend: Arc<dyn LockBackend>,
+    queues: Arc<WaitQueues>,
+    shutdown: CancellationToken,
+}
+
+impl Locks {
+    /// The service over `backend`, with at most `max_waiters` requests
+    /// waiting at once. Starts the backend's release events, which stop with
+    /// `shutdown`; cancelling `shutdown` also ends every wait with
+    /// [`LockError::ShuttingDown`].
+    pub fn new(
+        backend: Arc<dyn LockBackend>,
+        max_waiters: usize,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let queues = Arc::new(WaitQueues::new(max_waiters));
+        backend.watch_releases(queues.clone(), shutdown.clone());
+        Self {
+            backend,
+            queues,
+            shutdown,
+        }
+    }
+
+    /// How many requests wait now.
+    pub fn waiting(&self) -> usize {
+        self.queues.waiting()
+    }
+
+    /// Takes the lock, waiting up to `wait` while another holder has it.
+    /// With `wait` zero the request fails at once and is never queued, so it
+    /// can take a free lock ahead of the queue.
+    ///
+    /// # Errors
+    /// [`LockError::Held`] when `wait` is zero and the lock is held;
+    /// [`LockError::WaitTimedOut`] when the wait ran out;
+    /// [`LockError::TooManyWaiters`] when the queue is full;
+    /// [`LockError::ShuttingDown`] when the service stops during the wait;
+    /// [`LockError::Unavailable`] when the backend fails.
+    pub async fn acquire(
+        &self,
+        req: AcquireRequest,
+        wait: Duration,
+    ) -> Result<Acquired, LockError> {
+        let caller_gone = CancellationToken::new();
+        let _hang_up = caller_gone.clone().drop_guard();
+        let (answer, outcome) = oneshot::channel();
+        let this = self.clone();
+        tokio::spawn(async move {
+            let result = this.acquire_or_wait(&req, wait, &caller_gone).await;
+            if let Err(Ok(Acquired::Granted(_))) = answer.send(result) {
+                this.release_orphan(&req).await;
+            }
+        });
+        outcome
+            .await
+            .unwrap_or_else(|_| Err(LockError::Unavailable("acquire task ended".into())))
+    }
+
+    /// Releases a lock granted to a caller who went away.
+    async fn release_orphan(&self, req: &AcquireRequest) {
+        match self.release(&req.name, &req.token).await {
+            Ok(()) => {
+                tracing::info!(lock = %req.name, "released a lock granted after its caller left")
+            }
+            Err(e) => {
+                tracing::warn!(lock = %req.name, error = %e, "could not release a lock granted after its caller left; it runs out with its TTL")
+            }
+        }
+    }
+
+    async fn acquire_or_wait(
+        &self,
+        req: &AcquireRequest,
+        wait: Duration,
+        caller_gone: &CancellationToken,
+    ) -> Result<Acquired, LockError> {
+        if wait.is_zero() {
+            return self.backend.acquire(req).await;
+        }
+        let deadline = Instant::now() + wait;
+        // Join before the first attempt, so a release between a failed
+        // attempt and the wait cannot be missed, and so that a newcomer does
+        // not overtake the waiters already queued.
+        let place = self
+            .queues
+            .join(&req.name)
+            .map_err(|_| LockError::TooManyWaiters)?;
+        let mut retry_at = Instant::now();
+        loop {
+            if place.is_head() {
+                match self.backend.acquire(req).await {
+                    Err(LockError::Held { retry_after }) => {
+                        retry_at = Instant::now() + retry_after + jitter()
+                    }
+                    other => return other,
+                }
+            }
+            let head = place.is_head();
+            tokio::select! {
+                () = place.woken() => {}
+                () = sleep_until(retry_at), if head => {}
+                () = sleep_until(deadline) => {
+                    let retry_after = retry_at.saturating_duration_since(Instant::now());
+                    return Err(LockError::WaitTimedOut { retry_after: retry_after.max(Duration::from_millis(1)) });
+                }
+                () = caller_gone.cancelled() => return Err(LockError::Unavailable("the caller went away".into())),
+                () = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
+            }
+        }
+    }
+
+    /// See [`LockBackend::extend`].
+    ///
+    /// # Errors
+    /// As for [`LockBackend::extend`].
+    pub async fn extend(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Lease, LockError> {
+        self.backend.extend(name, token, ttl).await
+    }
+
+    /// See [`LockBackend::release`].
+    ///
+    /// # Errors
+    /// As for [`LockBackend::release`].
+    pub async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
+        self.backend.release(name, token).await
+    }
+
+    /// See [`LockBackend::inspect`].
+    ///
+    /// # Errors
+    /// As for [`LockBackend::inspect`].
+    pub async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        self.backend.inspect(name).await
+    }
+
+    /// See [`LockBackend::ping`].
+    ///
+    /// # Errors
+    /// As for [`LockBackend::ping`].
+    pub async fn ping(&self) -> Result<(), LockError> {
+        self.backend.ping().await
+    }
+}
+
+fn jitter() -> Duration {
+    Duration::from_millis(rand::random_range(0..=EXPIRY_JITTER_MS))
+}
