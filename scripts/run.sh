@@ -13,7 +13,7 @@ for arg in "$@"; do
 done
 
 if [ "$wants_local_redis" = yes ]; then
-  scripts/ensure-redis.sh
+  scripts/ensure-deps.sh redis-server redis-cli
   if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
     echo "starting redis-server on 127.0.0.1:6379 (no persistence)" >&2
     redis-server --bind 127.0.0.1 --port 6379 --save "" --appendonly no --daemonize yes \

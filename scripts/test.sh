@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs lockd's test suite on this machine. It installs redis-server when it is
+# Runs lockd's test suite on this machine. It installs what the tests run
+# (redis-server, curl, python3, node: the README snippets are run too) when
 # missing; the tests start their own redis-server processes on free ports.
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh c05
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/ensure-redis.sh
+scripts/ensure-deps.sh redis-server redis-cli curl python3 node
 cargo test --locked "$@"
