@@ -10,13 +10,22 @@
 //! - [`RedisServer`] spawns `redis-server` with no persistence in a temporary
 //!   directory, waits until it answers `PING`, and kills it on drop. It can
 //!   be stopped and started again on the same port, or frozen with SIGSTOP,
-//!   for outage tests. [`RedisServer::cmd`] runs a raw command.
+//!   for outage tests (a restart checks that the server answering is the new
+//!   process, not another test's server on the freed port).
+//!   [`RedisServer::cmd`] runs a raw command.
 //! - [`TestApp`] builds `lockd::app::Application` exactly as `main` does
 //!   (with [`lockd::config::Settings`]), serves it on a spawned task, and
 //!   offers one helper per API action, returning a [`Reply`].
+//!   [`TestApp::sibling`] builds a second lockd on the same redis-server, to
+//!   test several instances sharing one Redis; the server stops when the
+//!   last app using it is dropped. [`TestApp::shut_down`] triggers the
+//!   graceful shutdown `main` runs on SIGTERM. [`TestApp::client_with_timeout`]
+//!   and [`TestApp::try_send_via`] send through a client that hangs up early.
 //! - [`backend_tests!`] turns each `async fn name(app: &TestApp)` into one
 //!   `#[tokio::test]` per backend (`redis::name` and `memory::name`), so the
-//!   same conformance tests run against both.
+//!   same conformance tests run against both. Its `mod m = tweak; ...` form
+//!   builds both apps with settings changed by `tweak`, in module `m`; a
+//!   name may carry attributes such as `#[ignore = "bug: ..."]`.
 //!
 //! Set `TEST_LOG=1` to see lockd's logs while a test runs.
 
@@ -36,6 +45,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 /// The key prefix lockd uses by default.
 pub const PREFIX: &str = "lockd:";
@@ -174,7 +184,15 @@ impl RedisServer {
                 return Err(format!("redis-server exited: {status}"));
             }
             if self.ping().await {
-                return Ok(());
+                // After a restart the port was free for a while: make sure
+                // the server answering is ours, not one another test started
+                // on the port meanwhile.
+                let ours = self.child.lock().unwrap().as_ref().map(Child::id);
+                if self.process_id().await == ours {
+                    return Ok(());
+                }
+                self.kill();
+                return Err("another server answers on this port".into());
             }
             if Instant::now() > deadline {
                 self.kill();
@@ -197,6 +215,20 @@ impl RedisServer {
             .is_ok_and(|p| p == "PONG")
     }
 
+    /// The `process_id` that the server on this port reports.
+    async fn process_id(&self) -> Option<u32> {
+        let client = redis::Client::open(self.url()).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|pid| pid.trim().parse().ok())
+    }
+
     /// A fresh connection (a new one each time, so that it survives restarts).
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url())
@@ -212,6 +244,18 @@ impl RedisServer {
         cmd.query_async(&mut conn)
             .await
             .unwrap_or_else(|e| panic!("redis command failed: {e}"))
+    }
+
+    /// How many clients have a pattern subscription (`psub` > 0 in `CLIENT
+    /// LIST`): each lockd instance keeps one for its release events.
+    pub async fn pattern_subscribers(&self) -> usize {
+        let list: String = self.cmd(redis::cmd("CLIENT").arg("LIST")).await;
+        list.lines()
+            .filter(|l| {
+                l.split(' ')
+                    .any(|f| f.strip_prefix("psub=").is_some_and(|n| n != "0"))
+            })
+            .count()
     }
 
     /// Every key in the database, sorted.
@@ -287,8 +331,8 @@ pub fn lock_key(name: &str) -> String {
 
 /// The store behind a [`TestApp`], kept so tests can look at it directly.
 pub enum Store {
-    /// A real redis-server.
-    Redis(RedisServer),
+    /// A real redis-server, shared by every [`TestApp::sibling`].
+    Redis(Arc<RedisServer>),
     /// The in-memory backend.
     Memory(Arc<MemoryBackend>),
 }
@@ -396,7 +440,8 @@ pub struct TestApp {
     pub store: Store,
     /// The settings lockd was built with.
     pub settings: Settings,
-    shutdown: Option<oneshot::Sender<()>>,
+    shutdown: Mutex<Option<oneshot::Sender<()>>>,
+    served: Mutex<Option<JoinHandle<std::io::Result<()>>>>,
 }
 
 /// The default test settings: any port, and a short Redis timeout.
@@ -416,8 +461,22 @@ impl TestApp {
 
     /// lockd over a fresh redis-server, with settings changed by `tweak`.
     pub async fn redis_with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        let server = Arc::new(RedisServer::spawn().await);
+        Self::redis_on(server, tweak).await
+    }
+
+    /// Another lockd on the same redis-server as `self` (which must use
+    /// Redis), with settings changed by `tweak`: two instances sharing one
+    /// Redis, as in a deployment.
+    pub async fn sibling(&self, tweak: impl FnOnce(&mut Settings)) -> Self {
+        match &self.store {
+            Store::Redis(server) => Self::redis_on(server.clone(), tweak).await,
+            Store::Memory(_) => panic!("instances share only a Redis store"),
+        }
+    }
+
+    async fn redis_on(server: Arc<RedisServer>, tweak: impl FnOnce(&mut Settings)) -> Self {
         LazyLock::force(&TRACING);
-        let server = RedisServer::spawn().await;
         let mut settings = test_settings(server.url());
         tweak(&mut settings);
         let app = Application::build(&settings)
@@ -446,7 +505,7 @@ impl TestApp {
     fn serve(app: Application, store: Store, settings: Settings) -> Self {
         let addr = app.local_addr().expect("local address");
         let (tx, rx) = oneshot::channel::<()>();
-        tokio::spawn(app.run_until(async move {
+        let served = tokio::spawn(app.run_until(async move {
             let _ = rx.await;
         }));
         let client = reqwest::Client::builder()
@@ -458,8 +517,42 @@ impl TestApp {
             client,
             store,
             settings,
-            shutdown: Some(tx),
+            shutdown: Mutex::new(Some(tx)),
+            served: Mutex::new(Some(served)),
         }
+    }
+
+    /// Begins the graceful shutdown, as SIGTERM does in `main`: lockd stops
+    /// accepting connections, ends every wait (503 `shutting-down`) and
+    /// finishes the requests in flight.
+    pub fn shut_down(&self) {
+        if let Some(tx) = self.shutdown.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Whether the server finished (after [`Self::shut_down`]) within
+    /// `within`, without an error.
+    pub async fn stopped_within(&self, within: Duration) -> bool {
+        let Some(mut served) = self.served.lock().unwrap().take() else {
+            return true;
+        };
+        match tokio::time::timeout(within, &mut served).await {
+            Ok(result) => matches!(result, Ok(Ok(()))),
+            Err(_) => {
+                *self.served.lock().unwrap() = Some(served);
+                false
+            }
+        }
+    }
+
+    /// An HTTP client that gives up (hangs up) after `timeout`, for use with
+    /// [`Self::try_send_via`].
+    pub fn client_with_timeout(timeout: Duration) -> reqwest::Client {
+        reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .expect("HTTP client")
     }
 
     /// The Redis server (panics for the memory backend).
@@ -503,7 +596,21 @@ impl TestApp {
         headers: &[(&str, &str)],
         body: Option<Vec<u8>>,
     ) -> Result<Reply, reqwest::Error> {
-        let mut request = self.client.request(method, self.url(path));
+        self.try_send_via(&self.client, method, path, headers, body)
+            .await
+    }
+
+    /// Like [`Self::try_send`], through `client` (such as one from
+    /// [`Self::client_with_timeout`]).
+    pub async fn try_send_via(
+        &self,
+        client: &reqwest::Client,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> Result<Reply, reqwest::Error> {
+        let mut request = client.request(method, self.url(path));
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
@@ -644,21 +751,49 @@ impl TestApp {
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
+        self.shut_down();
     }
 }
 
 /// Generates one `#[tokio::test]` per backend for each listed
 /// `async fn name(app: &TestApp)` of the calling file: `redis::name` over a
 /// fresh redis-server and `memory::name` over the in-memory backend.
+///
+/// `backend_tests!(mod m = |s: &mut Settings| ...; name, ...)` does the same
+/// with settings changed by the closure, as `m::redis::name` and
+/// `m::memory::name`. In both forms a name may carry attributes, such as
+/// `#[ignore = "bug: ..."]`, given to both of its tests.
 #[allow(unused_macros)]
 macro_rules! backend_tests {
-    ($($name:ident),* $(,)?) => {
+    (mod $module:ident = $tweak:expr; $($(#[$attr:meta])* $name:ident),* $(,)?) => {
+        mod $module {
+            mod redis {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    $(#[$attr])*
+                    async fn $name() {
+                        let app = crate::support::TestApp::redis_with($tweak).await;
+                        super::super::$name(&app).await;
+                    }
+                )*
+            }
+            mod memory {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    $(#[$attr])*
+                    async fn $name() {
+                        let app = crate::support::TestApp::memory_with($tweak).await;
+                        super::super::$name(&app).await;
+                    }
+                )*
+            }
+        }
+    };
+    ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
         mod redis {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                $(#[$attr])*
                 async fn $name() {
                     let app = crate::support::TestApp::redis().await;
                     super::$name(&app).await;
@@ -668,6 +803,7 @@ macro_rules! backend_tests {
         mod memory {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                $(#[$attr])*
                 async fn $name() {
                     let app = crate::support::TestApp::memory().await;
                     super::$name(&app).await;
