@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-redis.sh
-cargo test --locked "$@"
+cargo test --locked --no-fail-fast "$@"

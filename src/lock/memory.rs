@@ -112,6 +112,9 @@ impl LockBackend for MemoryBackend {
                 });
             }
             holder.expires = now + req.ttl.as_duration();
+            if let Some(owner) = &req.owner {
+                holder.owner = Some(owner.as_str().to_owned());
+            }
             return Ok(Acquired::Renewed(lease(holder.fence, req.ttl)));
         }
         let counter = state

@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 
 use super::input::acquire_request;
 use super::model::{AcquireBody, AcquireQuery, Grant};
@@ -19,6 +19,7 @@ use crate::lock::Acquired;
     tag = "locks",
     params(
         ("name" = String, Path, description = "Lock name: 1 to 200 of `A-Za-z0-9._-:@`"),
+        ("Lock-Token" = Option<String>, Header, description = "A token of your choosing (or `token` in the body); without one, lockd generates one"),
         AcquireQuery,
     ),
     request_body(content = Option<AcquireBody>, description = "Optional; an empty body takes the defaults"),
@@ -34,10 +35,11 @@ use crate::lock::Acquired;
 pub async fn acquire(
     State(state): State<AppState>,
     LockPath(name): LockPath,
+    headers: HeaderMap,
     StrictQuery(query): StrictQuery<AcquireQuery>,
     JsonBody(body): JsonBody<AcquireBody>,
 ) -> Result<(StatusCode, Json<Grant>), ApiError> {
-    let request = acquire_request(name, query, body, &state.ttl)?;
+    let request = acquire_request(name, query, &headers, body, &state.ttl)?;
     let outcome = state.locks.acquire(&request).await?;
     let status = match outcome {
         Acquired::Granted(_) => StatusCode::CREATED,
