@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Builds and runs `lockd serve` on 127.0.0.1:8080. Unless a Redis URL or
-# --dev is given, it makes sure a Redis answers on 127.0.0.1:6379, installing
-# and starting a local redis-server (no persistence) when none does.
+# Builds and runs `lockd serve` on 127.0.0.1:8080. Unless a Redis URL
+# (--redis-url, LOCKD_REDIS_URL) or dev mode (--dev, LOCKD_DEV=1) is given, it
+# makes sure a Redis answers on 127.0.0.1:6379, installing and starting a
+# local redis-server (no persistence) when none does.
 # Arguments go to `lockd serve`, e.g. scripts/run.sh --default-ttl-ms 10000
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 wants_local_redis=yes
-if [ -n "${LOCKD_REDIS_URL:-}" ] || [ -n "${LOCKD_DEV:-}" ]; then wants_local_redis=no; fi
+[ -n "${LOCKD_REDIS_URL:-}" ] && wants_local_redis=no
+case "${LOCKD_DEV:-}" in 1|[Tt]rue|[Yy]es|[Yy]|[Oo]n|[Tt]) wants_local_redis=no ;; esac
 for arg in "$@"; do
-  case "$arg" in --redis-url*|--dev|--config*) wants_local_redis=no ;; esac
+  case "$arg" in --redis-url*|--dev) wants_local_redis=no ;; esac
 done
 
 if [ "$wants_local_redis" = yes ]; then

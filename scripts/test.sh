@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh redis-server redis-cli curl python3 node
-cargo test --locked "$@"
+cargo test --locked --no-fail-fast "$@"

@@ -2,7 +2,7 @@
 //! `main` only parses flags, sets up logging and calls [`Application`];
 //! tests build the same application on port 0.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture as _};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -143,17 +143,36 @@ impl Application {
         F: Future<Output = ()> + Send + 'static,
     {
         let stopping = self.stopping.clone();
-        let result = axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                stopping.cancel();
-            })
-            .await;
+        let (began, shutdown_began) = tokio::sync::oneshot::channel::<()>();
+        let serve = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
+            shutdown.await;
+            // Ends every wait, so that waiting requests finish at once.
+            stopping.cancel();
+            let _ = began.send(());
+        });
+        // A client that never finishes its request must not hold the process
+        // for ever: past the grace period, the open connections are dropped.
+        let grace_over = async {
+            match shutdown_began.await {
+                Ok(()) => tokio::time::sleep(SHUTDOWN_GRACE).await,
+                Err(_) => std::future::pending().await,
+            }
+        };
+        let result = tokio::select! {
+            result = serve.into_future() => result,
+            () = grace_over => {
+                tracing::warn!(grace = ?SHUTDOWN_GRACE, "connections still open after the shutdown grace period; closing them");
+                Ok(())
+            }
+        };
         // Also stops the release-event task when the server failed.
         self.stopping.cancel();
         result
     }
 }
+
+/// How long a graceful shutdown waits for requests in flight.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
 pub async fn shutdown_signal() {

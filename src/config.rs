@@ -79,7 +79,8 @@ pub struct ServeArgs {
     pub max_waiters: Option<usize>,
     /// Keep locks in this process's memory instead of Redis, to try lockd
     /// without Redis. Locks are not shared between processes.
-    #[arg(long, env = "LOCKD_DEV")]
+    /// LOCKD_DEV takes 1/0, true/false, yes/no, on/off.
+    #[arg(long, env = "LOCKD_DEV", value_parser = clap::builder::BoolishValueParser::new())]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub dev: bool,
 }
@@ -176,11 +177,11 @@ impl Settings {
         let mut figment = Figment::from(Serialized::defaults(Settings::default()));
         if let Some(path) = &args.config {
             // figment skips a missing file silently; a named file must exist.
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            std::fs::metadata(path).map_err(|source| ConfigError::Read {
                 path: path.clone(),
                 source,
             })?;
-            figment = figment.merge(Toml::string(&text));
+            figment = figment.merge(Toml::file_exact(path));
         }
         let settings: Settings = figment
             .merge(Serialized::defaults(args))

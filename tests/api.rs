@@ -32,6 +32,12 @@ backend_tests!(
     metrics_count_outcomes_by_result_and_route_template,
     healthz_and_readyz_answer_while_the_store_is_up,
     a_token_given_twice_is_refused_and_changes_nothing,
+    bodies_must_be_json_objects_and_uncompressed,
+    a_lock_token_header_on_acquire_chooses_the_token,
+    a_token_in_any_url_is_refused,
+    a_declared_oversized_body_is_refused_before_it_is_sent,
+    unknown_methods_share_one_metric_label,
+    reacquire_with_a_new_owner_label_updates_it,
 );
 
 /// Requests that must be refused before the store is touched.
@@ -718,12 +724,12 @@ async fn redis_keys_follow_the_documented_data_model() {
     let mut all = vec![lock.clone(), fence.clone(), meta.clone()];
     all.sort();
     assert_eq!(redis.keys().await, all);
-    let (value, pttl) = redis.get_with_pttl(&lock).await.expect("lock key");
+    let (value, _) = redis.get_with_pttl(&lock).await.expect("lock key");
     assert_eq!(value, token);
+    let (pttl, meta_pttl) = pttls_at_once(redis, &lock, &meta).await;
     assert!(pttl > 4900 && pttl <= 5000, "lock PTTL {pttl}");
-    let meta_pttl = redis.pttl(&meta).await;
     assert!(
-        (meta_pttl - pttl).abs() <= 5,
+        (meta_pttl - pttl).abs() <= 2,
         "meta PTTL {meta_pttl}, lock {pttl}"
     );
     assert_eq!(redis.pttl(&fence).await, -1, "the fence counter has a TTL");
@@ -745,12 +751,12 @@ async fn redis_keys_follow_the_documented_data_model() {
 
     // An extend moves both TTLs.
     app.extend_ttl(name, &token, 9000).await.expect_status(200);
-    let (lock_pttl, meta_pttl) = (redis.pttl(&lock).await, redis.pttl(&meta).await);
+    let (lock_pttl, meta_pttl) = pttls_at_once(redis, &lock, &meta).await;
     assert!(
         lock_pttl > 8900 && lock_pttl <= 9000,
         "lock PTTL {lock_pttl}"
     );
-    assert!((meta_pttl - lock_pttl).abs() <= 5, "meta PTTL {meta_pttl}");
+    assert!((meta_pttl - lock_pttl).abs() <= 2, "meta PTTL {meta_pttl}");
 
     // A release leaves the fence counter only.
     app.release(name, &token).await.expect_status(204);
@@ -799,4 +805,180 @@ async fn a_token_given_twice_is_refused_and_changes_nothing(app: &TestApp) {
     let (holder, pttl) = app.holder(name).await.expect("still held");
     assert_eq!(holder, token);
     assert!(pttl <= 5000 && pttl > 4000, "PTTL {pttl}");
+}
+
+/// The PTTLs of two keys read in one MULTI, so no time passes between them.
+async fn pttls_at_once(redis: &support::RedisServer, a: &str, b: &str) -> (i64, i64) {
+    let mut conn = redis.connection().await;
+    ::redis::pipe()
+        .atomic()
+        .cmd("PTTL")
+        .arg(a)
+        .cmd("PTTL")
+        .arg(b)
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL of both keys")
+}
+
+async fn bodies_must_be_json_objects_and_uncompressed(app: &TestApp) {
+    let before = app.lock_key_count().await;
+    let path = "/locks/shape:k";
+    for body in [
+        r#"[1000,"abcdefghijklmnopqr","me"]"#,
+        "[]",
+        "5",
+        r#""text""#,
+    ] {
+        let r = app
+            .send(Method::POST, path, &[], Some(body.as_bytes().to_vec()))
+            .await;
+        let problem = r.expect_problem(400, "invalid-request");
+        assert!(
+            problem["detail"].as_str().unwrap_or("").contains("object"),
+            "{body}: {problem}"
+        );
+    }
+    let gzip = [("Content-Encoding", "gzip")];
+    let r = app
+        .send(
+            Method::POST,
+            path,
+            &gzip,
+            Some(br#"{"ttl_ms":1000}"#.to_vec()),
+        )
+        .await;
+    r.expect_problem(415, "unsupported-media-type");
+    assert_eq!(
+        app.lock_key_count().await,
+        before,
+        "a refused body wrote a lock"
+    );
+}
+
+async fn a_lock_token_header_on_acquire_chooses_the_token(app: &TestApp) {
+    let token = random_token();
+    let header = [("Lock-Token", token.as_str())];
+    let first = app.send(Method::POST, "/locks/hdr:k", &header, None).await;
+    first.expect_status(201);
+    assert_eq!(first.token(), token);
+    // A retry with the same header renews instead of conflicting.
+    let again = app.send(Method::POST, "/locks/hdr:k", &header, None).await;
+    again.expect_status(200);
+    assert_eq!(again.fence(), first.fence());
+    assert_eq!(app.holder_token("hdr:k").await, Some(token.clone()));
+    // Header and body both: refused.
+    let both = app
+        .send_json(
+            Method::POST,
+            "/locks/hdr:other",
+            &header,
+            Some(json!({ "token": token })),
+        )
+        .await;
+    both.expect_problem(400, "invalid-request");
+    assert_eq!(app.holder("hdr:other").await, None);
+}
+
+async fn a_token_in_any_url_is_refused(app: &TestApp) {
+    let token = random_token();
+    for path in [
+        format!("/healthz?token={token}"),
+        format!("/metrics?token={token}"),
+        format!("/locks/url:k?tok%65n={token}"),
+        format!("/locks/url:k?ttl_ms=1000&token={token}"),
+    ] {
+        let r = app.send(Method::GET, &path, &[], None).await;
+        let problem = r.expect_problem(400, "invalid-request");
+        assert!(
+            problem["detail"].as_str().unwrap_or("").contains("URL"),
+            "{path}: {problem}"
+        );
+        assert!(!r.text.contains(&token), "{path} echoed the token");
+    }
+}
+
+async fn a_declared_oversized_body_is_refused_before_it_is_sent(app: &TestApp) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let addr = app.url("").trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let head = "POST /locks/big:k HTTP/1.1\r\nHost: lockd\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n{";
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut answer))
+        .await
+        .expect("413 within 2 s, without waiting for the body")
+        .expect("read");
+    let text = String::from_utf8_lossy(&answer[..read]);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("application/problem+json"), "{text}");
+    assert_eq!(app.holder("big:k").await, None);
+}
+
+async fn unknown_methods_share_one_metric_label(app: &TestApp) {
+    for method in ["BREW", "COFFEE42"] {
+        let m = Method::from_bytes(method.as_bytes()).expect("method");
+        app.send(m, "/healthz", &[], None).await.expect_status(405);
+    }
+    let text = app.metrics().await;
+    assert!(!text.contains("BREW") && !text.contains("COFFEE42"));
+    let other = metric(
+        &text,
+        "lockd_http_requests_total",
+        &[
+            ("method", "other"),
+            ("route", "/healthz"),
+            ("status", "405"),
+        ],
+    );
+    assert_eq!(other, Some(2.0));
+}
+
+async fn reacquire_with_a_new_owner_label_updates_it(app: &TestApp) {
+    let token = random_token();
+    let first = app
+        .acquire("own:k", Some(json!({ "token": token, "owner": "old" })))
+        .await;
+    first.expect_status(201);
+    let again = app
+        .acquire("own:k", Some(json!({ "token": token, "owner": "new" })))
+        .await;
+    again.expect_status(200);
+    assert_eq!(app.inspect("own:k").await.str("owner"), "new");
+    // Without an owner, the label stays.
+    app.acquire("own:k", Some(json!({ "token": token })))
+        .await
+        .expect_status(200);
+    assert_eq!(app.inspect("own:k").await.str("owner"), "new");
+}
+
+#[tokio::test]
+async fn a_key_of_the_wrong_type_is_a_500_and_leaves_no_half_written_lock() {
+    let app = TestApp::redis().await;
+    let redis = app.redis_server();
+    let fence = format!("{}:fence", lock_key("wrong:k"));
+    redis
+        .cmd::<()>(::redis::cmd("SET").arg(&fence).arg("notanumber"))
+        .await;
+    let r = app.acquire_ttl("wrong:k", 5000).await;
+    let problem = r.expect_problem(500, "backend-error");
+    assert!(
+        !r.text.contains("notanumber") && !r.text.contains("ERR"),
+        "{problem}"
+    );
+    assert_eq!(
+        app.holder("wrong:k").await,
+        None,
+        "the lock was left without a fence"
+    );
+    // Stale metadata of the wrong type is replaced by the grant's own.
+    let meta = format!("{}:meta", lock_key("wrong:m"));
+    redis
+        .cmd::<()>(::redis::cmd("SET").arg(&meta).arg("x"))
+        .await;
+    let grant = app.acquire_ttl("wrong:m", 5000).await;
+    grant.expect_status(201);
+    assert_eq!(app.inspect("wrong:m").await.fence(), grant.fence());
 }

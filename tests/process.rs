@@ -50,8 +50,8 @@ fn terminate(mut child: Child) -> (Option<i32>, String) {
             break exit;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "lockd did not exit within 10 s of SIGTERM"
+            started.elapsed() < Duration::from_secs(20),
+            "lockd did not exit within 20 s of SIGTERM"
         );
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -154,6 +154,59 @@ async fn dev_mode_warns_that_locks_are_not_shared() {
     let (code, logs) = terminate(child);
     assert_eq!(code, Some(0));
     assert!(logs.contains("NOT shared"), "no dev-mode warning:\n{logs}");
+}
+
+#[tokio::test]
+async fn lockd_dev_takes_boolish_values_from_the_environment() {
+    for (value, dev) in [("1", true), ("yes", true), ("on", true), ("0", false)] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--redis-url"])
+            .arg("redis://127.0.0.1:1")
+            .env("LOCKD_DEV", value)
+            .env("LOCKD_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn lockd");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let exited = child.try_wait().expect("poll lockd");
+        assert!(
+            exited.is_none(),
+            "LOCKD_DEV={value}: lockd exited {exited:?}"
+        );
+        let (code, logs) = terminate(child);
+        assert_eq!(code, Some(0));
+        assert_eq!(
+            logs.contains("NOT shared"),
+            dev,
+            "LOCKD_DEV={value}:\n{logs}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_never_finishes_its_request_cannot_hold_shutdown() {
+    use tokio::io::AsyncWriteExt as _;
+    let (child, base) = start_lockd(&["--dev"], "info").await;
+    let addr = base.trim_start_matches("http://").to_owned();
+    let mut stalled = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    stalled
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n")
+        .await
+        .expect("send half a request");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let (code, logs) = tokio::task::spawn_blocking(move || terminate(child))
+        .await
+        .expect("join");
+    assert_eq!(code, Some(0), "{logs}");
+    let took = started.elapsed();
+    assert!(
+        took < lockd::app::SHUTDOWN_GRACE + Duration::from_secs(3),
+        "shutdown took {took:?}"
+    );
+    drop(stalled);
 }
 
 #[test]

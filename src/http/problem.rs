@@ -63,12 +63,16 @@ pub enum Kind {
     MethodNotAllowed,
     /// 413: the body is over the limit.
     PayloadTooLarge,
+    /// 415: the body is compressed.
+    UnsupportedMediaType,
     /// 503: the lock backend did not answer.
     BackendUnavailable,
     /// 503: too many requests are waiting on this instance.
     TooManyWaiters,
     /// 503: the service is shutting down.
     ShuttingDown,
+    /// 500: the lock store refused the operation (see the server log).
+    BackendError,
     /// 503: the request took longer than the server allows.
     Timeout,
     /// 500: a bug; details are in the server log.
@@ -98,6 +102,11 @@ impl Kind {
                 "payload-too-large",
                 "Request body too large",
             ),
+            Self::UnsupportedMediaType => (
+                S::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported body encoding",
+            ),
             Self::BackendUnavailable => (
                 S::SERVICE_UNAVAILABLE,
                 "backend-unavailable",
@@ -112,6 +121,11 @@ impl Kind {
                 S::SERVICE_UNAVAILABLE,
                 "shutting-down",
                 "Service shutting down",
+            ),
+            Self::BackendError => (
+                S::INTERNAL_SERVER_ERROR,
+                "backend-error",
+                "Lock store error",
             ),
             Self::Timeout => (S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"),
             Self::Internal => (S::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
@@ -208,9 +222,16 @@ impl From<LockError> for ApiError {
                 tracing::warn!(error = %why, "lock backend unavailable");
                 Self::new(
                     Kind::BackendUnavailable,
-                    "the lock backend did not answer in time; try again shortly",
+                    "the lock store could not be reached or did not answer in time; try again shortly",
                 )
                 .retry_after(UNAVAILABLE_RETRY)
+            }
+            LockError::Backend(why) => {
+                tracing::error!(error = %why, "lock backend error");
+                Self::new(
+                    Kind::BackendError,
+                    "the lock store refused the operation; the server log says why",
+                )
             }
         }
     }
@@ -287,6 +308,13 @@ pub async fn normalize(request: Request, next: Next) -> Response {
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
             fresh.headers_mut().insert(name, value.clone());
         }
+    }
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        // The body was not read, so the connection cannot carry another
+        // request: tell the client not to reuse it.
+        fresh
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     fresh
 }

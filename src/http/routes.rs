@@ -4,14 +4,16 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use super::locks::{acquire, extend, inspect, release};
+use super::problem::ApiError;
 use super::state::AppState;
 use super::{ops, problem};
 
@@ -38,6 +40,11 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(ops::metrics))
         .route("/openapi.json", get(ops::openapi))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        // Refuses a declared Content-Length over the limit before reading
+        // (and before `100 Continue`); DefaultBodyLimit catches chunked
+        // bodies as they are read.
+        .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
+        .layer(middleware::from_fn(refuse_token_in_url))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             request_timeout,
@@ -58,7 +65,7 @@ pub fn router(state: AppState) -> Router {
 /// path, which would make one series per lock name) and status.
 async fn track_http(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method());
     let route = request
         .extensions()
         .get::<MatchedPath>()
@@ -68,10 +75,40 @@ async fn track_http(State(state): State<AppState>, request: Request, next: Next)
     let status = response.status().as_u16().to_string();
     let m = &state.metrics;
     m.http_requests
-        .with_label_values(&[method.as_str(), route.as_str(), status.as_str()])
+        .with_label_values(&[method, route.as_str(), status.as_str()])
         .inc();
     m.http_duration
-        .with_label_values(&[method.as_str(), route.as_str()])
+        .with_label_values(&[method, route.as_str()])
         .observe(started.elapsed().as_secs_f64());
     response
+}
+
+/// The method as a metric label: the standard methods by name, anything
+/// else as `other`, so that a client cannot create series at will.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+/// Refuses, on every route, a query string with a `token` parameter
+/// (percent-encoded or not): URLs end up in access logs, proxies and
+/// browser history.
+async fn refuse_token_in_url(request: Request, next: Next) -> Response {
+    let query = request.uri().query().unwrap_or("");
+    if url::form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == "token") {
+        return ApiError::invalid(
+            "a token must never be sent in the URL (URLs end up in logs); \
+             send it in the Lock-Token header or in the JSON body",
+        )
+        .into_response();
+    }
+    next.run(request).await
 }

@@ -32,8 +32,14 @@ pub enum LockError {
     /// The service is shutting down and ended the wait.
     #[error("the service is shutting down")]
     ShuttingDown,
-    /// The backend could not be reached or did not answer in time. The text
-    /// is for logs only; it never reaches a client.
+    /// The backend could not be reached or did not answer in time: the
+    /// operation may or may not have taken effect. The text is for logs only;
+    /// it never reaches a client.
     #[error("lock backend unavailable: {0}")]
     Unavailable(String),
+    /// The backend answered with an error that retrying will not cure (a key
+    /// of the wrong type written by a foreign client, a wrong password, a bad
+    /// URL). The text is for logs only; it never reaches a client.
+    #[error("lock backend error: {0}")]
+    Backend(String),
 }

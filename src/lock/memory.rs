@@ -116,6 +116,9 @@ impl LockBackend for MemoryBackend {
                 });
             }
             holder.expires = now + req.ttl.as_duration();
+            if let Some(owner) = &req.owner {
+                holder.owner = Some(owner.as_str().to_owned());
+            }
             return Ok(Acquired::Renewed(lease(holder.fence, req.ttl)));
         }
         let counter = state
@@ -198,6 +201,7 @@ mod tests {
             token: token.clone(),
             ttl: Ttl::from_millis(ttl_ms, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
+            token_generated: true,
         }
     }
 

@@ -41,6 +41,10 @@ pub struct AcquireRequest {
     pub ttl: Ttl,
     /// A label for the holder, shown by [`LockBackend::inspect`].
     pub owner: Option<Owner>,
+    /// Whether lockd generated the token. Nobody else can then hold the
+    /// lock under it, so a grant whose answer was lost (a timeout, a caller
+    /// who hung up) may safely be compare-and-deleted in the background.
+    pub token_generated: bool,
 }
 
 /// A lease the caller now holds.

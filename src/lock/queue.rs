@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::{LockName, ReleaseListener};
 
@@ -21,9 +22,17 @@ struct Waiter {
     wake: Arc<Notify>,
 }
 
+/// The waiters of one lock, and what they know of its holder.
+#[derive(Default)]
+struct Queue {
+    waiters: VecDeque<Waiter>,
+    /// When the holder's lease ends, as the last failed try learned it.
+    lease_end: Option<Instant>,
+}
+
 /// The wait queues of one lockd instance.
 pub struct WaitQueues {
-    queues: Mutex<HashMap<String, VecDeque<Waiter>>>,
+    queues: Mutex<HashMap<String, Queue>>,
     waiting: AtomicUsize,
     next_id: AtomicU64,
     max_waiters: usize,
@@ -44,7 +53,7 @@ impl WaitQueues {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Waiter>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
         // Every critical section leaves the map consistent before it can
         // panic, so a poisoned mutex is safe to use.
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
@@ -69,6 +78,7 @@ impl WaitQueues {
         self.lock()
             .entry(name.as_str().to_owned())
             .or_default()
+            .waiters
             .push_back(Waiter {
                 id,
                 wake: wake.clone(),
@@ -84,7 +94,7 @@ impl WaitQueues {
     /// Wakes the head of `name`'s queue, if anyone waits: the lock was
     /// released.
     pub fn wake(&self, name: &str) {
-        if let Some(head) = self.lock().get(name).and_then(VecDeque::front) {
+        if let Some(head) = self.lock().get(name).and_then(|q| q.waiters.front()) {
             head.wake.notify_one();
         }
     }
@@ -92,7 +102,7 @@ impl WaitQueues {
     /// Wakes the head of every queue: release events may have been missed
     /// (the event connection was re-established).
     pub fn wake_all(&self) {
-        for head in self.lock().values().filter_map(VecDeque::front) {
+        for head in self.lock().values().filter_map(|q| q.waiters.front()) {
             head.wake.notify_one();
         }
     }
@@ -104,7 +114,7 @@ impl WaitQueues {
 
     /// How many requests wait for `name` now.
     pub fn waiting_for(&self, name: &str) -> usize {
-        self.lock().get(name).map_or(0, VecDeque::len)
+        self.lock().get(name).map_or(0, |q| q.waiters.len())
     }
 }
 
@@ -132,8 +142,22 @@ impl Place {
         self.queues
             .lock()
             .get(&self.name)
-            .and_then(VecDeque::front)
+            .and_then(|q| q.waiters.front())
             .is_some_and(|w| w.id == self.id)
+    }
+
+    /// Records when the holder's lease ends, as a failed try learned it, for
+    /// every waiter of this lock to report.
+    pub fn note_lease_end(&self, at: Instant) {
+        if let Some(queue) = self.queues.lock().get_mut(&self.name) {
+            queue.lease_end = Some(at);
+        }
+    }
+
+    /// When the holder's lease ends, as the last failed try of any waiter of
+    /// this lock learned it.
+    pub fn lease_end(&self) -> Option<Instant> {
+        self.queues.lock().get(&self.name).and_then(|q| q.lease_end)
     }
 
     /// Completes when this waiter is woken: it became head, or, as head, the
@@ -147,9 +171,9 @@ impl Drop for Place {
     fn drop(&mut self) {
         let mut queues = self.queues.lock();
         if let Some(queue) = queues.get_mut(&self.name) {
-            let was_head = queue.front().is_some_and(|w| w.id == self.id);
-            queue.retain(|w| w.id != self.id);
-            match queue.front() {
+            let was_head = queue.waiters.front().is_some_and(|w| w.id == self.id);
+            queue.waiters.retain(|w| w.id != self.id);
+            match queue.waiters.front() {
                 None => {
                     queues.remove(&self.name);
                 }

@@ -101,7 +101,10 @@ impl RedisBackend {
             .set_connection_timeout(Some(config.timeout))
             .set_response_timeout(Some(config.timeout));
         let bad_url = |e: redis::RedisError| {
-            LockError::Unavailable(format!("bad Redis URL {}: {e}", redact_url(&config.url)))
+            LockError::Backend(format!(
+                "cannot use Redis URL {}: {e}",
+                redact_url(&config.url)
+            ))
         };
         let manager = Manager::new_with_config(config.url.as_str(), connection).map_err(bad_url)?;
         let client = redis::Client::open(config.url.as_str()).map_err(bad_url)?;
@@ -112,7 +115,7 @@ impl RedisBackend {
             .recycle_timeout(Some(config.timeout))
             .runtime(Runtime::Tokio1)
             .build()
-            .map_err(|e| LockError::Unavailable(format!("cannot build the Redis pool: {e}")))?;
+            .map_err(|e| LockError::Backend(format!("cannot build the Redis pool: {e}")))?;
         Ok(Self {
             pool,
             client,
@@ -133,14 +136,14 @@ impl RedisBackend {
         let attempt = async {
             let mut retried = false;
             loop {
-                let mut conn = self.pool.get().await.map_err(|e| unavailable(&e))?;
+                let mut conn = self.pool.get().await.map_err(pool_error)?;
                 match call.invoke_async(&mut *conn).await {
                     Ok(value) => return Ok(value),
                     Err(e) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
                         drop(deadpool_redis::Connection::take(conn));
                         retried = true;
                     }
-                    Err(e) => return Err(unavailable(&e)),
+                    Err(e) => return Err(redis_error(&e)),
                 }
             }
         };
@@ -152,8 +155,29 @@ impl RedisBackend {
     }
 }
 
-fn unavailable(e: &dyn std::fmt::Display) -> LockError {
-    LockError::Unavailable(e.to_string())
+/// Sorts a Redis error: could not reach or hear from Redis (retry may cure
+/// it), or Redis refused (it will not).
+fn redis_error(e: &redis::RedisError) -> LockError {
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || matches!(
+            e.code(),
+            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN")
+        );
+    if transient {
+        LockError::Unavailable(e.to_string())
+    } else {
+        LockError::Backend(e.to_string())
+    }
+}
+
+fn pool_error(e: deadpool_redis::PoolError) -> LockError {
+    match e {
+        deadpool_redis::PoolError::Backend(e) => redis_error(&e),
+        other => LockError::Unavailable(other.to_string()),
+    }
 }
 
 /// The lease from a grant whose script was sent at `sent` (wall clock
@@ -256,11 +280,11 @@ impl LockBackend for RedisBackend {
 
     async fn ping(&self) -> Result<(), LockError> {
         let attempt = async {
-            let mut conn = self.pool.get().await.map_err(|e| unavailable(&e))?;
+            let mut conn = self.pool.get().await.map_err(pool_error)?;
             redis::cmd("PING")
                 .query_async::<String>(&mut *conn)
                 .await
-                .map_err(|e| unavailable(&e))
+                .map_err(|e| redis_error(&e))
         };
         tokio::time::timeout(self.timeout, attempt)
             .await

@@ -8,7 +8,11 @@
 //! hung up, request timed out), the task finishes the backend call it is in,
 //! and if that call granted the lock, releases it with a compare-and-delete:
 //! a lock is never left set for a caller who will not see its token (field
-//! case C08).
+//! case C08). When the backend call itself timed out, its outcome is unknown;
+//! for a token lockd generated (nobody else can hold it) the task keeps
+//! compare-and-deleting it for a while, since a stalled Redis may still run
+//! the script. A client-chosen token is left alone: the client may retry
+//! with it, and its retry must not be undone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,25 +70,39 @@ impl Locks {
     /// # Errors
     /// [`LockError::Held`] when `wait` is zero and the lock is held;
     /// [`LockError::WaitTimedOut`] when the wait ran out;
-    /// [`LockError::TooManyWaiters`] when the queue is full;
-    /// [`LockError::ShuttingDown`] when the service stops during the wait;
-    /// [`LockError::Unavailable`] when the backend fails.
+    /// [`LockError::TooManyWaiters`] when the lock is held and the queue is
+    /// full; [`LockError::ShuttingDown`] when the service stops during the
+    /// wait; [`LockError::Unavailable`] or [`LockError::Backend`] when the
+    /// backend fails.
     pub async fn acquire(
         &self,
         req: AcquireRequest,
         wait: Duration,
     ) -> Result<Acquired, LockError> {
+        let req = Arc::new(req);
         let caller_gone = CancellationToken::new();
         let _hang_up = caller_gone.clone().drop_guard();
         let (answer, outcome) = oneshot::channel();
-        let this = self.clone();
+        let (this, task_req) = (self.clone(), req.clone());
         tokio::spawn(async move {
-            let result = this.acquire_or_wait(&req, wait, &caller_gone).await;
+            let result = this.acquire_or_wait(&task_req, wait, &caller_gone).await;
+            // A timeout may have hit after Redis ran the script: the lock may
+            // be set under a token nobody will see.
+            let unconfirmed =
+                matches!(result, Err(LockError::Unavailable(_))) && task_req.token_generated;
             if let Err(Ok(Acquired::Granted(_))) = answer.send(result) {
-                this.release_orphan(&req).await;
+                this.release_orphan(&task_req).await;
+            }
+            if unconfirmed {
+                this.release_unconfirmed(&task_req).await;
             }
         });
-        outcome
+        let mut pending = Pending {
+            outcome,
+            locks: self.clone(),
+            req,
+        };
+        (&mut pending.outcome)
             .await
             .unwrap_or_else(|_| Err(LockError::Unavailable("acquire task ended".into())))
     }
@@ -93,11 +111,30 @@ impl Locks {
     async fn release_orphan(&self, req: &AcquireRequest) {
         match self.release(&req.name, &req.token).await {
             Ok(()) => {
-                tracing::info!(lock = %req.name, "released a lock granted after its caller left")
+                tracing::info!(lock = %req.name, "released a lock granted after its caller left");
             }
-            Err(e) => {
-                tracing::warn!(lock = %req.name, error = %e, "could not release a lock granted after its caller left; it runs out with its TTL")
+            Err(e) => tracing::warn!(
+                lock = %req.name,
+                error = %e,
+                "could not release a lock granted after its caller left; it runs out with its TTL"
+            ),
+        }
+    }
+
+    /// After an acquire whose outcome is unknown (the backend timed out),
+    /// compare-and-deletes its token until that succeeds, or until the lease
+    /// would have run out anyway (at most [`UNCONFIRMED_CLEANUP`]): a script
+    /// held up in a stalled Redis may still run after the timeout.
+    async fn release_unconfirmed(&self, req: &AcquireRequest) {
+        let give_up = Instant::now() + req.ttl.as_duration().min(UNCONFIRMED_CLEANUP);
+        let mut pause = Duration::from_millis(50);
+        while Instant::now() < give_up {
+            if self.release(&req.name, &req.token).await.is_ok() {
+                tracing::info!(lock = %req.name, "released a lock whose grant timed out");
+                return;
             }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -114,16 +151,21 @@ impl Locks {
         // Join before the first attempt, so a release between a failed
         // attempt and the wait cannot be missed, and so that a newcomer does
         // not overtake the waiters already queued.
-        let place = self
-            .queues
-            .join(&req.name)
-            .map_err(|_| LockError::TooManyWaiters)?;
+        let Ok(place) = self.queues.join(&req.name) else {
+            // No room to wait: a free lock is still granted.
+            return match self.backend.acquire(req).await {
+                Err(LockError::Held { .. }) => Err(LockError::TooManyWaiters),
+                other => other,
+            };
+        };
         let mut retry_at = Instant::now();
         loop {
             if place.is_head() {
                 match self.backend.acquire(req).await {
                     Err(LockError::Held { retry_after }) => {
-                        retry_at = Instant::now() + retry_after + jitter()
+                        let lease_end = Instant::now() + retry_after;
+                        place.note_lease_end(lease_end);
+                        retry_at = lease_end + jitter();
                     }
                     other => return other,
                 }
@@ -133,10 +175,15 @@ impl Locks {
                 () = place.woken() => {}
                 () = sleep_until(retry_at), if head => {}
                 () = sleep_until(deadline) => {
-                    let retry_after = retry_at.saturating_duration_since(Instant::now());
-                    return Err(LockError::WaitTimedOut { retry_after: retry_after.max(Duration::from_millis(1)) });
+                    let lease_end = place.lease_end().unwrap_or(retry_at);
+                    let retry_after = lease_end.saturating_duration_since(Instant::now());
+                    return Err(LockError::WaitTimedOut {
+                        retry_after: retry_after.max(Duration::from_millis(1)),
+                    });
                 }
-                () = caller_gone.cancelled() => return Err(LockError::Unavailable("the caller went away".into())),
+                () = caller_gone.cancelled() => {
+                    return Err(LockError::Unavailable("the caller went away".into()));
+                }
                 () = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
             }
         }
@@ -177,6 +224,29 @@ impl Locks {
     /// As for [`LockBackend::ping`].
     pub async fn ping(&self) -> Result<(), LockError> {
         self.backend.ping().await
+    }
+}
+
+/// The longest time lockd keeps trying to delete a lock whose grant timed
+/// out.
+const UNCONFIRMED_CLEANUP: Duration = Duration::from_secs(60);
+
+/// The caller's end of an acquire. If the caller goes away after the task
+/// sent a grant but before it was read, the grant is released here.
+struct Pending {
+    outcome: oneshot::Receiver<Result<Acquired, LockError>>,
+    locks: Locks,
+    req: Arc<AcquireRequest>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Ok(Ok(Acquired::Granted(_))) = self.outcome.try_recv() {
+            let (locks, req) = (self.locks.clone(), self.req.clone());
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move { locks.release_orphan(&req).await });
+            }
+        }
     }
 }
 

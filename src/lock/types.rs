@@ -13,10 +13,10 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 /// token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidInput {
-    /// The lock name is empty, too long, or has a character outside
-    /// `[A-Za-z0-9._-:@]`.
+    /// The lock name is empty, too long, `.` or `..`, or has a character
+    /// outside `[A-Za-z0-9._-:@]`.
     #[error(
-        "lock name must be 1 to {max} characters of ASCII letters, digits and `._-:@`",
+        "lock name must be 1 to {max} characters of ASCII letters, digits and `._-:@`, other than `.` and `..`",
         max = LockName::MAX_LEN
     )]
     Name,
@@ -62,7 +62,10 @@ impl LockName {
     /// [`InvalidInput::Name`] when the name is empty, longer than
     /// [`Self::MAX_LEN`] or has a character outside the alphabet.
     pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        // `.` and `..` are refused: HTTP clients rewrite such path segments.
         let ok = !raw.is_empty()
+            && raw != "."
+            && raw != ".."
             && raw.len() <= Self::MAX_LEN
             && raw
                 .bytes()
@@ -228,7 +231,7 @@ mod tests {
         assert!(LockName::parse("orders:1").is_ok());
         assert!(LockName::parse("a.b-c_d:e@f").is_ok());
         assert!(LockName::parse(&"x".repeat(200)).is_ok());
-        for bad in ["", "a b", "{x}", "a\nb", "é", "a/b", "a%20b"] {
+        for bad in ["", ".", "..", "a b", "{x}", "a\nb", "é", "a/b", "a%20b"] {
             assert_eq!(LockName::parse(bad), Err(InvalidInput::Name), "{bad:?}");
         }
         assert!(LockName::parse(&"x".repeat(201)).is_err());

@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use super::input::acquire_request;
@@ -22,6 +22,7 @@ use crate::lock::Acquired;
     tag = "locks",
     params(
         ("name" = String, Path, description = "Lock name: 1 to 200 of `A-Za-z0-9._-:@`"),
+        ("Lock-Token" = Option<String>, Header, description = "A token of your choosing (or `token` in the body); without one, lockd generates one"),
         AcquireQuery,
     ),
     request_body(content = Option<AcquireBody>, description = "Optional; an empty body takes the defaults"),
@@ -37,12 +38,13 @@ use crate::lock::Acquired;
 pub async fn acquire(
     State(state): State<AppState>,
     LockPath(name): LockPath,
+    headers: HeaderMap,
     StrictQuery(query): StrictQuery<AcquireQuery>,
     JsonBody(body): JsonBody<AcquireBody>,
 ) -> Result<(StatusCode, Json<Grant>), ApiError> {
     let started = Instant::now();
     let wait = state.wait.resolve(query.wait_ms.as_deref(), body.wait_ms)?;
-    let request = acquire_request(name, query, body, &state.ttl)?;
+    let request = acquire_request(name, query, &headers, body, &state.ttl)?;
     let (name, token) = (request.name.clone(), request.token.clone());
     let outcome = state.locks.acquire(request, wait).await;
     state.metrics.observe_acquire(&outcome, started.elapsed());

@@ -81,13 +81,16 @@ fn given_twice(field: &str) -> ApiError {
     ))
 }
 
-/// Builds an acquire request from the query and the body.
+/// Builds an acquire request from the query, the headers and the body. A
+/// token of the client's choosing may come in the `Lock-Token` header or the
+/// body; without one, lockd generates one.
 ///
 /// # Errors
 /// 400 when a parameter is given twice or a value is invalid.
 pub fn acquire_request(
     name: LockName,
     query: AcquireQuery,
+    headers: &HeaderMap,
     body: AcquireBody,
     ttl: &TtlPolicy,
 ) -> Result<AcquireRequest, ApiError> {
@@ -96,23 +99,28 @@ pub fn acquire_request(
         (Some(_), Some(_)) => return Err(given_twice("owner")),
         (q, b) => q.or(b).map(|o| Owner::parse(&o)).transpose()?,
     };
-    let token = match body.token {
-        Some(raw) => Token::parse(&raw)?,
-        None => Token::generate(),
-    };
+    let given = given_token(headers, body.token.as_deref())?;
+    let token_generated = given.is_none();
+    let token = given.unwrap_or_else(Token::generate);
     Ok(AcquireRequest {
         name,
         token,
         ttl,
         owner,
+        token_generated,
     })
 }
 
-/// The holder's token, from the `Lock-Token` header or the body's `token`.
+/// The token given in the `Lock-Token` header or as the body's `token`, if
+/// any.
 ///
 /// # Errors
-/// 400 when there is none, when both are given, or when it is malformed.
-pub fn holder_token(headers: &HeaderMap, body_token: Option<&str>) -> Result<Token, ApiError> {
+/// 400 when it is given twice (two headers, or header and body) or is
+/// malformed.
+pub fn given_token(
+    headers: &HeaderMap,
+    body_token: Option<&str>,
+) -> Result<Option<Token>, ApiError> {
     if headers.get_all(LOCK_TOKEN).iter().nth(1).is_some() {
         return Err(ApiError::invalid(
             "the Lock-Token header was given more than once; give it once",
@@ -125,18 +133,23 @@ pub fn holder_token(headers: &HeaderMap, body_token: Option<&str>) -> Result<Tok
                 .map_err(|_| ApiError::invalid("the Lock-Token header is not ASCII"))
         })
         .transpose()?;
-    let raw = match (header, body_token) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "the token was given both in the Lock-Token header and in the body; give it once",
-            ));
-        }
-        (Some(t), None) | (None, Some(t)) => t,
-        (None, None) => {
-            return Err(ApiError::invalid(
-                "no token: send the holder's token in the Lock-Token header or as `token` in the JSON body",
-            ));
-        }
-    };
-    Ok(Token::parse(raw)?)
+    match (header, body_token) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "the token was given both in the Lock-Token header and in the body; give it once",
+        )),
+        (Some(raw), None) | (None, Some(raw)) => Ok(Some(Token::parse(raw)?)),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The holder's token, from the `Lock-Token` header or the body's `token`.
+///
+/// # Errors
+/// 400 when there is none, when it is given twice, or when it is malformed.
+pub fn holder_token(headers: &HeaderMap, body_token: Option<&str>) -> Result<Token, ApiError> {
+    given_token(headers, body_token)?.ok_or_else(|| {
+        ApiError::invalid(
+            "no token: send the holder's token in the Lock-Token header or as `token` in the JSON body",
+        )
+    })
 }
