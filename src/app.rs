@@ -17,6 +17,7 @@ use crate::http::routes::router;
 use crate::http::state::AppState;
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::{RedisBackend, RedisConfig, redact_url};
+use crate::lock::redlock::{RedlockBackend, quorum};
 use crate::lock::{LockBackend, LockError, Locks, Ttl};
 use crate::metrics::{Instrumented, Metrics};
 
@@ -52,30 +53,19 @@ pub struct Application {
 }
 
 impl Application {
-    /// Builds the backend the settings ask for (Redis, or memory with
-    /// `dev`), binds the listener and builds the router.
+    /// Builds the backend the settings ask for (memory with `dev`, Redis
+    /// with one URL, Redlock with several), binds the listener and builds the
+    /// router.
     ///
     /// # Errors
     /// [`StartupError`] when the address cannot be bound or the backend
     /// cannot be built. Redis being down is not an error: requests get 503
     /// until it comes back.
     pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
-        let backend: Arc<dyn LockBackend> = if settings.dev {
-            tracing::warn!(
-                "dev mode: locks are kept in this process's memory and are NOT shared \
-                 with other lockd processes; do not use this in production"
-            );
-            Arc::new(MemoryBackend::new())
-        } else {
-            tracing::info!(redis = %redact_url(&settings.redis_url), "using Redis");
-            Arc::new(RedisBackend::new(&RedisConfig {
-                url: settings.redis_url.clone(),
-                key_prefix: settings.key_prefix.clone(),
-                timeout: Duration::from_millis(settings.redis_timeout_ms),
-                pool_size: settings.pool_size,
-            })?)
-        };
-        Self::with_backend(settings, backend).await
+        check(settings)?;
+        let metrics = Arc::new(Metrics::new()?);
+        let backend = build_backend(settings, &metrics)?;
+        Self::assemble(settings, backend, metrics).await
     }
 
     /// Like [`Application::build`], with a backend of the caller's (tests
@@ -87,18 +77,24 @@ impl Application {
         settings: &Settings,
         backend: Arc<dyn LockBackend>,
     ) -> Result<Self, StartupError> {
-        settings
-            .check()
-            .map_err(|e| StartupError::Settings(e.to_string()))?;
+        check(settings)?;
+        let metrics = Arc::new(Metrics::new()?);
+        let backend = Arc::new(Instrumented::new(backend, metrics.clone(), "custom".into()));
+        Self::assemble(settings, backend, metrics).await
+    }
+
+    async fn assemble(
+        settings: &Settings,
+        backend: Arc<dyn LockBackend>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, StartupError> {
         let default = Ttl::from_millis(
             settings.default_ttl_ms,
             settings.max_ttl_ms,
             "default_ttl_ms",
         )
         .map_err(|e| StartupError::Settings(e.to_string()))?;
-        let metrics = Arc::new(Metrics::new()?);
         let stopping = CancellationToken::new();
-        let backend = Arc::new(Instrumented::new(backend, metrics.clone()));
         let state = AppState {
             locks: Locks::new(backend, settings.max_waiters, stopping.clone()),
             ttl: TtlPolicy {
@@ -173,6 +169,64 @@ impl Application {
 
 /// How long a graceful shutdown waits for requests in flight.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+fn check(settings: &Settings) -> Result<(), StartupError> {
+    settings
+        .check()
+        .map_err(|e| StartupError::Settings(e.to_string()))
+}
+
+/// The lock backend for `settings`, each node instrumented.
+fn build_backend(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<dyn LockBackend>, StartupError> {
+    let instrument = |backend: Arc<dyn LockBackend>, node: String| -> Arc<dyn LockBackend> {
+        Arc::new(Instrumented::new(backend, metrics.clone(), node))
+    };
+    if settings.dev {
+        tracing::warn!(
+            "dev mode: locks are kept in this process's memory and are NOT shared \
+             with other lockd processes; do not use this in production"
+        );
+        return Ok(instrument(Arc::new(MemoryBackend::new()), "memory".into()));
+    }
+    let node = |url: &String, timeout_ms: u64| -> Result<Arc<dyn LockBackend>, StartupError> {
+        let backend = RedisBackend::new(&RedisConfig {
+            url: url.clone(),
+            key_prefix: settings.key_prefix.clone(),
+            timeout: Duration::from_millis(timeout_ms),
+            pool_size: settings.pool_size,
+        })?;
+        Ok(instrument(Arc::new(backend), node_label(url)))
+    };
+    let urls = &settings.redis_url;
+    if let [url] = urls.as_slice() {
+        tracing::info!(redis = %redact_url(url), "using one Redis (a failover can lose locks; see the README)");
+        return node(url, settings.redis_timeout_ms);
+    }
+    let shown: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+    tracing::info!(nodes = ?shown, quorum = quorum(urls.len()), "using Redlock");
+    if urls.len() == 2 {
+        tracing::warn!(
+            "Redlock over 2 nodes needs both to answer (quorum 2): either one down stops \
+             all locking; use 3 or 5 nodes"
+        );
+    }
+    let nodes = urls
+        .iter()
+        .map(|url| node(url, settings.node_timeout_ms))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Arc::new(RedlockBackend::new(nodes, settings.drift_factor)))
+}
+
+/// A node's metric label: `host:port` of its URL, without credentials.
+fn node_label(url: &str) -> String {
+    url::Url::parse(url)
+        .ok()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port().unwrap_or(6379))))
+        .unwrap_or_else(|| redact_url(url))
+}
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
 pub async fn shutdown_signal() {

@@ -45,9 +45,11 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
     /// Redis URL, e.g. redis://:password@host:6379/0 [default: redis://127.0.0.1:6379].
-    #[arg(long, env = "LOCKD_REDIS_URL")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_url: Option<String>,
+    /// Give it more than once (or comma-separated in LOCKD_REDIS_URL) to run
+    /// Redlock over those independent masters; 3 or 5 are recommended.
+    #[arg(long, env = "LOCKD_REDIS_URL", value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub redis_url: Vec<String>,
     /// Prefix of every Redis key lockd writes [default: lockd:].
     #[arg(long, env = "LOCKD_KEY_PREFIX")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -69,6 +71,16 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_POOL_SIZE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool_size: Option<usize>,
+    /// Redlock: the longest one node may take to answer, in ms; far below
+    /// the TTL [default: 50].
+    #[arg(long, env = "LOCKD_NODE_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_timeout_ms: Option<u64>,
+    /// Redlock: clock drift allowed, as a fraction of the TTL (plus 2 ms)
+    /// [default: 0.01].
+    #[arg(long, env = "LOCKD_DRIFT_FACTOR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift_factor: Option<f64>,
     /// Longest wait_ms a request may ask for, in ms [default: 60000].
     #[arg(long, env = "LOCKD_MAX_WAIT_MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -92,8 +104,10 @@ pub struct ServeArgs {
 pub struct Settings {
     /// Address to listen on; port 0 picks a free port.
     pub listen: SocketAddr,
-    /// Redis URL.
-    pub redis_url: String,
+    /// Redis URLs: one runs the single-instance backend, several run Redlock
+    /// over them. A TOML file may give one string or a list.
+    #[serde(deserialize_with = "one_or_many")]
+    pub redis_url: Vec<String>,
     /// Prefix of every Redis key lockd writes.
     pub key_prefix: String,
     /// Lease length when a request gives no `ttl_ms`, in milliseconds.
@@ -104,6 +118,10 @@ pub struct Settings {
     pub redis_timeout_ms: u64,
     /// Most pooled Redis connections.
     pub pool_size: usize,
+    /// Redlock: the longest one node may take to answer, in milliseconds.
+    pub node_timeout_ms: u64,
+    /// Redlock: clock drift allowed, as a fraction of the TTL.
+    pub drift_factor: f64,
     /// Longest `wait_ms` a request may ask for, in milliseconds.
     pub max_wait_ms: u64,
     /// Most requests waiting for locks at once.
@@ -116,12 +134,14 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            redis_url: "redis://127.0.0.1:6379".into(),
+            redis_url: vec!["redis://127.0.0.1:6379".into()],
             key_prefix: "lockd:".into(),
             default_ttl_ms: 30_000,
             max_ttl_ms: 3_600_000,
             redis_timeout_ms: 1_000,
             pool_size: 16,
+            node_timeout_ms: 50,
+            drift_factor: 0.01,
             max_wait_ms: 60_000,
             max_waiters: 10_000,
             dev: false,
@@ -133,12 +153,21 @@ impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
             .field("listen", &self.listen)
-            .field("redis_url", &redact_url(&self.redis_url))
+            .field(
+                "redis_url",
+                &self
+                    .redis_url
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>(),
+            )
             .field("key_prefix", &self.key_prefix)
             .field("default_ttl_ms", &self.default_ttl_ms)
             .field("max_ttl_ms", &self.max_ttl_ms)
             .field("redis_timeout_ms", &self.redis_timeout_ms)
             .field("pool_size", &self.pool_size)
+            .field("node_timeout_ms", &self.node_timeout_ms)
+            .field("drift_factor", &self.drift_factor)
             .field("max_wait_ms", &self.max_wait_ms)
             .field("max_waiters", &self.max_waiters)
             .field("dev", &self.dev)
@@ -163,6 +192,20 @@ pub enum ConfigError {
     /// The values do not fit together.
     #[error("invalid settings: {0}")]
     Invalid(String),
+}
+
+/// Accepts one string or a list of strings.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(url) => vec![url],
+        OneOrMany::Many(urls) => urls,
+    })
 }
 
 impl Settings {
@@ -214,6 +257,15 @@ impl Settings {
         }
         if self.pool_size == 0 {
             return invalid("pool_size must be at least 1".into());
+        }
+        if self.redis_url.is_empty() {
+            return invalid("redis_url needs at least one URL".into());
+        }
+        if self.node_timeout_ms == 0 {
+            return invalid("node_timeout_ms must be at least 1".into());
+        }
+        if !(0.0..0.5).contains(&self.drift_factor) {
+            return invalid("drift_factor must be from 0 to below 0.5".into());
         }
         if self.max_waiters == 0 {
             return invalid("max_waiters must be at least 1".into());
@@ -305,7 +357,7 @@ mod tests {
     #[test]
     fn debug_hides_the_redis_password() {
         let settings = Settings {
-            redis_url: "redis://:hunter2@127.0.0.1:6379".into(),
+            redis_url: vec!["redis://:hunter2@127.0.0.1:6379".into()],
             ..Settings::default()
         };
         assert!(!format!("{settings:?}").contains("hunter2"));

@@ -41,8 +41,15 @@ pub struct Metrics {
     pub acquire_wait: HistogramVec,
     /// `lockd_waiters`: requests waiting for a lock now, read at scrape time.
     pub waiters: IntGauge,
-    /// `lockd_backend_duration_seconds{op}`: time of each backend call.
+    /// `lockd_backend_duration_seconds{op,node}`: time of each call to a
+    /// Redis node (or the memory backend).
     pub backend_duration: HistogramVec,
+    /// `lockd_backend_errors_total{node,kind}`: failed calls, by `kind`
+    /// `unavailable` (no answer in time) or `error` (Redis refused).
+    pub backend_errors: IntCounterVec,
+    /// `lockd_quorum_failures_total{op}`: Redlock operations for which too
+    /// few nodes answered.
+    pub quorum_failures: IntCounterVec,
     /// `lockd_http_requests_total{method,route,status}`, by route template.
     pub http_requests: IntCounterVec,
     /// `lockd_http_request_duration_seconds{method,route}`.
@@ -54,7 +61,14 @@ pub struct Metrics {
 const ACQUIRE_RESULTS: &[&str] = &["acquired", "reacquired", "contended", "timeout", "error"];
 const RELEASE_RESULTS: &[&str] = &["released", "not_held", "not_owner", "error"];
 const EXTEND_RESULTS: &[&str] = &["extended", "not_held", "not_owner", "error"];
-const BACKEND_OPS: &[&str] = &["acquire", "release", "extend", "inspect", "ping"];
+const BACKEND_OPS: &[&str] = &[
+    "acquire",
+    "release",
+    "extend",
+    "inspect",
+    "ping",
+    "raise_fence",
+];
 
 impl Metrics {
     /// Creates and registers every metric.
@@ -102,7 +116,17 @@ impl Metrics {
             },
             backend_duration: histogram(
                 "lockd_backend_duration_seconds",
-                "Time of one lock backend operation, in seconds.",
+                "Time of one call to a lock backend node, in seconds.",
+                &["op", "node"],
+            )?,
+            backend_errors: counter(
+                "lockd_backend_errors_total",
+                "Failed calls to a lock backend node, by kind (unavailable, error).",
+                &["node", "kind"],
+            )?,
+            quorum_failures: counter(
+                "lockd_quorum_failures_total",
+                "Redlock operations for which too few nodes answered.",
                 &["op"],
             )?,
             http_requests: counter(
@@ -129,8 +153,8 @@ impl Metrics {
         for result in ACQUIRE_RESULTS {
             metrics.acquire_wait.with_label_values(&[result]);
         }
-        for op in BACKEND_OPS {
-            metrics.backend_duration.with_label_values(&[op]);
+        for op in ["acquire", "extend", "release", "inspect"] {
+            metrics.quorum_failures.with_label_values(&[op]);
         }
         Ok(metrics)
     }
@@ -146,6 +170,7 @@ impl Metrics {
             Err(_) => "error",
         };
         self.acquire_total.with_label_values(&[result]).inc();
+        self.count_quorum_failure("acquire", outcome);
         self.acquire_wait
             .with_label_values(&[result])
             .observe(took.as_secs_f64());
@@ -155,12 +180,25 @@ impl Metrics {
     pub fn observe_release(&self, outcome: &Result<(), LockError>) {
         let result = ownership_result(outcome, "released");
         self.release_total.with_label_values(&[result]).inc();
+        self.count_quorum_failure("release", outcome);
+    }
+
+    /// Counts an inspect request's outcome (only quorum failures matter).
+    pub fn observe_inspect<T>(&self, outcome: &Result<T, LockError>) {
+        self.count_quorum_failure("inspect", outcome);
+    }
+
+    fn count_quorum_failure<T>(&self, op: &str, outcome: &Result<T, LockError>) {
+        if matches!(outcome, Err(LockError::QuorumUnavailable { .. })) {
+            self.quorum_failures.with_label_values(&[op]).inc();
+        }
     }
 
     /// Counts an extend request's outcome.
     pub fn observe_extend<T>(&self, outcome: &Result<T, LockError>) {
         let result = ownership_result(outcome, "extended");
         self.extend_total.with_label_values(&[result]).inc();
+        self.count_quorum_failure("extend", outcome);
     }
 
     /// The metrics in Prometheus text format; `waiting` is the number of
@@ -186,27 +224,60 @@ fn ownership_result<T>(outcome: &Result<T, LockError>, ok: &'static str) -> &'st
     }
 }
 
-/// A [`LockBackend`] that times every call in
-/// `lockd_backend_duration_seconds{op}`, then returns the inner backend's
-/// answer unchanged. One request may make several calls (a waiter retries).
+/// A [`LockBackend`] node that times every call in
+/// `lockd_backend_duration_seconds{op,node}` and counts its failures in
+/// `lockd_backend_errors_total{node,kind}`, then returns the inner backend's
+/// answer unchanged. One request may make several calls (a waiter retries;
+/// Redlock calls every node).
 pub struct Instrumented {
     inner: Arc<dyn LockBackend>,
     metrics: Arc<Metrics>,
+    node: String,
 }
 
 impl Instrumented {
-    /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn LockBackend>, metrics: Arc<Metrics>) -> Self {
-        Self { inner, metrics }
+    /// Wraps `inner`, labelled `node` (such as `127.0.0.1:6379`), and creates
+    /// its series at zero.
+    pub fn new(inner: Arc<dyn LockBackend>, metrics: Arc<Metrics>, node: String) -> Self {
+        for op in BACKEND_OPS {
+            metrics
+                .backend_duration
+                .with_label_values(&[op, node.as_str()]);
+        }
+        for kind in ["unavailable", "error"] {
+            metrics
+                .backend_errors
+                .with_label_values(&[node.as_str(), kind]);
+        }
+        Self {
+            inner,
+            metrics,
+            node,
+        }
     }
 
-    async fn time<T>(&self, op: &str, call: impl Future<Output = T>) -> T {
+    async fn time<T>(
+        &self,
+        op: &str,
+        call: impl Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
         let started = Instant::now();
         let outcome = call.await;
         self.metrics
             .backend_duration
-            .with_label_values(&[op])
+            .with_label_values(&[op, self.node.as_str()])
             .observe(started.elapsed().as_secs_f64());
+        let kind = match &outcome {
+            Err(LockError::Unavailable(_)) => Some("unavailable"),
+            Err(LockError::Backend(_)) => Some("error"),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            self.metrics
+                .backend_errors
+                .with_label_values(&[self.node.as_str(), kind])
+                .inc();
+        }
         outcome
     }
 }
@@ -228,6 +299,20 @@ impl LockBackend for Instrumented {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
         self.time("inspect", self.inner.inspect(name)).await
+    }
+
+    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
+        self.time("inspect", self.inner.holder(name)).await
+    }
+
+    async fn raise_fence(
+        &self,
+        name: &LockName,
+        token: &Token,
+        fence: u64,
+    ) -> Result<bool, LockError> {
+        self.time("raise_fence", self.inner.raise_fence(name, token, fence))
+            .await
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -40,10 +40,16 @@ pub struct Problem {
     /// What went wrong with this request. Never carries internal error text
     /// or a lock token.
     pub detail: String,
-    /// For `lock-held` and `backend-unavailable`: milliseconds to wait before
+    /// For `lock-held` and the 503 kinds: milliseconds to wait before
     /// trying again (also sent, rounded up to seconds, as `Retry-After`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// For `quorum-unavailable`: how many Redis nodes answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes_answered: Option<usize>,
+    /// For `quorum-unavailable`: how many must answer (the quorum).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes_needed: Option<usize>,
 }
 
 /// The kinds of problem lockd answers with.
@@ -67,6 +73,8 @@ pub enum Kind {
     UnsupportedMediaType,
     /// 503: the lock backend did not answer.
     BackendUnavailable,
+    /// 503: too few Redlock nodes answered.
+    QuorumUnavailable,
     /// 503: too many requests are waiting on this instance.
     TooManyWaiters,
     /// 503: the service is shutting down.
@@ -112,6 +120,11 @@ impl Kind {
                 "backend-unavailable",
                 "Lock backend unavailable",
             ),
+            Self::QuorumUnavailable => (
+                S::SERVICE_UNAVAILABLE,
+                "quorum-unavailable",
+                "Quorum unavailable",
+            ),
             Self::TooManyWaiters => (
                 S::SERVICE_UNAVAILABLE,
                 "too-many-waiters",
@@ -143,6 +156,8 @@ pub struct ApiError {
     /// A status other than the kind's own, for client errors that no kind
     /// names (such as 415 from a layer).
     status: Option<StatusCode>,
+    /// For `quorum-unavailable`: nodes that answered, and the quorum.
+    nodes: Option<(usize, usize)>,
 }
 
 /// How long a caller should wait after a 503 before trying again.
@@ -156,6 +171,7 @@ impl ApiError {
             detail: detail.into(),
             retry_after: None,
             status: None,
+            nodes: None,
         }
     }
 
@@ -200,6 +216,18 @@ impl From<LockError> for ApiError {
                 ),
             )
             .retry_after(retry_after),
+            LockError::QuorumUnavailable { answered, needed } => {
+                tracing::warn!(answered, needed, "Redlock quorum unavailable");
+                let mut error = Self::new(
+                    Kind::QuorumUnavailable,
+                    format!(
+                        "only {answered} Redis nodes answered in time; {needed} are needed to tell; try again shortly"
+                    ),
+                )
+                .retry_after(UNAVAILABLE_RETRY);
+                error.nodes = Some((answered, needed));
+                error
+            }
             LockError::TooManyWaiters => Self::new(
                 Kind::TooManyWaiters,
                 "too many requests are waiting for locks on this instance; retry later or with wait_ms 0",
@@ -249,6 +277,8 @@ impl IntoResponse for ApiError {
             retry_after_ms: self
                 .retry_after
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            nodes_answered: self.nodes.map(|(answered, _)| answered),
+            nodes_needed: self.nodes.map(|(_, needed)| needed),
         };
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut response = (status, body).into_response();

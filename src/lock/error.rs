@@ -37,6 +37,14 @@ pub enum LockError {
     /// it never reaches a client.
     #[error("lock backend unavailable: {0}")]
     Unavailable(String),
+    /// Redlock: too few nodes answered to reach or to tell a quorum.
+    #[error("{answered} of the nodes answered; {needed} are needed")]
+    QuorumUnavailable {
+        /// How many nodes answered.
+        answered: usize,
+        /// The quorum.
+        needed: usize,
+    },
     /// The backend answered with an error that retrying will not cure (a key
     /// of the wrong type written by a foreign client, a wrong password, a bad
     /// URL). The text is for logs only; it never reaches a client.

@@ -85,6 +85,12 @@ impl MemoryBackend {
             .map(|h| (h.token.expose().to_owned(), h.expires - now))
     }
 
+    /// Forgets every lock and fencing counter, as a Redis that restarted
+    /// without persistence would. For tests of Redlock's fencing.
+    pub fn lose_data(&self) {
+        *self.state() = State::default();
+    }
+
     /// How many locks are held now.
     pub fn held_count(&self) -> usize {
         let mut state = self.state();
@@ -169,15 +175,35 @@ impl LockBackend for MemoryBackend {
         Ok(())
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        Ok(state.live(name, now).map(|h| LockInfo {
-            fence: Some(h.fence),
-            remaining: Some(h.expires - now),
-            owner: h.owner.clone(),
-            granted_at: Some(h.granted_at),
+        Ok(state.live(name, now).map(|h| {
+            let info = LockInfo {
+                fence: Some(h.fence),
+                remaining: Some(h.expires - now),
+                owner: h.owner.clone(),
+                granted_at: Some(h.granted_at),
+            };
+            (h.token.clone(), info)
         }))
+    }
+
+    async fn raise_fence(
+        &self,
+        name: &LockName,
+        token: &Token,
+        fence: u64,
+    ) -> Result<bool, LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(holder) = state.live(name, now).filter(|h| &h.token == token) else {
+            return Ok(false);
+        };
+        holder.fence = fence;
+        let counter = state.fences.entry(name.as_str().to_owned()).or_default();
+        *counter = (*counter).max(fence);
+        Ok(true)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -6,6 +6,8 @@
 //! - [`error`]: [`LockError`], the one error type of every operation.
 //! - [`redis`]: the single-instance Redis backend (Lua scripts in
 //!   `scripts/`).
+//! - [`redlock`]: Redlock over several independent Redis masters, each a
+//!   [`redis`] backend.
 //! - [`memory`]: an in-process backend with the same semantics, for
 //!   `lockd serve --dev` and tests.
 //! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
@@ -15,6 +17,7 @@ pub mod error;
 pub mod memory;
 pub mod queue;
 pub mod redis;
+pub mod redlock;
 pub mod service;
 pub mod types;
 
@@ -127,7 +130,31 @@ pub trait LockBackend: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LockError::Unavailable`] when the backend fails.
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError>;
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        Ok(self.holder(name).await?.map(|(_, info)| info))
+    }
+
+    /// The current holder's token and description, or `None` when the lock
+    /// is free. For Redlock, which compares holders across nodes; the token
+    /// never reaches a client.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the backend fails.
+    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError>;
+
+    /// If `token` holds the lock, raises its fencing counter to at least
+    /// `fence` and records `fence` as the holder's. Returns whether `token`
+    /// held it. Redlock uses this after a grant on nodes whose counters
+    /// differ (see [`redlock`]).
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the backend fails.
+    async fn raise_fence(
+        &self,
+        name: &LockName,
+        token: &Token,
+        fence: u64,
+    ) -> Result<bool, LockError>;
 
     /// Checks that the backend answers, for `/readyz`.
     ///

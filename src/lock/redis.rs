@@ -42,6 +42,8 @@ static ACQUIRE: LazyLock<Script> =
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+static RAISE_FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/inspect.lua")));
 
@@ -252,30 +254,52 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
         let keys = Keys::new(&self.prefix, name);
         let read_at = Instant::now();
         let mut call = INSPECT.prepare_invoke();
         call.key(&keys.lock).key(&keys.meta);
-        let (pttl, fence, owner, granted_at): (i64, String, String, String) =
+        let (pttl, token, fence, owner, granted_at): (i64, String, String, String, String) =
             self.run(&call).await?;
         if pttl == -2 {
             return Ok(None);
         }
+        // A foreign client may have stored a value that is no valid token:
+        // it still holds the lock, under a token nobody here can match.
+        let token = Token::parse(&token).unwrap_or_else(|_| Token::generate());
         // The PTTL was read somewhere during the round trip; count the time
         // since the request was sent against it, so the answer errs early.
         let remaining = u64::try_from(pttl)
             .ok()
             .map(|ms| Duration::from_millis(ms).saturating_sub(read_at.elapsed()));
-        Ok(Some(LockInfo {
-            fence: fence.parse().ok(),
-            remaining,
-            owner: Some(owner).filter(|o| !o.is_empty()),
-            granted_at: granted_at
-                .parse::<u64>()
-                .ok()
-                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
-        }))
+        Ok(Some((
+            token,
+            LockInfo {
+                fence: fence.parse().ok(),
+                remaining,
+                owner: Some(owner).filter(|o| !o.is_empty()),
+                granted_at: granted_at
+                    .parse::<u64>()
+                    .ok()
+                    .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+            },
+        )))
+    }
+
+    async fn raise_fence(
+        &self,
+        name: &LockName,
+        token: &Token,
+        fence: u64,
+    ) -> Result<bool, LockError> {
+        let keys = Keys::new(&self.prefix, name);
+        let mut call = RAISE_FENCE.prepare_invoke();
+        call.key(&keys.lock)
+            .key(&keys.fence)
+            .key(&keys.meta)
+            .arg(token.expose())
+            .arg(fence);
+        Ok(self.run::<i64>(&call).await? == 1)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -448,7 +448,7 @@ pub struct TestApp {
 fn test_settings(redis_url: String) -> Settings {
     Settings {
         listen: "127.0.0.1:0".parse().expect("valid address"),
-        redis_url,
+        redis_url: vec![redis_url],
         ..Settings::default()
     }
 }
@@ -819,17 +819,26 @@ pub(crate) use backend_tests;
 // Helpers
 // ---------------------------------------------------------------------------
 
-/// The value of the sample `name{labels}` in Prometheus text, where `labels`
-/// must be exactly the sample's labels (in any order).
+/// The sum of the samples `name{labels, ...}` in Prometheus text: every
+/// sample that has at least `labels` (for example all nodes of
+/// `lockd_backend_duration_seconds_count{op="acquire"}`); `None` when there
+/// is none.
 pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let wanted: BTreeMap<String, String> = labels
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
         .collect();
-    samples(text)
+    let matching: Vec<f64> = samples(text)
         .into_iter()
-        .find(|s| s.name == name && s.labels == wanted)
+        .filter(|s| {
+            s.name == name
+                && wanted
+                    .iter()
+                    .all(|(k, v)| s.labels.get(k) == Some(v))
+        })
         .map(|s| s.value)
+        .collect();
+    (!matching.is_empty()).then(|| matching.iter().sum())
 }
 
 /// One sample of Prometheus text format.

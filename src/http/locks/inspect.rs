@@ -26,7 +26,9 @@ pub async fn inspect(
     LockPath(name): LockPath,
     StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
 ) -> Result<Json<Status>, ApiError> {
-    match state.locks.inspect(&name).await? {
+    let outcome = state.locks.inspect(&name).await;
+    state.metrics.observe_inspect(&outcome);
+    match outcome? {
         Some(info) => Ok(Json(Status::new(&name, info))),
         None => Err(ApiError::new(Kind::LockNotHeld, "the lock is free")),
     }

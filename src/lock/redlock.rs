@@ -1,0 +1,452 @@
+//! Redlock: one lock over N independent Redis masters, as described on the
+//! Redis page "Distributed Locks with Redis"
+//! (<https://redis.io/docs/latest/develop/use/patterns/distributed-locks/>).
+//!
+//! - **Quorum** is ⌊N/2⌋+1: any two quorums share a node, so two clients
+//!   can never both hold a quorum of the same lock.
+//! - **Acquire** sends the single-node acquire script to every node at once,
+//!   each call bounded by its own timeout far below the TTL. The lock is
+//!   granted when a quorum said yes and the validity time
+//!   `ttl − elapsed − drift` (drift = ttl × factor + 2 ms) is still
+//!   positive; the answer reports the validity, not the TTL. Otherwise the
+//!   partial grants are compare-and-deleted on every node at once, and a node
+//!   that did not answer gets the delete again in the background until it
+//!   answers or the lease would have run out.
+//! - **Extend** succeeds when a quorum extended within the new validity; a
+//!   partial extend is not rolled back, it runs out with its TTL.
+//! - **Release** goes to every node, whether or not it granted.
+//!
+//! # Fencing tokens
+//! Each node keeps its own counter. A grant reports the largest counter among
+//! the nodes that granted it, and when those counters differ (a node lost its
+//! data), writes that fence back to each of them before answering. So every
+//! node of the granting quorum ends at least at the reported fence. The next
+//! grant's quorum shares at least one node with it, whose `INCR` then gives a
+//! larger fence: fences grow across holders as long as no more than a
+//! minority of nodes lose their data between two grants. If a majority
+//! restarts empty at once, fences can go backwards, as can the lock itself:
+//! that is the limit Martin Kleppmann's critique ("How to do distributed
+//! locking") points at, and antirez's answer ("Is Redlock safe?") asks for
+//! delayed restarts (a restarted node stays out for a TTL) to avoid it.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
+    Token, Ttl,
+};
+
+/// The clock drift allowance added to every validity computation, on top
+/// of `ttl × drift_factor` (the Redis page's "2 milliseconds").
+const DRIFT_BASE: Duration = Duration::from_millis(2);
+
+/// Locks held on a quorum of independent nodes.
+pub struct RedlockBackend {
+    nodes: Arc<Vec<Arc<dyn LockBackend>>>,
+    quorum: usize,
+    drift_factor: f64,
+}
+
+/// The majority needed among `n` nodes: ⌊n/2⌋+1.
+pub fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+impl RedlockBackend {
+    /// Redlock over `nodes` (each one bounded by its own timeout), with
+    /// `drift_factor` (such as 0.01) of the TTL allowed for clock drift.
+    pub fn new(nodes: Vec<Arc<dyn LockBackend>>, drift_factor: f64) -> Self {
+        Self {
+            quorum: quorum(nodes.len()),
+            nodes: Arc::new(nodes),
+            drift_factor,
+        }
+    }
+
+    /// The validity left of a lease of `ttl` after `elapsed`, or `None` when
+    /// nothing is left.
+    fn validity(&self, ttl: Ttl, elapsed: Duration) -> Option<Ttl> {
+        let drift = ttl.as_duration().mul_f64(self.drift_factor) + DRIFT_BASE;
+        let left = ttl.as_duration().checked_sub(elapsed)?.checked_sub(drift)?;
+        let ms = u64::try_from(left.as_millis()).ok()?;
+        Ttl::from_millis(ms, ttl.as_millis(), "validity").ok()
+    }
+
+    fn quorum_unavailable(&self, answered: usize) -> LockError {
+        LockError::QuorumUnavailable {
+            answered,
+            needed: self.quorum,
+        }
+    }
+
+    /// Compare-and-deletes `token` on every node at once. A node that did
+    /// not answer gets the delete again in the background, until it answers
+    /// or `ttl` has passed.
+    async fn release_everywhere(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Vec<Result<(), LockError>> {
+        let answers = join_all(self.nodes.iter().map(|n| n.release(name, token))).await;
+        for (node, answer) in answers.iter().enumerate() {
+            if matches!(answer, Err(LockError::Unavailable(_))) {
+                let node = self.nodes[node].clone();
+                let (name, token) = (name.clone(), token.clone());
+                tokio::spawn(async move { release_until_answered(node, name, token, ttl).await });
+            }
+        }
+        answers
+    }
+}
+
+/// Retries a release on one node until it answers or `ttl` has passed, so a
+/// node that hung during a refused acquire does not keep the grant once it
+/// is back.
+async fn release_until_answered(
+    node: Arc<dyn LockBackend>,
+    name: LockName,
+    token: Token,
+    ttl: Ttl,
+) {
+    let give_up = Instant::now() + ttl.as_duration();
+    let mut pause = Duration::from_millis(50);
+    while Instant::now() < give_up {
+        tokio::time::sleep(pause).await;
+        if !matches!(
+            node.release(&name, &token).await,
+            Err(LockError::Unavailable(_))
+        ) {
+            return;
+        }
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// Whether an answer came from the node (as opposed to a timeout or a
+/// refused connection).
+fn answered<T>(answer: &Result<T, LockError>) -> bool {
+    !matches!(
+        answer,
+        Err(LockError::Unavailable(_) | LockError::Backend(_))
+    )
+}
+
+/// The verdict of a majority of answers that were neither "done" nor a
+/// failure: `NotOwner` when more nodes saw another token, else `NotHeld`.
+fn ownership_verdict<T>(answers: &[Result<T, LockError>]) -> LockError {
+    let count = |f: fn(&LockError) -> bool| {
+        answers
+            .iter()
+            .filter(|a| a.as_ref().err().is_some_and(f))
+            .count()
+    };
+    let not_owner = count(|e| matches!(e, LockError::NotOwner));
+    let not_held = count(|e| matches!(e, LockError::NotHeld));
+    if not_owner > not_held {
+        LockError::NotOwner
+    } else {
+        LockError::NotHeld
+    }
+}
+
+/// When a refused lock can be free on a quorum: the `k`-th shortest of the
+/// holders' remaining leases, where `k` more nodes must free up.
+fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Duration {
+    held.sort_unstable();
+    let missing = quorum.saturating_sub(free_now);
+    match missing {
+        // A quorum was free, but the validity ran out: try again soon.
+        0 => Duration::from_millis(10),
+        k => held
+            .get(k - 1)
+            .or(held.last())
+            .copied()
+            .unwrap_or(Duration::from_secs(1)),
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        let started = Instant::now();
+        let sent_wall = SystemTime::now();
+        let answers = join_all(self.nodes.iter().map(|n| n.acquire(req))).await;
+
+        let mut granted = Vec::new();
+        let mut held = Vec::new();
+        let mut renewed = false;
+        for (node, answer) in answers.iter().enumerate() {
+            match answer {
+                Ok(acquired) => {
+                    renewed |= matches!(acquired, Acquired::Renewed(_));
+                    granted.push((node, acquired.lease().fence));
+                }
+                Err(LockError::Held { retry_after }) => held.push(*retry_after),
+                Err(_) => {}
+            }
+        }
+        let answered_count = answers.iter().filter(|a| answered(a)).count();
+
+        if granted.len() >= self.quorum {
+            let fence = granted.iter().filter_map(|(_, f)| *f).max();
+            let consistent = fence.is_some() && granted.iter().all(|(_, f)| *f == fence);
+            let fence_ok = match fence {
+                Some(fence) if !consistent => {
+                    let raised = join_all(granted.iter().map(|(node, _)| {
+                        self.nodes[*node].raise_fence(&req.name, &req.token, fence)
+                    }))
+                    .await;
+                    raised.iter().filter(|r| matches!(r, Ok(true))).count() >= self.quorum
+                }
+                _ => true,
+            };
+            if fence_ok && let Some(validity) = self.validity(req.ttl, started.elapsed()) {
+                let lease = Lease {
+                    fence,
+                    ttl: validity,
+                    expires_at: sent_wall + validity.as_duration(),
+                };
+                return Ok(if renewed {
+                    Acquired::Renewed(lease)
+                } else {
+                    Acquired::Granted(lease)
+                });
+            }
+        }
+
+        self.release_everywhere(&req.name, &req.token, req.ttl)
+            .await;
+        if answered_count < self.quorum {
+            return Err(self.quorum_unavailable(answered_count));
+        }
+        Err(LockError::Held {
+            retry_after: retry_after(held.clone(), answered_count - held.len(), self.quorum),
+        })
+    }
+
+    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
+        let started = Instant::now();
+        let sent_wall = SystemTime::now();
+        let answers = join_all(self.nodes.iter().map(|n| n.extend(name, token, ttl))).await;
+        let extended: Vec<&Lease> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        if extended.len() >= self.quorum {
+            if let Some(validity) = self.validity(ttl, started.elapsed()) {
+                return Ok(Lease {
+                    fence: extended.iter().filter_map(|l| l.fence).max(),
+                    ttl: validity,
+                    expires_at: sent_wall + validity.as_duration(),
+                });
+            }
+            // The extension took longer than the lease: it is gone.
+            return Err(LockError::NotHeld);
+        }
+        let answered_count = answers.iter().filter(|a| answered(a)).count();
+        if answered_count < self.quorum {
+            return Err(self.quorum_unavailable(answered_count));
+        }
+        Err(ownership_verdict(&answers))
+    }
+
+    async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
+        // Sent to every node, including those that did not grant: a node
+        // that was down at acquire time may still hold a stale grant.
+        let answers = join_all(self.nodes.iter().map(|n| n.release(name, token))).await;
+        if answers.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        let answered_count = answers.iter().filter(|a| answered(a)).count();
+        if answered_count < self.quorum {
+            return Err(self.quorum_unavailable(answered_count));
+        }
+        Err(ownership_verdict(&answers))
+    }
+
+    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
+        let answers = join_all(self.nodes.iter().map(|n| n.holder(name))).await;
+        let answered_count = answers.iter().filter(|a| answered(a)).count();
+        if answered_count < self.quorum {
+            return Err(self.quorum_unavailable(answered_count));
+        }
+        // The holder is the token a quorum of nodes agrees on; its fence is
+        // the largest reported, its lease the shortest.
+        let holders: Vec<&(Token, LockInfo)> = answers
+            .iter()
+            .filter_map(|a| a.as_ref().ok().and_then(Option::as_ref))
+            .collect();
+        for (token, _) in &holders {
+            let agreeing: Vec<&LockInfo> = holders
+                .iter()
+                .filter(|(t, _)| t == token)
+                .map(|(_, info)| info)
+                .collect();
+            if agreeing.len() >= self.quorum {
+                let info = LockInfo {
+                    fence: agreeing.iter().filter_map(|i| i.fence).max(),
+                    remaining: agreeing
+                        .iter()
+                        .map(|i| i.remaining)
+                        .min_by(|a, b| match (a, b) {
+                            (Some(a), Some(b)) => a.cmp(b),
+                            (None, _) => Ordering::Greater,
+                            (_, None) => Ordering::Less,
+                        })
+                        .flatten(),
+                    owner: agreeing.iter().find_map(|i| i.owner.clone()),
+                    granted_at: agreeing.iter().filter_map(|i| i.granted_at).min(),
+                };
+                return Ok(Some((token.clone(), info)));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn raise_fence(
+        &self,
+        name: &LockName,
+        token: &Token,
+        fence: u64,
+    ) -> Result<bool, LockError> {
+        let answers = join_all(self.nodes.iter().map(|n| n.raise_fence(name, token, fence))).await;
+        Ok(answers.iter().filter(|a| matches!(a, Ok(true))).count() >= self.quorum)
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        let answers = join_all(self.nodes.iter().map(|n| n.ping())).await;
+        let up = answers.iter().filter(|a| a.is_ok()).count();
+        if up >= self.quorum {
+            Ok(())
+        } else {
+            Err(self.quorum_unavailable(up))
+        }
+    }
+
+    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+        for node in self.nodes.iter() {
+            node.watch_releases(listener.clone(), stop.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::memory::MemoryBackend;
+
+    fn request(name: &str, token: &Token) -> AcquireRequest {
+        AcquireRequest {
+            name: LockName::parse(name).expect("valid name"),
+            token: token.clone(),
+            ttl: Ttl::from_millis(10_000, u64::MAX, "ttl_ms").expect("valid ttl"),
+            owner: None,
+            token_generated: true,
+        }
+    }
+
+    fn cluster(n: usize) -> (Vec<Arc<MemoryBackend>>, RedlockBackend) {
+        let stores: Vec<Arc<MemoryBackend>> =
+            (0..n).map(|_| Arc::new(MemoryBackend::new())).collect();
+        let nodes = stores
+            .iter()
+            .map(|s| s.clone() as Arc<dyn LockBackend>)
+            .collect();
+        (stores, RedlockBackend::new(nodes, 0.01))
+    }
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        let quorums: Vec<usize> = (1..=5).map(quorum).collect();
+        assert_eq!(quorums, [1, 2, 2, 3, 3]);
+    }
+
+    /// For every subset of nodes already held by someone else, the acquire
+    /// succeeds exactly when the free nodes reach a quorum, and a refused
+    /// acquire leaves nothing behind on the free nodes.
+    #[tokio::test]
+    async fn acquire_succeeds_exactly_when_the_free_nodes_reach_a_quorum() {
+        for n in [3usize, 5] {
+            for held_mask in 0u32..(1 << n) {
+                let (stores, redlock) = cluster(n);
+                let other = Token::generate();
+                for (i, store) in stores.iter().enumerate() {
+                    if held_mask & (1 << i) != 0 {
+                        store.acquire(&request("k", &other)).await.expect("free");
+                    }
+                }
+                let held = held_mask.count_ones() as usize;
+                let outcome = redlock.acquire(&request("k", &Token::generate())).await;
+                let expect_grant = n - held >= quorum(n);
+                assert_eq!(
+                    outcome.is_ok(),
+                    expect_grant,
+                    "n={n} held={held_mask:0n$b}: {outcome:?}"
+                );
+                if !expect_grant {
+                    assert!(matches!(outcome, Err(LockError::Held { .. })));
+                    let left: usize = stores.iter().map(|s| s.held_count()).sum();
+                    assert_eq!(
+                        left, held,
+                        "n={n} held={held_mask:0n$b}: partial grants left"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Each round, one node restarts empty and another is busy (held by a
+    /// foreign token), so the granting quorum is the empty node and one
+    /// other. Fences still grow: the grant writes its fence back to the
+    /// quorum, and the next quorum shares a node with it.
+    #[tokio::test]
+    async fn fences_keep_growing_when_a_minority_of_nodes_loses_its_data() {
+        let (stores, redlock) = cluster(3);
+        let name = LockName::parse("k").expect("valid");
+        let mut last = 0;
+        for round in 0..12 {
+            stores[round % 3].lose_data();
+            let busy = &stores[(round + 1) % 3];
+            let foreign = Token::generate();
+            busy.acquire(&request("k", &foreign)).await.expect("free");
+            let token = Token::generate();
+            let granted = redlock
+                .acquire(&request("k", &token))
+                .await
+                .expect("quorum");
+            let fence = granted.lease().fence.expect("a fence");
+            assert!(fence > last, "round {round}: fence {fence} after {last}");
+            last = fence;
+            redlock.release(&name, &token).await.expect("held");
+            busy.release(&name, &foreign).await.expect("held");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_grant_reports_the_validity_not_the_ttl() {
+        let (_, redlock) = cluster(3);
+        let granted = redlock
+            .acquire(&request("k", &Token::generate()))
+            .await
+            .expect("free");
+        // 10 000 ms − drift (1 % + 2 ms) − elapsed.
+        let ttl = granted.lease().ttl.as_millis();
+        assert!(ttl <= 10_000 - 102 && ttl > 9_800, "validity {ttl}");
+    }
+
+    #[test]
+    fn a_refused_lock_is_retried_when_enough_holders_have_expired() {
+        let ms = Duration::from_millis;
+        // 5 nodes, 3 held (100, 300, 200 ms left), 2 free: one more must free.
+        assert_eq!(retry_after(vec![ms(100), ms(300), ms(200)], 2, 3), ms(100));
+        // None free: three must free up, the third shortest lease.
+        assert_eq!(retry_after(vec![ms(100), ms(300), ms(200)], 0, 2), ms(200));
+        // A quorum was free: the validity ran out, try again soon.
+        assert_eq!(retry_after(vec![], 3, 2), ms(10));
+    }
+}
