@@ -1,6 +1,8 @@
 //! `lockd-bench`: drives a running lockd over HTTP and measures it.
 //!
 //! Scenarios:
+//! - `cycle`: `--clients` workers take and release locks of their own
+//!   (no contention) for `--seconds`; reports cycles/s and latency.
 //! - `handoff`: the time from one holder's release (its 204) to the next
 //!   waiter's grant (its 201), with server-side waiting, beside a client that
 //!   polls with `wait_ms` 0 every `--poll-interval-ms`, in the same run.
@@ -17,6 +19,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 
 mod client;
+mod cycle;
 mod handoff;
 mod stats;
 mod waiters;
@@ -38,6 +41,15 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Scenario {
+    /// Uncontended acquire and release cycles.
+    Cycle {
+        /// Concurrent clients, each on its own name.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// How long to run, in seconds.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
     /// Release-to-grant latency with server-side waiting, beside polling.
     Handoff {
         /// Handoffs to time with server-side waiting.
@@ -69,6 +81,9 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let lockd = client::Lockd::new(&cli.server);
     let result = match cli.scenario {
+        Scenario::Cycle { clients, seconds } => {
+            cycle::run(&lockd, clients, Duration::from_secs(seconds)).await
+        }
         Scenario::Handoff {
             rounds,
             poll_rounds,
