@@ -1,11 +1,12 @@
 //! Shared harness of the integration tests.
 //!
 //! Every test gets its own world: a real `redis-server` on a free loopback
-//! port ([`RedisServer`]) and a lockd built in-process on port 0
-//! ([`TestApp`]), or a lockd over the in-memory backend. Tests drive lockd
-//! over HTTP, as a client would, and look at the store directly through
-//! backend-neutral probes ([`TestApp::holder`], [`TestApp::lock_key_count`])
-//! to check what was (or was not) written.
+//! port ([`RedisServer`]), or several for Redlock, and a lockd built
+//! in-process on port 0 ([`TestApp`]), or a lockd over the in-memory backend.
+//! Tests drive lockd over HTTP, as a client would, and look at the store
+//! directly through backend-neutral probes ([`TestApp::holder`],
+//! [`TestApp::lock_key_count`]; Redlock tests read each node instead) to
+//! check what was (or was not) written.
 //!
 //! - [`RedisServer`] spawns `redis-server` with no persistence in a temporary
 //!   directory, waits until it answers `PING`, and kills it on drop. It can
@@ -13,12 +14,22 @@
 //!   for outage tests (a restart checks that the server answering is the new
 //!   process, not another test's server on the freed port).
 //!   [`RedisServer::cmd`] runs a raw command.
+//!   [`RedisServer::set_lock`], [`RedisServer::lock_token`] and friends read
+//!   and write one lock's keys on that server directly, as another client
+//!   would.
+//! - [`LinkProxy`] is a TCP proxy in front of one server: it delays each
+//!   direction, and can freeze the link (bytes are held, in order, until it
+//!   thaws), at once or as soon as the client sends a given command. It
+//!   makes a slow node, or a node that hangs with a command in flight.
 //! - [`TestApp`] builds `lockd::app::Application` exactly as `main` does
 //!   (with [`lockd::config::Settings`]), serves it on a spawned task, and
 //!   offers one helper per API action, returning a [`Reply`].
-//!   [`TestApp::sibling`] builds a second lockd on the same redis-server, to
-//!   test several instances sharing one Redis; the server stops when the
-//!   last app using it is dropped. [`TestApp::shut_down`] triggers the
+//!   [`TestApp::redlock`] builds lockd over N fresh redis-servers (Redlock),
+//!   and [`TestApp::redlock_over`] over given servers reached at given URLs
+//!   (such as proxies); [`TestApp::node`] gives each server.
+//!   [`TestApp::sibling`] builds a second lockd on the same redis-server(s),
+//!   to test several instances sharing one store; the servers stop when the
+//!   last app using them is dropped. [`TestApp::shut_down`] triggers the
 //!   graceful shutdown `main` runs on SIGTERM. [`TestApp::client_with_timeout`]
 //!   and [`TestApp::try_send_via`] send through a client that hangs up early.
 //! - [`backend_tests!`] turns each `async fn name(app: &TestApp)` into one
@@ -35,6 +46,7 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,7 +56,7 @@ use lockd::lock::memory::MemoryBackend;
 use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// The key prefix lockd uses by default.
@@ -306,9 +318,122 @@ impl RedisServer {
     }
 }
 
+impl RedisServer {
+    /// Writes lock `name` as another client holding it under `token` would:
+    /// the lock key with a lease of `px_ms`, and no metadata.
+    pub async fn set_lock(&self, name: &str, token: &str, px_ms: u64) {
+        let _: () = self
+            .cmd(
+                redis::cmd("SET")
+                    .arg(lock_key(name))
+                    .arg(token)
+                    .arg("PX")
+                    .arg(px_ms),
+            )
+            .await;
+    }
+
+    /// Writes lock `name` as another lockd-compatible client would (see the
+    /// data model in `src/lock/redis.rs`): the lock key under `token` and
+    /// its metadata hash with `fence` and `owner`, both with a lease of
+    /// `px_ms`.
+    pub async fn set_lock_with_meta(
+        &self,
+        name: &str,
+        token: &str,
+        fence: u64,
+        owner: &str,
+        px_ms: u64,
+    ) {
+        let meta = format!("{}:meta", lock_key(name));
+        let mut conn = self.connection().await;
+        let _: () = redis::pipe()
+            .atomic()
+            .cmd("SET")
+            .arg(lock_key(name))
+            .arg(token)
+            .arg("PX")
+            .arg(px_ms)
+            .ignore()
+            .cmd("DEL")
+            .arg(&meta)
+            .ignore()
+            .cmd("HSET")
+            .arg(&meta)
+            .arg("fence")
+            .arg(fence)
+            .arg("owner")
+            .arg(owner)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&meta)
+            .arg(px_ms)
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .expect("write a lock");
+    }
+
+    /// Deletes lock `name` (its key and metadata), as its lease running out
+    /// would.
+    pub async fn drop_lock(&self, name: &str) {
+        let _: () = self
+            .cmd(
+                redis::cmd("DEL")
+                    .arg(lock_key(name))
+                    .arg(format!("{}:meta", lock_key(name))),
+            )
+            .await;
+    }
+
+    /// The token under which lock `name` is held on this server, if any.
+    pub async fn lock_token(&self, name: &str) -> Option<String> {
+        self.cmd(redis::cmd("GET").arg(lock_key(name))).await
+    }
+
+    /// Whether lock `name` has a metadata hash on this server.
+    pub async fn has_meta(&self, name: &str) -> bool {
+        let n: i64 = self
+            .cmd(redis::cmd("EXISTS").arg(format!("{}:meta", lock_key(name))))
+            .await;
+        n == 1
+    }
+
+    /// This server's fencing counter of lock `name`, if it has one.
+    pub async fn fence_counter(&self, name: &str) -> Option<u64> {
+        self.cmd(redis::cmd("GET").arg(format!("{}:fence", lock_key(name))))
+            .await
+    }
+
+    /// Deletes every key (`FLUSHALL`): the server loses its data but keeps
+    /// running.
+    pub async fn flushall(&self) {
+        let _: () = self.cmd(&redis::cmd("FLUSHALL")).await;
+    }
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Polls `check` every 10 ms, up to `within`, until it holds; returns
+/// whether it did.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -326,6 +451,174 @@ pub fn lock_key(name: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------
+// A TCP link with faults
+// ---------------------------------------------------------------------------
+
+/// A TCP proxy on a loopback port in front of one server, to put faults on
+/// the link between lockd and that server. Each direction is a delay line:
+/// every chunk read is written [`Self::set_delay`] later, in order, so the
+/// delay adds latency without limiting throughput. A frozen link holds every
+/// byte, in order, until [`Self::thaw`]: a network partition that heals
+/// with the data delivered late, which a SIGSTOP of the server cannot make
+/// once a command is in flight. Stops on drop.
+pub struct LinkProxy {
+    port: u16,
+    state: Arc<LinkState>,
+    accept: JoinHandle<()>,
+}
+
+struct LinkState {
+    upstream: u16,
+    delay_ms: AtomicU64,
+    frozen: watch::Sender<bool>,
+    /// Freeze the link as soon as the client sends a chunk containing this.
+    freeze_on: Mutex<Option<Vec<u8>>>,
+}
+
+impl LinkProxy {
+    /// A proxy to `127.0.0.1:<upstream>`, with no delay.
+    pub async fn start(upstream: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let state = Arc::new(LinkState {
+            upstream,
+            delay_ms: AtomicU64::new(0),
+            frozen: watch::Sender::new(false),
+            freeze_on: Mutex::new(None),
+        });
+        let accept_state = state.clone();
+        let accept = tokio::spawn(async move {
+            // Dropping the set (when this task is aborted) ends every link.
+            let mut links = tokio::task::JoinSet::new();
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                links.spawn(Self::link(client, accept_state.clone()));
+                while links.try_join_next().is_some() {}
+            }
+        });
+        Self {
+            port,
+            state,
+            accept,
+        }
+    }
+
+    /// `redis://127.0.0.1:<proxy port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Delays every chunk, in each direction, by `delay` from now on.
+    pub fn set_delay(&self, delay: Duration) {
+        let ms = u64::try_from(delay.as_millis()).expect("delay fits");
+        self.state.delay_ms.store(ms, AtomicOrdering::SeqCst);
+    }
+
+    /// Freezes the link as soon as the client sends a chunk containing
+    /// `needle` (such as `b"EVAL"`, a script call); that chunk is held too.
+    pub fn freeze_on(&self, needle: &[u8]) {
+        *self.state.freeze_on.lock().unwrap() = Some(needle.to_vec());
+    }
+
+    /// Freezes the link now.
+    pub fn freeze(&self) {
+        self.state.frozen.send_replace(true);
+    }
+
+    /// Delivers everything held, in order, and lets bytes through again.
+    pub fn thaw(&self) {
+        *self.state.freeze_on.lock().unwrap() = None;
+        self.state.frozen.send_replace(false);
+    }
+
+    /// Whether the link is frozen (for example because [`Self::freeze_on`]
+    /// fired).
+    pub fn is_frozen(&self) -> bool {
+        *self.state.frozen.borrow()
+    }
+
+    async fn link(client: tokio::net::TcpStream, state: Arc<LinkState>) {
+        let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", state.upstream)).await else {
+            return; // The server is down: the client sees the link close.
+        };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        let (client_read, client_write) = client.into_split();
+        let (server_read, server_write) = server.into_split();
+        tokio::join!(
+            Self::pump(client_read, server_write, state.clone(), true),
+            Self::pump(server_read, client_write, state, false),
+        );
+    }
+
+    /// Copies `from` to `to` through the delay line; `to_server` says the
+    /// direction (only the client's bytes can trigger [`Self::freeze_on`]).
+    async fn pump(
+        mut from: tokio::net::tcp::OwnedReadHalf,
+        mut to: tokio::net::tcp::OwnedWriteHalf,
+        state: Arc<LinkState>,
+        to_server: bool,
+    ) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (tx, mut rx) =
+            tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+        let mut frozen = state.frozen.subscribe();
+        let writer = async move {
+            while let Some((due, bytes)) = rx.recv().await {
+                tokio::time::sleep_until(due).await;
+                if frozen.wait_for(|f| !*f).await.is_err() || to.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            let _ = to.shutdown().await;
+        };
+        let reader = async move {
+            let mut buf = vec![0_u8; 64 * 1024];
+            loop {
+                let n = match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let bytes = buf[..n].to_vec();
+                if to_server {
+                    let mut trigger = state.freeze_on.lock().unwrap();
+                    if trigger
+                        .as_ref()
+                        .is_some_and(|needle| bytes.windows(needle.len()).any(|w| w == needle))
+                    {
+                        *trigger = None;
+                        state.frozen.send_replace(true);
+                    }
+                }
+                let delay = Duration::from_millis(state.delay_ms.load(AtomicOrdering::SeqCst));
+                if tx
+                    .send((tokio::time::Instant::now() + delay, bytes))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        };
+        tokio::join!(reader, writer);
+    }
+}
+
+impl Drop for LinkProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------
 // lockd
 // ---------------------------------------------------------------------------
 
@@ -333,6 +626,9 @@ pub fn lock_key(name: &str) -> String {
 pub enum Store {
     /// A real redis-server, shared by every [`TestApp::sibling`].
     Redis(Arc<RedisServer>),
+    /// Redlock: several real redis-servers, in the order of the settings'
+    /// `redis_url` (which may reach them through proxies).
+    Redlock(Vec<Arc<RedisServer>>),
     /// The in-memory backend.
     Memory(Arc<MemoryBackend>),
 }
@@ -471,8 +767,68 @@ impl TestApp {
     pub async fn sibling(&self, tweak: impl FnOnce(&mut Settings)) -> Self {
         match &self.store {
             Store::Redis(server) => Self::redis_on(server.clone(), tweak).await,
+            Store::Redlock(nodes) => {
+                Self::redlock_over(nodes.clone(), self.settings.redis_url.clone(), tweak).await
+            }
             Store::Memory(_) => panic!("instances share only a Redis store"),
         }
+    }
+
+    /// lockd running Redlock over `n` fresh redis-servers, with settings
+    /// changed by `tweak`.
+    pub async fn redlock(n: usize, tweak: impl FnOnce(&mut Settings)) -> Self {
+        let nodes: Vec<Arc<RedisServer>> =
+            futures::future::join_all((0..n).map(|_| RedisServer::spawn()))
+                .await
+                .into_iter()
+                .map(Arc::new)
+                .collect();
+        let urls = nodes.iter().map(|node| node.url()).collect();
+        Self::redlock_over(nodes, urls, tweak).await
+    }
+
+    /// lockd running Redlock over `nodes`, reached at `urls` (one per node,
+    /// in the same order: its own URL, or a [`LinkProxy`]'s in front of it),
+    /// with settings changed by `tweak`.
+    pub async fn redlock_over(
+        nodes: Vec<Arc<RedisServer>>,
+        urls: Vec<String>,
+        tweak: impl FnOnce(&mut Settings),
+    ) -> Self {
+        assert_eq!(nodes.len(), urls.len(), "one URL per node");
+        assert!(nodes.len() >= 2, "Redlock needs several nodes");
+        LazyLock::force(&TRACING);
+        let mut settings = test_settings(String::new());
+        settings.redis_url = urls;
+        tweak(&mut settings);
+        let app = Application::build(&settings)
+            .await
+            .expect("build lockd over Redlock");
+        Self::serve(app, Store::Redlock(nodes), settings)
+    }
+
+    /// The Redlock nodes, in the order of `redis_url` (panics for other
+    /// stores).
+    pub fn nodes(&self) -> &[Arc<RedisServer>] {
+        match &self.store {
+            Store::Redlock(nodes) => nodes,
+            _ => panic!("this test needs the Redlock backend"),
+        }
+    }
+
+    /// Redlock node `i`.
+    pub fn node(&self, i: usize) -> &RedisServer {
+        &self.nodes()[i]
+    }
+
+    /// The `node` label of node `i` in lockd's metrics: `host:port` of the
+    /// URL lockd uses for it.
+    pub fn node_label(&self, i: usize) -> String {
+        let url = &self.settings.redis_url[i];
+        url.strip_prefix("redis://")
+            .unwrap_or(url)
+            .trim_end_matches('/')
+            .to_owned()
     }
 
     async fn redis_on(server: Arc<RedisServer>, tweak: impl FnOnce(&mut Settings)) -> Self {
@@ -559,11 +915,11 @@ impl TestApp {
     pub fn redis_server(&self) -> &RedisServer {
         match &self.store {
             Store::Redis(server) => server,
-            Store::Memory(_) => panic!("this test needs the Redis backend"),
+            _ => panic!("this test needs the single-Redis backend"),
         }
     }
 
-    /// Whether the store is Redis.
+    /// Whether the store is one Redis (not Redlock, not memory).
     pub fn is_redis(&self) -> bool {
         matches!(self.store, Store::Redis(_))
     }
@@ -720,6 +1076,7 @@ impl TestApp {
     pub async fn holder(&self, name: &str) -> Option<(String, i64)> {
         match &self.store {
             Store::Redis(server) => server.get_with_pttl(&lock_key(name)).await,
+            Store::Redlock(_) => panic!("Redlock has no one holder: read each node"),
             Store::Memory(backend) => backend.peek(name).map(|(token, left)| {
                 (
                     token,
@@ -744,6 +1101,7 @@ impl TestApp {
                 .iter()
                 .filter(|k| k.starts_with(PREFIX) && !k.ends_with(":fence"))
                 .count(),
+            Store::Redlock(_) => panic!("Redlock has no one store: read each node"),
             Store::Memory(backend) => backend.held_count(),
         }
     }
@@ -830,12 +1188,7 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         .collect();
     let matching: Vec<f64> = samples(text)
         .into_iter()
-        .filter(|s| {
-            s.name == name
-                && wanted
-                    .iter()
-                    .all(|(k, v)| s.labels.get(k) == Some(v))
-        })
+        .filter(|s| s.name == name && wanted.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
         .map(|s| s.value)
         .collect();
     (!matching.is_empty()).then(|| matching.iter().sum())
