@@ -85,6 +85,12 @@ impl MemoryBackend {
             .map(|h| (h.token.expose().to_owned(), h.expires - now))
     }
 
+    fn notify(&self, name: &LockName) {
+        if let Some(listener) = self.listener.get() {
+            listener.released(name.as_str());
+        }
+    }
+
     /// How many locks are held now.
     pub fn held_count(&self) -> usize {
         let mut state = self.state();
@@ -151,7 +157,11 @@ impl LockBackend for MemoryBackend {
             return Err(LockError::NotOwner);
         }
         holder.expires = now + ttl.as_duration();
-        Ok(lease(holder.fence, ttl))
+        let fence = holder.fence;
+        drop(state);
+        // Waiters learn the new lease end (an extend may shorten it).
+        self.notify(name);
+        Ok(lease(fence, ttl))
     }
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
@@ -163,9 +173,7 @@ impl LockBackend for MemoryBackend {
         }
         state.holders.remove(name.as_str());
         drop(state);
-        if let Some(listener) = self.listener.get() {
-            listener.released(name.as_str());
-        }
+        self.notify(name);
         Ok(())
     }
 

@@ -135,8 +135,8 @@ pub trait LockBackend: Send + Sync + 'static {
     /// [`LockError::Unavailable`] when it does not.
     async fn ping(&self) -> Result<(), LockError>;
 
-    /// Starts telling `listener` about every release of a lock, by any
-    /// client of the same store, until `stop` is cancelled. The default does
+    /// Starts telling `listener` about every release and extend of a lock,
+    /// by any client of the same store, until `stop` is cancelled. The default does
     /// nothing: waiters then wake only when the holder's lease runs out.
     fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
         let _ = (listener, stop);
@@ -145,7 +145,8 @@ pub trait LockBackend: Send + Sync + 'static {
 
 /// Receives release events from a backend.
 pub trait ReleaseListener: Send + Sync + 'static {
-    /// The lock `name` was released.
+    /// The lock `name` was released, or its lease changed (an extend): the
+    /// waiter that retries should retry now.
     fn released(&self, name: &str);
     /// Events may have been missed (the event connection was lost and is
     /// back): every waiter that retries should retry now.

@@ -8,7 +8,8 @@
 //!   TTL, so fences never go backwards while Redis keeps its data.
 //! - `P{N}:meta`: a hash with `fence`, `owner` and `granted_at_ms`, written
 //!   with the lock, with the same TTL, and deleted with it.
-//! - The channel `P{N}:released` gets an empty message at every release.
+//! - The channel `P{N}:released` gets an empty message at every release
+//!   and every extend (which may shorten the lease).
 //!   Each lockd instance listens with one `PSUBSCRIBE P{*}:released`
 //!   connection and wakes its first waiter for that lock.
 //!
@@ -229,7 +230,8 @@ impl LockBackend for RedisBackend {
         call.key(&keys.lock)
             .key(&keys.meta)
             .arg(token.expose())
-            .arg(ttl.as_millis());
+            .arg(ttl.as_millis())
+            .arg(&keys.released);
         let (status, fence): (i64, i64) = self.run(&call).await?;
         match status {
             1 => Ok(lease(fence, ttl, sent_wall)),
