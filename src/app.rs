@@ -217,7 +217,13 @@ fn build_backend(
         .iter()
         .map(|url| node(url, settings.node_timeout_ms))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(RedlockBackend::new(nodes, settings.drift_factor)))
+    let max_ttl = Ttl::from_millis(settings.max_ttl_ms, settings.max_ttl_ms, "max_ttl_ms")
+        .map_err(|e| StartupError::Settings(e.to_string()))?;
+    Ok(Arc::new(RedlockBackend::new(
+        nodes,
+        settings.drift_factor,
+        max_ttl,
+    )))
 }
 
 /// A node's metric label: `host:port` of its URL, without credentials.

@@ -339,7 +339,6 @@ async fn c12_redlock_quorum_refused_acquire_is_deleted_on_a_hung_node_once_it_is
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a release that a hung node missed is never retried (src/lock/redlock.rs, RedlockBackend::release); the node keeps the lock for the rest of its TTL once back"]
 async fn c12_redlock_quorum_release_missed_by_a_hung_node_is_retried_once_it_is_back() {
     let app = redlock(3).await;
     warm_up(&app).await;
@@ -642,7 +641,6 @@ async fn fences_keep_growing_when_a_node_is_flushed_or_restarted_empty_between_g
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a fence can repeat when the one node shared by two consecutive quorums loses its data (src/lock/redlock.rs acquire: the fence is written back only to granting nodes)"]
 async fn fences_keep_growing_when_the_node_shared_by_two_quorums_loses_its_data() {
     let app = redlock(3).await;
     // The first grant's quorum is nodes 0 and 1: node 2 is held by another
@@ -833,7 +831,6 @@ async fn get_shows_the_holder_a_majority_agrees_on_with_its_fence() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a holder whose value is not a lockd token is never seen on a majority (src/lock/redis.rs holder: Token::generate() per node), so GET says 404 while acquire says 409"]
 async fn get_shows_a_foreign_holder_that_a_majority_agrees_on() {
     let app = redlock(3).await;
     for i in 0..3 {

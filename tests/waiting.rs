@@ -28,6 +28,7 @@ backend_tests!(
     c08_a_client_that_hung_up_is_never_granted_the_lock,
     c09_the_lease_counts_from_the_grant_not_from_the_request,
     c10_a_waiter_wakes_when_the_holder_lease_runs_out,
+    a_waiter_follows_an_extend_that_shortens_the_lease,
     sixty_four_waiters_are_served_one_at_a_time_with_growing_fences,
     a_waiter_that_hangs_up_leaves_the_queue_and_takes_no_lock,
     invalid_wait_ms_is_refused_before_waiting_and_writes_nothing,
@@ -485,6 +486,46 @@ async fn c10_a_waiter_wakes_when_the_holder_lease_runs_out(app: &TestApp) {
         .expect_problem(409, "not-lock-owner");
     assert_eq!(app.holder_token(name).await, Some(b.token()));
     app.release(name, &b.token()).await.expect_status(204);
+}
+
+/// A holds `k` for 30 s, B waits; A then shortens its lease to 500 ms with
+/// an extend. B must be granted when that shorter lease ends, not sleep on
+/// to the old one (the extend publishes, and the head looks again).
+async fn a_waiter_follows_an_extend_that_shortens_the_lease(app: &TestApp) {
+    let name = "shrink";
+    let a = app.acquire_ttl(name, 30_000).await;
+    a.expect_status(201);
+    let asked = Instant::now();
+    let (b, shortened) = tokio::join!(acquire_waiting(app, name, 5000, 8000), async {
+        sleep(Duration::from_millis(300)).await;
+        app.extend_ttl(name, &a.token(), 500).await
+    });
+    shortened.expect_status(200);
+    b.expect_status(201);
+    let waited = asked.elapsed();
+    assert!(
+        waited >= Duration::from_millis(750) && waited < Duration::from_millis(2500),
+        "B was granted after {waited:?}; A's shortened lease ended at about 800 ms"
+    );
+    app.release(name, &b.token()).await.expect_status(204);
+}
+
+/// A lock freed behind lockd's back (deleted straight in Redis: no event)
+/// is still taken by the waiter when its wait ends, not refused as held.
+#[tokio::test]
+async fn a_waiter_looks_once_more_when_its_wait_ends() {
+    let app = TestApp::redis().await;
+    let name = "foreign-delete";
+    let a = app.acquire_ttl(name, 30_000).await;
+    a.expect_status(201);
+    let (b, ()) = tokio::join!(acquire_waiting(&app, name, 5000, 1000), async {
+        sleep(Duration::from_millis(300)).await;
+        app.redis_server()
+            .cmd::<()>(::redis::cmd("DEL").arg(lock_key(name)))
+            .await;
+    });
+    b.expect_status(201);
+    assert_eq!(app.holder_token(name).await, Some(b.token()));
 }
 
 // ---------------------------------------------------------------------------

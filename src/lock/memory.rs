@@ -91,6 +91,12 @@ impl MemoryBackend {
         *self.state() = State::default();
     }
 
+    fn notify(&self, name: &LockName) {
+        if let Some(listener) = self.listener.get() {
+            listener.released(name.as_str());
+        }
+    }
+
     /// How many locks are held now.
     pub fn held_count(&self) -> usize {
         let mut state = self.state();
@@ -157,7 +163,11 @@ impl LockBackend for MemoryBackend {
             return Err(LockError::NotOwner);
         }
         holder.expires = now + ttl.as_duration();
-        Ok(lease(holder.fence, ttl))
+        let fence = holder.fence;
+        drop(state);
+        // Waiters learn the new lease end (an extend may shorten it).
+        self.notify(name);
+        Ok(lease(fence, ttl))
     }
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
@@ -169,9 +179,7 @@ impl LockBackend for MemoryBackend {
         }
         state.holders.remove(name.as_str());
         drop(state);
-        if let Some(listener) = self.listener.get() {
-            listener.released(name.as_str());
-        }
+        self.notify(name);
         Ok(())
     }
 
@@ -197,12 +205,12 @@ impl LockBackend for MemoryBackend {
     ) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut state = self.state();
+        let counter = state.fences.entry(name.as_str().to_owned()).or_default();
+        *counter = (*counter).max(fence);
         let Some(holder) = state.live(name, now).filter(|h| &h.token == token) else {
             return Ok(false);
         };
         holder.fence = fence;
-        let counter = state.fences.entry(name.as_str().to_owned()).or_default();
-        *counter = (*counter).max(fence);
         Ok(true)
     }
 

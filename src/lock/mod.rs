@@ -142,10 +142,10 @@ pub trait LockBackend: Send + Sync + 'static {
     /// [`LockError::Unavailable`] when the backend fails.
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError>;
 
-    /// If `token` holds the lock, raises its fencing counter to at least
-    /// `fence` and records `fence` as the holder's. Returns whether `token`
-    /// held it. Redlock uses this after a grant on nodes whose counters
-    /// differ (see [`redlock`]).
+    /// Raises the fencing counter of `name` to at least `fence`, and if
+    /// `token` holds the lock, records `fence` as the holder's. Returns
+    /// whether `token` held it. Redlock uses this after a grant whose nodes
+    /// disagree (see [`redlock`]).
     ///
     /// # Errors
     /// [`LockError::Unavailable`] when the backend fails.
@@ -162,8 +162,8 @@ pub trait LockBackend: Send + Sync + 'static {
     /// [`LockError::Unavailable`] when it does not.
     async fn ping(&self) -> Result<(), LockError>;
 
-    /// Starts telling `listener` about every release of a lock, by any
-    /// client of the same store, until `stop` is cancelled. The default does
+    /// Starts telling `listener` about every release and extend of a lock,
+    /// by any client of the same store, until `stop` is cancelled. The default does
     /// nothing: waiters then wake only when the holder's lease runs out.
     fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
         let _ = (listener, stop);
@@ -172,7 +172,8 @@ pub trait LockBackend: Send + Sync + 'static {
 
 /// Receives release events from a backend.
 pub trait ReleaseListener: Send + Sync + 'static {
-    /// The lock `name` was released.
+    /// The lock `name` was released, or its lease changed (an extend): the
+    /// waiter that retries should retry now.
     fn released(&self, name: &str);
     /// Events may have been missed (the event connection was lost and is
     /// back): every waiter that retries should retry now.

@@ -8,7 +8,8 @@
 //!   TTL, so fences never go backwards while Redis keeps its data.
 //! - `P{N}:meta`: a hash with `fence`, `owner` and `granted_at_ms`, written
 //!   with the lock, with the same TTL, and deleted with it.
-//! - The channel `P{N}:released` gets an empty message at every release.
+//! - The channel `P{N}:released` gets an empty message at every release
+//!   and every extend (which may shorten the lease).
 //!   Each lockd instance listens with one `PSUBSCRIBE P{*}:released`
 //!   connection and wakes its first waiter for that lock.
 //!
@@ -231,7 +232,8 @@ impl LockBackend for RedisBackend {
         call.key(&keys.lock)
             .key(&keys.meta)
             .arg(token.expose())
-            .arg(ttl.as_millis());
+            .arg(ttl.as_millis())
+            .arg(&keys.released);
         let (status, fence): (i64, i64) = self.run(&call).await?;
         match status {
             1 => Ok(lease(fence, ttl, sent_wall)),
@@ -264,9 +266,9 @@ impl LockBackend for RedisBackend {
         if pttl == -2 {
             return Ok(None);
         }
-        // A foreign client may have stored a value that is no valid token:
-        // it still holds the lock, under a token nobody here can match.
-        let token = Token::parse(&token).unwrap_or_else(|_| Token::generate());
+        // A foreign client may have stored any value: kept as it is, so that
+        // Redlock can still find the holder a majority of nodes agrees on.
+        let token = Token::from_stored(token);
         // The PTTL was read somewhere during the round trip; count the time
         // since the request was sent against it, so the answer errs early.
         let remaining = u64::try_from(pttl)

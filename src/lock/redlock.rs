@@ -18,16 +18,20 @@
 //!
 //! # Fencing tokens
 //! Each node keeps its own counter. A grant reports the largest counter among
-//! the nodes that granted it, and when those counters differ (a node lost its
-//! data), writes that fence back to each of them before answering. So every
-//! node of the granting quorum ends at least at the reported fence. The next
-//! grant's quorum shares at least one node with it, whose `INCR` then gives a
-//! larger fence: fences grow across holders as long as no more than a
-//! minority of nodes lose their data between two grants. If a majority
-//! restarts empty at once, fences can go backwards, as can the lock itself:
-//! that is the limit Martin Kleppmann's critique ("How to do distributed
-//! locking") points at, and antirez's answer ("Is Redlock safe?") asks for
-//! delayed restarts (a restarted node stays out for a TTL) to avoid it.
+//! the nodes that granted it. Unless every node granted with the same
+//! counter, it first writes that fence back to every node that answered,
+//! granting or not, raising the lower counters. So after a grant, every node
+//! that answered (at least a quorum) stands at or above its fence, and the
+//! next grant's quorum shares a node with them, whose `INCR` gives a larger
+//! fence, provided that node kept its data. With 3 nodes that all answered,
+//! fences survive any one node losing its data between two grants; if a
+//! node was down during a grant, no other node may lose its data before the
+//! next one. The lock itself has the same limit: a node of an exact-majority
+//! quorum that restarts empty within the lease lets a second client in. That
+//! is the limit Martin Kleppmann's critique ("How to do distributed
+//! locking") points at; antirez's answer ("Is Redlock safe?") asks for
+//! delayed restarts (a restarted node stays out for a TTL) or
+//! `appendfsync always` to avoid it.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -52,6 +56,9 @@ pub struct RedlockBackend {
     nodes: Arc<Vec<Arc<dyn LockBackend>>>,
     quorum: usize,
     drift_factor: f64,
+    /// How long a release is retried on a node that did not answer: the
+    /// longest lease a client may hold.
+    max_ttl: Ttl,
 }
 
 /// The majority needed among `n` nodes: ⌊n/2⌋+1.
@@ -62,11 +69,14 @@ pub fn quorum(n: usize) -> usize {
 impl RedlockBackend {
     /// Redlock over `nodes` (each one bounded by its own timeout), with
     /// `drift_factor` (such as 0.01) of the TTL allowed for clock drift.
-    pub fn new(nodes: Vec<Arc<dyn LockBackend>>, drift_factor: f64) -> Self {
+    /// `max_ttl` bounds how long a release is retried on a node that did not
+    /// answer.
+    pub fn new(nodes: Vec<Arc<dyn LockBackend>>, drift_factor: f64, max_ttl: Ttl) -> Self {
         Self {
             quorum: quorum(nodes.len()),
             nodes: Arc::new(nodes),
             drift_factor,
+            max_ttl,
         }
     }
 
@@ -197,13 +207,23 @@ impl LockBackend for RedlockBackend {
 
         if granted.len() >= self.quorum {
             let fence = granted.iter().filter_map(|(_, f)| *f).max();
-            let consistent = fence.is_some() && granted.iter().all(|(_, f)| *f == fence);
+            // When every node answered and granted the same fence, all
+            // counters already stand at it. Otherwise the fence is written
+            // back to every node that answered, granting or not, so that
+            // any later quorum meets a node at or above it.
+            let consistent = fence.is_some()
+                && granted.len() == self.nodes.len()
+                && granted.iter().all(|(_, f)| *f == fence);
             let fence_ok = match fence {
                 Some(fence) if !consistent => {
-                    let raised = join_all(granted.iter().map(|(node, _)| {
-                        self.nodes[*node].raise_fence(&req.name, &req.token, fence)
-                    }))
-                    .await;
+                    let answering: Vec<usize> = (0..answers.len())
+                        .filter(|i| answered(&answers[*i]))
+                        .collect();
+                    let raised =
+                        join_all(answering.iter().map(|node| {
+                            self.nodes[*node].raise_fence(&req.name, &req.token, fence)
+                        }))
+                        .await;
                     raised.iter().filter(|r| matches!(r, Ok(true))).count() >= self.quorum
                 }
                 _ => true,
@@ -257,8 +277,9 @@ impl LockBackend for RedlockBackend {
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
         // Sent to every node, including those that did not grant: a node
-        // that was down at acquire time may still hold a stale grant.
-        let answers = join_all(self.nodes.iter().map(|n| n.release(name, token))).await;
+        // that was down at acquire time may still hold a stale grant. A node
+        // that does not answer gets it again in the background.
+        let answers = self.release_everywhere(name, token, self.max_ttl).await;
         if answers.iter().any(Result::is_ok) {
             return Ok(());
         }
@@ -357,7 +378,14 @@ mod tests {
             .iter()
             .map(|s| s.clone() as Arc<dyn LockBackend>)
             .collect();
-        (stores, RedlockBackend::new(nodes, 0.01))
+        (
+            stores,
+            RedlockBackend::new(
+                nodes,
+                0.01,
+                Ttl::from_millis(60_000, u64::MAX, "max").expect("valid"),
+            ),
+        )
     }
 
     #[test]

@@ -175,6 +175,16 @@ impl Locks {
                 () = place.woken() => {}
                 () = sleep_until(retry_at), if head => {}
                 () = sleep_until(deadline) => {
+                    // The lock may have freed without an event (a foreign
+                    // client deleted it): the head looks once more.
+                    if place.is_head() {
+                        match self.backend.acquire(req).await {
+                            Err(LockError::Held { retry_after }) => {
+                                place.note_lease_end(Instant::now() + retry_after);
+                            }
+                            other => return other,
+                        }
+                    }
                     let lease_end = place.lease_end().unwrap_or(retry_at);
                     let retry_after = lease_end.saturating_duration_since(Instant::now());
                     return Err(LockError::WaitTimedOut {

@@ -182,6 +182,13 @@ impl Token {
         }
     }
 
+    /// Wraps a value read from the store as it is, valid token or not (a
+    /// foreign client may have written anything), so that holders can be
+    /// compared across Redlock nodes. Never for client input.
+    pub(crate) fn from_stored(raw: String) -> Self {
+        Self(raw)
+    }
+
     /// The token's text, to hand to its holder or to Redis. Never log it.
     pub fn expose(&self) -> &str {
         &self.0
