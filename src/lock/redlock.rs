@@ -34,7 +34,9 @@
 //! `appendfsync always` to avoid it.
 
 use std::cmp::Ordering;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -54,6 +56,10 @@ const DRIFT_BASE: Duration = Duration::from_millis(2);
 /// Locks held on a quorum of independent nodes.
 pub struct RedlockBackend {
     nodes: Arc<Vec<Arc<dyn LockBackend>>>,
+    /// Background deletes under way, by lock name and token. A later acquire
+    /// with the same token (a waiter retrying, a client re-acquiring) stops
+    /// them first, so they cannot delete its new grant.
+    cleanups: Arc<Mutex<Cleanups>>,
     quorum: usize,
     drift_factor: f64,
     /// How long a release is retried on a node that did not answer: the
@@ -74,6 +80,7 @@ impl RedlockBackend {
     pub fn new(nodes: Vec<Arc<dyn LockBackend>>, drift_factor: f64, max_ttl: Ttl) -> Self {
         Self {
             quorum: quorum(nodes.len()),
+            cleanups: Arc::default(),
             nodes: Arc::new(nodes),
             drift_factor,
             max_ttl,
@@ -106,15 +113,57 @@ impl RedlockBackend {
         ttl: Ttl,
     ) -> Vec<Result<(), LockError>> {
         let answers = join_all(self.nodes.iter().map(|n| n.release(name, token))).await;
-        for (node, answer) in answers.iter().enumerate() {
-            if matches!(answer, Err(LockError::Unavailable(_))) {
+        let unanswered: Vec<usize> = (0..answers.len())
+            .filter(|i| matches!(answers[*i], Err(LockError::Unavailable(_))))
+            .collect();
+        if !unanswered.is_empty() {
+            let cleanup = Arc::new(Cleanup::default());
+            let key = (name.as_str().to_owned(), token.expose().to_owned());
+            lock(&self.cleanups).insert(key.clone(), cleanup.clone());
+            for node in unanswered {
                 let node = self.nodes[node].clone();
-                let (name, token) = (name.clone(), token.clone());
-                tokio::spawn(async move { release_until_answered(node, name, token, ttl).await });
+                let (name, token, cleanup) = (name.clone(), token.clone(), cleanup.clone());
+                tokio::spawn(async move {
+                    release_until_answered(node, name, token, ttl, cleanup).await;
+                });
             }
+            let cleanups = self.cleanups.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(ttl.as_duration()).await;
+                let mut cleanups = lock(&cleanups);
+                if cleanups.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cleanup)) {
+                    cleanups.remove(&key);
+                }
+            });
         }
         answers
     }
+
+    /// Stops the background deletes of `token` on `name`, waiting for one
+    /// under way to finish: the caller is about to grant that token again.
+    async fn stop_cleanup(&self, name: &LockName, token: &Token) {
+        let key = (name.as_str().to_owned(), token.expose().to_owned());
+        let cleanup = lock(&self.cleanups).remove(&key);
+        if let Some(cleanup) = cleanup {
+            let _in_flight = cleanup.busy.lock().await;
+            cleanup.stopped.store(true, AtomicOrdering::SeqCst);
+        }
+    }
+}
+
+/// Background deletes by (lock name, token).
+type Cleanups = HashMap<(String, String), Arc<Cleanup>>;
+
+/// One background delete of a token: stoppable, and never stopped half-way
+/// through a call.
+#[derive(Default)]
+struct Cleanup {
+    stopped: AtomicBool,
+    busy: tokio::sync::Mutex<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Retries a release on one node until it answers or `ttl` has passed, so a
@@ -125,11 +174,16 @@ async fn release_until_answered(
     name: LockName,
     token: Token,
     ttl: Ttl,
+    cleanup: Arc<Cleanup>,
 ) {
     let give_up = Instant::now() + ttl.as_duration();
     let mut pause = Duration::from_millis(50);
     while Instant::now() < give_up {
         tokio::time::sleep(pause).await;
+        let _busy = cleanup.busy.lock().await;
+        if cleanup.stopped.load(AtomicOrdering::SeqCst) {
+            return;
+        }
         if !matches!(
             node.release(&name, &token).await,
             Err(LockError::Unavailable(_))
@@ -186,6 +240,7 @@ fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Durat
 #[async_trait]
 impl LockBackend for RedlockBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        self.stop_cleanup(&req.name, &req.token).await;
         let started = Instant::now();
         let sent_wall = SystemTime::now();
         let answers = join_all(self.nodes.iter().map(|n| n.acquire(req))).await;
