@@ -11,7 +11,7 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Settings;
+use crate::config::{Settings, node_address};
 use crate::http::locks::input::{TtlPolicy, WaitPolicy};
 use crate::http::routes::router;
 use crate::http::state::AppState;
@@ -198,7 +198,7 @@ fn build_backend(
             timeout: Duration::from_millis(timeout_ms),
             pool_size: settings.pool_size,
         })?;
-        Ok(instrument(Arc::new(backend), node_label(url)))
+        Ok(instrument(Arc::new(backend), node_address(url)))
     };
     let urls = &settings.redis_url;
     if let [url] = urls.as_slice() {
@@ -224,14 +224,6 @@ fn build_backend(
         settings.drift_factor,
         max_ttl,
     )))
-}
-
-/// A node's metric label: `host:port` of its URL, without credentials.
-fn node_label(url: &str) -> String {
-    url::Url::parse(url)
-        .ok()
-        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port().unwrap_or(6379))))
-        .unwrap_or_else(|| redact_url(url))
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.

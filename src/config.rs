@@ -78,7 +78,7 @@ pub struct ServeArgs {
     pub node_timeout_ms: Option<u64>,
     /// Redlock: clock drift allowed, as a fraction of the TTL (plus 2 ms)
     /// [default: 0.01].
-    #[arg(long, env = "LOCKD_DRIFT_FACTOR")]
+    #[arg(long, env = "LOCKD_DRIFT_FACTOR", allow_negative_numbers = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drift_factor: Option<f64>,
     /// Longest wait_ms a request may ask for, in ms [default: 60000].
@@ -194,6 +194,14 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// The `host:port` a Redis URL points at (the URL itself when unparsable).
+pub fn node_address(url: &str) -> String {
+    url::Url::parse(url)
+        .ok()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port().unwrap_or(6379))))
+        .unwrap_or_else(|| redact_url(url))
+}
+
 /// Accepts one string or a list of strings.
 fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
@@ -261,6 +269,17 @@ impl Settings {
         if self.redis_url.is_empty() {
             return invalid("redis_url needs at least one URL".into());
         }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(twice) = self
+            .redis_url
+            .iter()
+            .find(|u| !seen.insert(node_address(u)))
+        {
+            return invalid(format!(
+                "redis_url lists {} twice; Redlock masters must be independent",
+                redact_url(twice)
+            ));
+        }
         if self.node_timeout_ms == 0 {
             return invalid("node_timeout_ms must be at least 1".into());
         }
@@ -318,6 +337,22 @@ mod tests {
         assert!(matches!(
             Settings::load(&args),
             Err(ConfigError::Read { .. })
+        ));
+    }
+
+    #[test]
+    fn the_same_redis_node_twice_is_refused() {
+        let args = ServeArgs {
+            redis_url: vec![
+                "redis://127.0.0.1:6381".into(),
+                "redis://:pw@127.0.0.1:6381/0".into(),
+                "redis://127.0.0.1:6382".into(),
+            ],
+            ..ServeArgs::default()
+        };
+        assert!(matches!(
+            Settings::load(&args),
+            Err(ConfigError::Invalid(_))
         ));
     }
 

@@ -221,7 +221,7 @@ impl From<LockError> for ApiError {
                 let mut error = Self::new(
                     Kind::QuorumUnavailable,
                     format!(
-                        "only {answered} Redis nodes answered in time; {needed} are needed to tell; try again shortly"
+                        "only {answered} of the Redis nodes answered in time; {needed} are needed to tell; try again shortly"
                     ),
                 )
                 .retry_after(UNAVAILABLE_RETRY);

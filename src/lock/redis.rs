@@ -363,6 +363,7 @@ impl ReleaseEvents {
                         }
                     }
                     tracing::warn!(
+                        node = %self.client.get_connection_info().addr(),
                         "release-event connection to Redis lost; waiters fall back to lease expiry until it is back"
                     );
                 }

@@ -30,6 +30,9 @@ pub async fn inspect(
     state.metrics.observe_inspect(&outcome);
     match outcome? {
         Some(info) => Ok(Json(Status::new(&name, info))),
-        None => Err(ApiError::new(Kind::LockNotHeld, "the lock is free")),
+        None => Err(ApiError::new(
+            Kind::LockNotHeld,
+            "nobody holds the lock (with Redlock: no holder is agreed on by a quorum of nodes)",
+        )),
     }
 }
