@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure the commands named as arguments are on PATH, installing the
 # Debian packages that provide the missing ones (as root, or through sudo).
-# Known commands: redis-server, redis-cli, curl, python3, node.
+# Known commands: redis-server, redis-cli, curl, python3, node, promtool.
 # Example: scripts/ensure-deps.sh redis-server redis-cli
 set -euo pipefail
 
@@ -9,6 +9,7 @@ package_of() {
   case $1 in
     redis-server|redis-cli) echo redis-server ;;
     node) echo nodejs ;;
+    promtool) echo prometheus ;;
     *) echo "$1" ;;
   esac
 }
