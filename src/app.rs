@@ -13,13 +13,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Settings, node_address};
 use crate::http::locks::input::{TtlPolicy, WaitPolicy};
-use crate::http::routes::router;
+use crate::http::routes::{metrics_router, router};
 use crate::http::state::AppState;
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::{RedisBackend, RedisConfig, redact_url};
 use crate::lock::redlock::{RedlockBackend, quorum};
 use crate::lock::{LockBackend, LockError, Locks, Ttl};
-use crate::metrics::{Instrumented, Metrics};
+use crate::metrics::{Instrumented, Metrics, PoolStatus};
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,9 +47,13 @@ pub enum StartupError {
 pub struct Application {
     listener: TcpListener,
     router: Router,
-    /// Cancelled when shutdown begins: ends every wait and the release-event
-    /// connection.
+    /// `--metrics-listen`: its listener and router.
+    metrics: Option<(TcpListener, Router)>,
+    /// Cancelled when shutdown begins: `/readyz` turns 503, every wait ends,
+    /// and so does the release-event connection.
     stopping: CancellationToken,
+    /// How long requests in flight get to finish once shutdown begins.
+    shutdown_timeout: Duration,
 }
 
 impl Application {
@@ -63,7 +67,7 @@ impl Application {
     /// until it comes back.
     pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
         check(settings)?;
-        let metrics = Arc::new(Metrics::new()?);
+        let metrics = Arc::new(Metrics::new(settings.metrics_max_namespaces)?);
         let backend = build_backend(settings, &metrics)?;
         Self::assemble(settings, backend, metrics).await
     }
@@ -78,7 +82,7 @@ impl Application {
         backend: Arc<dyn LockBackend>,
     ) -> Result<Self, StartupError> {
         check(settings)?;
-        let metrics = Arc::new(Metrics::new()?);
+        let metrics = Arc::new(Metrics::new(settings.metrics_max_namespaces)?);
         let backend = Arc::new(Instrumented::new(backend, metrics.clone(), "custom".into()));
         Self::assemble(settings, backend, metrics).await
     }
@@ -95,8 +99,10 @@ impl Application {
         )
         .map_err(|e| StartupError::Settings(e.to_string()))?;
         let stopping = CancellationToken::new();
+        let contention = metrics.clone();
         let state = AppState {
-            locks: Locks::new(backend, settings.max_waiters, stopping.clone()),
+            locks: Locks::new(backend, settings.max_waiters, stopping.clone())
+                .on_contention(Arc::new(move |name| contention.observe_contention(name))),
             ttl: TtlPolicy {
                 default,
                 max_ms: settings.max_ttl_ms,
@@ -105,18 +111,20 @@ impl Application {
                 max_ms: settings.max_wait_ms,
             },
             metrics,
+            stopping: stopping.clone(),
         };
-        let listener =
-            TcpListener::bind(settings.listen)
-                .await
-                .map_err(|source| StartupError::Bind {
-                    addr: settings.listen,
-                    source,
-                })?;
+        let request_timeout = Duration::from_millis(settings.request_timeout_ms);
+        let listener = bind(settings.listen).await?;
+        let metrics = match settings.metrics_listen {
+            Some(addr) => Some((bind(addr).await?, metrics_router(state.clone(), request_timeout))),
+            None => None,
+        };
         Ok(Self {
             listener,
-            router: router(state),
+            router: router(state, metrics.is_none(), request_timeout),
+            metrics,
             stopping,
+            shutdown_timeout: Duration::from_millis(settings.shutdown_timeout_ms),
         })
     }
 
@@ -128,12 +136,25 @@ impl Application {
         self.listener.local_addr()
     }
 
-    /// Serves requests until `shutdown` completes, then ends every wait
-    /// (those requests get 503 `shutting-down`), finishes the requests in
-    /// flight and returns.
+    /// The address `/metrics` is served on, when `--metrics-listen` is set.
     ///
     /// # Errors
-    /// When the listener fails.
+    /// When the socket cannot report its address.
+    pub fn metrics_addr(&self) -> std::io::Result<Option<SocketAddr>> {
+        self.metrics
+            .as_ref()
+            .map(|(listener, _)| listener.local_addr())
+            .transpose()
+    }
+
+    /// Serves requests until `shutdown` completes. Then, at once: `/readyz`
+    /// answers 503, the listener stops accepting, and every wait ends (those
+    /// requests get 503 `shutting-down` with `Retry-After`); the requests in
+    /// flight get up to `--shutdown-timeout-ms` to finish, and it returns.
+    /// The metrics listener, if any, serves until the main one is done.
+    ///
+    /// # Errors
+    /// When a listener fails.
     pub async fn run_until<F>(self, shutdown: F) -> std::io::Result<()>
     where
         F: Future<Output = ()> + Send + 'static,
@@ -142,33 +163,52 @@ impl Application {
         let (began, shutdown_began) = tokio::sync::oneshot::channel::<()>();
         let serve = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
             shutdown.await;
-            // Ends every wait, so that waiting requests finish at once.
+            // Readiness turns 503 and every wait ends at once.
             stopping.cancel();
             let _ = began.send(());
         });
         // A client that never finishes its request must not hold the process
-        // for ever: past the grace period, the open connections are dropped.
-        let grace_over = async {
+        // for ever: past the shutdown timeout, the open connections are
+        // dropped.
+        let timeout = self.shutdown_timeout;
+        let timed_out = async {
             match shutdown_began.await {
-                Ok(()) => tokio::time::sleep(SHUTDOWN_GRACE).await,
+                Ok(()) => tokio::time::sleep(timeout).await,
                 Err(_) => std::future::pending().await,
             }
         };
+        let main_done = CancellationToken::new();
+        let metrics_server = self.metrics.map(|(listener, router)| {
+            let done = main_done.clone();
+            tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(done.cancelled_owned())
+                    .await
+            })
+        });
         let result = tokio::select! {
             result = serve.into_future() => result,
-            () = grace_over => {
-                tracing::warn!(grace = ?SHUTDOWN_GRACE, "connections still open after the shutdown grace period; closing them");
+            () = timed_out => {
+                tracing::warn!(timeout = ?timeout, "requests still open after the shutdown timeout; closing them");
                 Ok(())
             }
         };
         // Also stops the release-event task when the server failed.
         self.stopping.cancel();
+        main_done.cancel();
+        if let Some(server) = metrics_server {
+            // Scrapes are short; a stuck one is not waited for.
+            let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+        }
         result
     }
 }
 
-/// How long a graceful shutdown waits for requests in flight.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartupError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartupError::Bind { addr, source })
+}
 
 fn check(settings: &Settings) -> Result<(), StartupError> {
     settings
@@ -198,6 +238,15 @@ fn build_backend(
             timeout: Duration::from_millis(timeout_ms),
             pool_size: settings.pool_size,
         })?;
+        let pool = backend.pool().clone();
+        metrics.watch_pool(&node_address(url), move || {
+            let status = pool.status();
+            PoolStatus {
+                size: status.size,
+                available: status.available,
+                waiting: status.waiting,
+            }
+        });
         Ok(instrument(Arc::new(backend), node_address(url)))
     };
     let urls = &settings.redis_url;

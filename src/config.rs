@@ -95,6 +95,42 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_DEV", value_parser = clap::builder::BoolishValueParser::new())]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub dev: bool,
+    /// Serve /metrics (with /healthz and /readyz) on this address instead of
+    /// the main one, e.g. 127.0.0.1:9464 [default: on the main listener].
+    #[arg(long, env = "LOCKD_METRICS_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Most lock-name namespaces with their own metric series; the rest are
+    /// counted as `other` [default: 100].
+    #[arg(long, env = "LOCKD_METRICS_MAX_NAMESPACES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_max_namespaces: Option<usize>,
+    /// Longest time a request other than a waiting acquire may take, in ms;
+    /// an acquire may take its wait_ms on top. Past it: 503 [default: 10000].
+    #[arg(long, env = "LOCKD_REQUEST_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_timeout_ms: Option<u64>,
+    /// On SIGTERM, longest time to finish the requests in flight before
+    /// exiting, in ms [default: 10000].
+    #[arg(long, env = "LOCKD_SHUTDOWN_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_timeout_ms: Option<u64>,
+    /// Log line format: pretty (one human-readable line per event) or json
+    /// (one JSON object per line) [default: pretty]. RUST_LOG sets the level.
+    #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<LogFormat>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Pretty,
+    /// One JSON object per line, with the span's fields.
+    Json,
 }
 
 /// The service's settings, after flags, environment, file and defaults are
@@ -128,6 +164,19 @@ pub struct Settings {
     pub max_waiters: usize,
     /// Use the in-memory backend instead of Redis.
     pub dev: bool,
+    /// Where `/metrics` is served when not on `listen`.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Most namespaces with their own metric series.
+    pub metrics_max_namespaces: usize,
+    /// Longest time a request (beyond its `wait_ms`) may take, in
+    /// milliseconds.
+    pub request_timeout_ms: u64,
+    /// Longest time a graceful shutdown waits for requests in flight, in
+    /// milliseconds.
+    pub shutdown_timeout_ms: u64,
+    /// Log line format.
+    pub log_format: LogFormat,
 }
 
 impl Default for Settings {
@@ -145,6 +194,11 @@ impl Default for Settings {
             max_wait_ms: 60_000,
             max_waiters: 10_000,
             dev: false,
+            metrics_listen: None,
+            metrics_max_namespaces: 100,
+            request_timeout_ms: 10_000,
+            shutdown_timeout_ms: 10_000,
+            log_format: LogFormat::Pretty,
         }
     }
 }
@@ -171,6 +225,11 @@ impl fmt::Debug for Settings {
             .field("max_wait_ms", &self.max_wait_ms)
             .field("max_waiters", &self.max_waiters)
             .field("dev", &self.dev)
+            .field("metrics_listen", &self.metrics_listen)
+            .field("metrics_max_namespaces", &self.metrics_max_namespaces)
+            .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
+            .field("log_format", &self.log_format)
             .finish()
     }
 }
@@ -289,6 +348,12 @@ impl Settings {
         if self.max_waiters == 0 {
             return invalid("max_waiters must be at least 1".into());
         }
+        if self.request_timeout_ms == 0 {
+            return invalid("request_timeout_ms must be at least 1".into());
+        }
+        if self.metrics_listen.is_some_and(|m| m == self.listen && m.port() != 0) {
+            return invalid("metrics_listen must differ from listen".into());
+        }
         if self.key_prefix.contains(['{', '}']) {
             return invalid("key_prefix must not contain braces: they mark the hash tag".into());
         }
@@ -381,11 +446,14 @@ mod tests {
         let defaults = as_json(&Settings::default());
         assert_eq!(as_json(&from_file), defaults);
         let text = std::fs::read_to_string(path).expect("read example");
-        for key in defaults.as_object().expect("an object").keys() {
-            assert!(
-                text.contains(&format!("\n{key} = ")),
-                "{key} is not documented"
-            );
+        for (key, default) in defaults.as_object().expect("an object") {
+            // A setting with no default is shown commented out.
+            let line = if default.is_null() {
+                format!("\n# {key} = ")
+            } else {
+                format!("\n{key} = ")
+            };
+            assert!(text.contains(&line), "{key} is not documented");
         }
     }
 

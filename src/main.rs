@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use lockd::app::{Application, shutdown_signal};
-use lockd::config::{Cli, Command, Settings};
+use lockd::config::{Cli, Command, LogFormat, Settings};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -17,7 +17,6 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Serve(args) => {
-            init_logging();
             let settings = match Settings::load(&args) {
                 Ok(s) => s,
                 Err(e) => {
@@ -25,6 +24,7 @@ async fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            init_logging(settings.log_format);
             match serve(&settings).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -39,22 +39,27 @@ async fn main() -> ExitCode {
 async fn serve(settings: &Settings) -> Result<(), Box<dyn std::error::Error>> {
     let app = Application::build(settings).await?;
     tracing::info!(addr = %app.local_addr()?, "lockd listening");
+    if let Some(addr) = app.metrics_addr()? {
+        tracing::info!(addr = %addr, "metrics, /healthz and /readyz listening");
+    }
     app.run_until(shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Logs to stderr; `LOCKD_LOG` (or `RUST_LOG`) sets the filter, default
-/// `info`.
-fn init_logging() {
+/// Logs to stderr in `format`; `RUST_LOG` (or `LOCKD_LOG`, which wins)
+/// sets the filter, default `info`.
+fn init_logging(format: LogFormat) {
     let filter = std::env::var("LOCKD_LOG")
         .ok()
         .or_else(|| std::env::var("RUST_LOG").ok())
         .and_then(|f| EnvFilter::try_new(f).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Pretty => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().with_current_span(true).with_span_list(false).init(),
+    }
 }

@@ -580,7 +580,7 @@ async fn mutual_exclusion_holds_among_16_contending_clients(app: &TestApp) {
 }
 
 async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
-    let (alpha, beta, gamma) = ("m-secret-alpha", "m-secret-beta", "m-secret-gamma");
+    let (alpha, beta, gamma) = ("m:secret-alpha", "m:secret-beta", "m:secret-gamma");
     let stranger = random_token();
     let mine = random_token();
     let a = app.acquire_ttl(alpha, 30_000).await;
@@ -599,7 +599,7 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
     app.extend_ttl(beta, &stranger, 20_000)
         .await
         .expect_status(409);
-    app.extend_ttl("m-secret-none", &stranger, 20_000)
+    app.extend_ttl("m:secret-none", &stranger, 20_000)
         .await
         .expect_status(404);
     app.release(beta, &stranger).await.expect_status(409);
@@ -630,11 +630,18 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
     ];
     for (name, result, value) in expected_results {
         assert_eq!(
-            count(name, &[("result", result)]),
+            count(name, &[("namespace", "m"), ("result", result)]),
             value,
-            "{name}{{{result}}}"
+            "{name}{{namespace=m,result={result}}}"
         );
     }
+    let in_m = [("namespace", "m")];
+    assert_eq!(count("lockd_acquire_contended_total", &in_m), 2.0);
+    // The extend and the release answered 404.
+    assert_eq!(count("lockd_lock_expired_total", &in_m), 2.0);
+    assert_eq!(count("lockd_lock_hold_seconds_count", &in_m), 1.0);
+    assert_eq!(count("lockd_acquire_wait_seconds_count", &in_m), 6.0);
+    assert_eq!(count("lockd_http_requests_in_flight", &[]), 1.0);
     for (op, calls) in [
         ("acquire", 6.0),
         ("extend", 3.0),
@@ -686,6 +693,7 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
         "/readyz",
         "/metrics",
         "/openapi.json",
+        "/docs",
         "unmatched",
     ];
     for sample in samples(&text) {

@@ -22,7 +22,9 @@ impl<S: Send + Sync> FromRequestParts<S> for LockPath {
             .map_err(|e| {
                 ApiError::invalid(format!("invalid lock name in path: {}", e.body_text()))
             })?;
-        Ok(Self(LockName::parse(&raw)?))
+        let name = LockName::parse(&raw)?;
+        tracing::Span::current().record("lock", name.as_str());
+        Ok(Self(name))
     }
 }
 

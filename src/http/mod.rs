@@ -8,3 +8,4 @@ pub mod ops;
 pub mod problem;
 pub mod routes;
 pub mod state;
+pub mod telemetry;

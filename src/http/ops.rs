@@ -10,6 +10,7 @@ use utoipa::{OpenApi, ToSchema};
 use super::openapi::ApiDoc;
 use super::problem::{ApiError, Problem};
 use super::state::AppState;
+use crate::lock::LockError;
 
 /// A health answer.
 #[derive(Debug, Serialize, ToSchema)]
@@ -25,13 +26,17 @@ pub async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
 }
 
-/// Readiness: 200 when the lock backend answers PING, 503 otherwise.
+/// Readiness: 200 when the lock backend answers PING; 503 when it does not,
+/// or from the moment a shutdown begins.
 #[utoipa::path(get, path = "/readyz", tag = "ops",
     responses(
         (status = 200, description = "Redis answers", body = Health),
-        (status = 503, description = "Redis does not answer", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis does not answer, or the service is shutting down", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
+    if state.stopping.is_cancelled() {
+        return Err(LockError::ShuttingDown.into());
+    }
     state.locks.ping().await?;
     Ok(Json(Health { status: "ready" }))
 }
@@ -45,7 +50,13 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics.render(state.locks.waiting()),
+        {
+            let mut waiting = Vec::new();
+            state
+                .locks
+                .for_each_queue(|name, n| waiting.push((name.to_owned(), n)));
+            state.metrics.render(&waiting)
+        },
     )
 }
 

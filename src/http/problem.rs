@@ -14,19 +14,21 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use super::telemetry;
 use crate::lock::{InvalidInput, LockError};
 
 /// The media type of a problem document (RFC 9457 §3).
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An RFC 9457 problem document.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 #[schema(example = json!({
     "type": "urn:lockd:problem:lock-held",
     "title": "Lock is held",
     "status": 409,
     "detail": "the lock is held by another holder; it frees in at most 2500 ms",
-    "retry_after_ms": 2500
+    "retry_after_ms": 2500,
+    "request_id": "3f1c1b6e-5a0e-4a8e-9d6b-2f7f1f3e9a10"
 }))]
 pub struct Problem {
     /// A URI naming the kind of problem, `urn:lockd:problem:<slug>`; the
@@ -50,7 +52,36 @@ pub struct Problem {
     /// For `quorum-unavailable`: how many must answer (the quorum).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nodes_needed: Option<usize>,
+    /// The request's ID (the `x-request-id` response header): quote it when
+    /// reporting a problem; the server's log lines carry it too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
+
+impl Problem {
+    /// The problem's slug: `lock-held` for `urn:lockd:problem:lock-held`.
+    pub fn slug(&self) -> &str {
+        self.problem_type
+            .strip_prefix(TYPE_PREFIX)
+            .unwrap_or(&self.problem_type)
+    }
+
+    /// The document as a response: status, `Content-Type` and body; the
+    /// problem itself is kept in the response's extensions.
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        response.extensions_mut().insert(self);
+        response
+    }
+}
+
+/// The start of every problem type URI.
+const TYPE_PREFIX: &str = "urn:lockd:problem:";
 
 /// The kinds of problem lockd answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -270,7 +301,7 @@ impl IntoResponse for ApiError {
         let (kind_status, slug, title) = self.kind.parts();
         let status = self.status.unwrap_or(kind_status);
         let problem = Problem {
-            problem_type: format!("urn:lockd:problem:{slug}"),
+            problem_type: format!("{TYPE_PREFIX}{slug}"),
             title: title.to_owned(),
             status: status.as_u16(),
             detail: self.detail,
@@ -279,11 +310,10 @@ impl IntoResponse for ApiError {
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             nodes_answered: self.nodes.map(|(answered, _)| answered),
             nodes_needed: self.nodes.map(|(_, needed)| needed),
+            request_id: None,
         };
-        let body = serde_json::to_vec(&problem).unwrap_or_default();
-        let mut response = (status, body).into_response();
+        let mut response = problem.into_response();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(wait) = self.retry_after {
             headers.insert(
                 header::RETRY_AFTER,
@@ -303,9 +333,35 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 
 /// Middleware: turns any error response that is not already a problem
 /// document (router 404 and 405, body-limit 413, timeout 503) into one,
-/// keeping its status and headers such as `Allow`.
+/// keeping its status and headers such as `Allow`, and writes the request's
+/// ID into every problem document.
 pub async fn normalize(request: Request, next: Next) -> Response {
-    let response = next.run(request).await;
+    let request_id = telemetry::request_id(&request).map(str::to_owned);
+    let response = normalize_inner(next.run(request).await);
+    match request_id {
+        Some(id) => with_request_id(response, id),
+        None => response,
+    }
+}
+
+/// Rewrites a problem document's body with `request_id` in it.
+fn with_request_id(response: Response, request_id: String) -> Response {
+    let Some(problem) = response.extensions().get::<Problem>() else {
+        return response;
+    };
+    let problem = Problem {
+        request_id: Some(request_id),
+        ..problem.clone()
+    };
+    let (mut parts, _) = response.into_parts();
+    let fresh = problem.into_response();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let (fresh_parts, body) = fresh.into_parts();
+    parts.extensions = fresh_parts.extensions;
+    Response::from_parts(parts, body)
+}
+
+fn normalize_inner(response: Response) -> Response {
     let status = response.status();
     let is_problem = response
         .headers()

@@ -1,101 +1,101 @@
-//! The route table and the layers around it.
+//! The route tables and the layers around them.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{Method, StatusCode};
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
+use utoipa::OpenApi as _;
+use utoipa_scalar::{Scalar, Servable as _};
 
 use super::locks::{acquire, extend, inspect, release};
+use super::openapi::ApiDoc;
 use super::problem::ApiError;
 use super::state::AppState;
-use super::{ops, problem};
+use super::{ops, telemetry};
 
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
-/// How much longer than the longest wait a request may take before it is
-/// answered 503.
-pub const REQUEST_TIMEOUT_MARGIN: Duration = Duration::from_secs(30);
+/// Every route with its method and the status it answers when all goes
+/// well: their metric series exist from start-up.
+const ROUTES: &[(&str, &str, &str)] = &[
+    ("POST", "/locks/{name}", "201"),
+    ("PATCH", "/locks/{name}", "200"),
+    ("DELETE", "/locks/{name}", "204"),
+    ("GET", "/locks/{name}", "200"),
+    ("GET", "/healthz", "200"),
+    ("GET", "/readyz", "200"),
+    ("GET", "/metrics", "200"),
+    ("GET", "/openapi.json", "200"),
+    ("GET", "/docs", "200"),
+];
 
-/// Builds the router with every route and layer.
-pub fn router(state: AppState) -> Router {
-    let request_timeout = Duration::from_millis(state.wait.max_ms) + REQUEST_TIMEOUT_MARGIN;
-    Router::new()
-        .route(
-            "/locks/{name}",
+/// Builds the main router. `/metrics` is on it unless `with_metrics` is
+/// false (it is then served by [`metrics_router`] on its own address).
+///
+/// Every request but an acquire must finish within `request_timeout`; an
+/// acquire gets its longest possible wait on top. Past it: 503 `timeout`.
+pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) -> Router {
+    let max_wait = Duration::from_millis(state.wait.max_ms);
+    let short = TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout);
+    let long = TimeoutLayer::with_status_code(
+        StatusCode::SERVICE_UNAVAILABLE,
+        max_wait + request_timeout,
+    );
+    let locks = Router::new().route(
+        "/locks/{name}",
+        axum::routing::post(acquire::acquire).layer(long).merge(
             get(inspect::inspect)
-                .post(acquire::acquire)
                 .patch(extend::extend)
-                .delete(release::release),
-        )
+                .delete(release::release)
+                .layer(short),
+        ),
+    );
+    let mut ops = Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
-        .route("/openapi.json", get(ops::openapi))
+        .route("/openapi.json", get(ops::openapi));
+    if with_metrics {
+        ops = ops.route("/metrics", get(ops::metrics));
+    }
+    let ops = ops
+        .merge(Router::from(Scalar::with_url("/docs", ApiDoc::openapi())))
+        .layer(short);
+    for (method, route, status) in ROUTES {
+        if with_metrics || *route != "/metrics" {
+            state.metrics.declare_route(method, route, status);
+        }
+    }
+    let app = locks
+        .merge(ops)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         // Refuses a declared Content-Length over the limit before reading
         // (and before `100 Continue`); DefaultBodyLimit catches chunked
         // bodies as they are read.
         .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
-        .layer(middleware::from_fn(refuse_token_in_url))
+        .layer(middleware::from_fn(refuse_token_in_url));
+    telemetry::wrap(app, state)
+}
+
+/// The router of `--metrics-listen`: `/metrics`, `/healthz` and `/readyz`,
+/// so that a private address can carry everything a monitoring system
+/// needs, including readiness during a shutdown.
+pub fn metrics_router(state: AppState, request_timeout: Duration) -> Router {
+    let app = Router::new()
+        .route("/metrics", get(ops::metrics))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             request_timeout,
-        ))
-        .layer(middleware::from_fn(problem::normalize))
-        .layer(middleware::from_fn_with_state(state.clone(), track_http))
-        .layer(
-            // The span names the path only: a query string could carry a
-            // token that a careless client put there.
-            TraceLayer::new_for_http().make_span_with(|req: &Request| {
-                tracing::info_span!("http", method = %req.method(), path = %req.uri().path())
-            }),
-        )
-        .with_state(state)
-}
-
-/// Counts and times every request by method, route template (never the raw
-/// path, which would make one series per lock name) and status.
-async fn track_http(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = method_label(request.method());
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |p| p.as_str())
-        .to_owned();
-    let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
-    let m = &state.metrics;
-    m.http_requests
-        .with_label_values(&[method, route.as_str(), status.as_str()])
-        .inc();
-    m.http_duration
-        .with_label_values(&[method, route.as_str()])
-        .observe(started.elapsed().as_secs_f64());
-    response
-}
-
-/// The method as a metric label: the standard methods by name, anything
-/// else as `other`, so that a client cannot create series at will.
-fn method_label(method: &Method) -> &'static str {
-    match *method {
-        Method::GET => "GET",
-        Method::HEAD => "HEAD",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::PATCH => "PATCH",
-        Method::DELETE => "DELETE",
-        Method::OPTIONS => "OPTIONS",
-        _ => "other",
-    }
+        ));
+    telemetry::wrap(app, state)
 }
 
 /// Refuses, on every route, a query string with a `token` parameter

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::http::locks::input::{TtlPolicy, WaitPolicy};
 use crate::lock::Locks;
 use crate::metrics::Metrics;
@@ -17,4 +19,6 @@ pub struct AppState {
     pub wait: WaitPolicy,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
+    /// Cancelled when shutdown begins: `/readyz` answers 503 from then on.
+    pub stopping: CancellationToken,
 }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
-    Token, Ttl,
+    Released, Token, Ttl,
 };
 
 struct Holder {
@@ -170,17 +170,20 @@ impl LockBackend for MemoryBackend {
         Ok(lease(fence, ttl))
     }
 
-    async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
+    async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         let now = Instant::now();
         let mut state = self.state();
         let holder = state.live(name, now).ok_or(LockError::NotHeld)?;
         if &holder.token != token {
             return Err(LockError::NotOwner);
         }
+        let granted_at = holder.granted_at;
         state.holders.remove(name.as_str());
         drop(state);
         self.notify(name);
-        Ok(())
+        Ok(Released {
+            granted_at: Some(granted_at),
+        })
     }
 
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {

@@ -85,6 +85,15 @@ impl Acquired {
     }
 }
 
+/// What a release learned about the lease it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Released {
+    /// When the holder was granted the lock (the first grant of this token,
+    /// renewals and extends do not reset it), when recorded: the lock was
+    /// held from then until now.
+    pub granted_at: Option<SystemTime>,
+}
+
 /// What an observer may know about a held lock. It never includes the token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockInfo {
@@ -120,11 +129,12 @@ pub trait LockBackend: Send + Sync + 'static {
     /// fails.
     async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError>;
 
-    /// Releases a lock held by `token` (compare-and-delete).
+    /// Releases a lock held by `token` (compare-and-delete), and tells when
+    /// it was granted.
     ///
     /// # Errors
     /// As for [`LockBackend::extend`].
-    async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError>;
+    async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
 
     /// Describes the current holder, or `None` when the lock is free.
     ///

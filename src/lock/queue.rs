@@ -116,6 +116,16 @@ impl WaitQueues {
     pub fn waiting_for(&self, name: &str) -> usize {
         self.lock().get(name).map_or(0, |q| q.waiters.len())
     }
+
+    /// Calls `each(name, waiters)` for every lock that has waiters now (for
+    /// metrics, read at scrape time).
+    pub fn for_each_queue(&self, mut each: impl FnMut(&str, usize)) {
+        for (name, queue) in self.lock().iter() {
+            if !queue.waiters.is_empty() {
+                each(name, queue.waiters.len());
+            }
+        }
+    }
 }
 
 impl ReleaseListener for WaitQueues {

@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
-    Token, Ttl, unix_millis,
+    Released, Token, Ttl, unix_millis,
 };
 
 static ACQUIRE: LazyLock<Script> =
@@ -242,15 +242,18 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
+    async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         let keys = Keys::new(&self.prefix, name);
         let mut call = RELEASE.prepare_invoke();
         call.key(&keys.lock)
             .key(&keys.meta)
             .arg(token.expose())
             .arg(&keys.released);
-        match self.run::<i64>(&call).await? {
-            1 => Ok(()),
+        let (verdict, granted_at): (i64, String) = self.run(&call).await?;
+        match verdict {
+            1 => Ok(Released {
+                granted_at: parse_unix_millis(&granted_at),
+            }),
             0 => Err(LockError::NotHeld),
             _ => Err(LockError::NotOwner),
         }
@@ -280,10 +283,7 @@ impl LockBackend for RedisBackend {
                 fence: fence.parse().ok(),
                 remaining,
                 owner: Some(owner).filter(|o| !o.is_empty()),
-                granted_at: granted_at
-                    .parse::<u64>()
-                    .ok()
-                    .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+                granted_at: parse_unix_millis(&granted_at),
             },
         )))
     }
@@ -419,6 +419,15 @@ pub fn redact_url(raw: &str) -> String {
         }
         Err(_) => "<unparsable URL>".to_owned(),
     }
+}
+
+/// A wall-clock time stored as Unix milliseconds; `None` when empty or
+/// not a number (a foreign client's key).
+fn parse_unix_millis(stored: &str) -> Option<SystemTime> {
+    stored
+        .parse::<u64>()
+        .ok()
+        .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
-    Token, Ttl,
+    Released, Token, Ttl,
 };
 
 /// The clock drift allowance added to every validity computation, on top
@@ -111,7 +111,7 @@ impl RedlockBackend {
         name: &LockName,
         token: &Token,
         ttl: Ttl,
-    ) -> Vec<Result<(), LockError>> {
+    ) -> Vec<Result<Released, LockError>> {
         let answers = join_all(self.nodes.iter().map(|n| n.release(name, token))).await;
         let unanswered: Vec<usize> = (0..answers.len())
             .filter(|i| matches!(answers[*i], Err(LockError::Unavailable(_))))
@@ -330,13 +330,17 @@ impl LockBackend for RedlockBackend {
         Err(ownership_verdict(&answers))
     }
 
-    async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
+    async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         // Sent to every node, including those that did not grant: a node
         // that was down at acquire time may still hold a stale grant. A node
         // that does not answer gets it again in the background.
         let answers = self.release_everywhere(name, token, self.max_ttl).await;
-        if answers.iter().any(Result::is_ok) {
-            return Ok(());
+        let released: Vec<&Released> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        if !released.is_empty() {
+            // The earliest grant time recorded: the lock was held since then.
+            return Ok(Released {
+                granted_at: released.iter().filter_map(|r| r.granted_at).min(),
+            });
         }
         let answered_count = answers.iter().filter(|a| answered(a)).count();
         if answered_count < self.quorum {

@@ -23,7 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::queue::WaitQueues;
 use super::{
-    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Token, Ttl,
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Released, Token,
+    Ttl,
 };
 
 /// The most random delay added to a retry at the holder's lease end, so that
@@ -31,12 +32,18 @@ use super::{
 /// instant.
 const EXPIRY_JITTER_MS: u64 = 5;
 
+/// Told about every acquire that found its lock held on its first try
+/// (whether it then failed at once, waited and got it, or timed out): the
+/// measure of contention.
+pub type ContentionHook = Arc<dyn Fn(&LockName) + Send + Sync>;
+
 /// Locks with waiting, over one backend.
 #[derive(Clone)]
 pub struct Locks {
     backend: Arc<dyn LockBackend>,
     queues: Arc<WaitQueues>,
     shutdown: CancellationToken,
+    on_contention: Option<ContentionHook>,
 }
 
 impl Locks {
@@ -55,12 +62,41 @@ impl Locks {
             backend,
             queues,
             shutdown,
+            on_contention: None,
         }
+    }
+
+    /// Calls `hook` for every acquire that finds its lock held on its first
+    /// try.
+    #[must_use]
+    pub fn on_contention(mut self, hook: ContentionHook) -> Self {
+        self.on_contention = Some(hook);
+        self
     }
 
     /// How many requests wait now.
     pub fn waiting(&self) -> usize {
         self.queues.waiting()
+    }
+
+    /// Calls `each(name, waiters)` for every lock that has waiters now.
+    pub fn for_each_queue(&self, each: impl FnMut(&str, usize)) {
+        self.queues.for_each_queue(each);
+    }
+
+    fn contended(&self, name: &LockName) {
+        if let Some(hook) = &self.on_contention {
+            hook(name);
+        }
+    }
+
+    /// One acquire try; counts contention when it is the request's first.
+    async fn try_acquire(&self, req: &AcquireRequest, first: bool) -> Result<Acquired, LockError> {
+        let outcome = self.backend.acquire(req).await;
+        if first && matches!(outcome, Err(LockError::Held { .. })) {
+            self.contended(&req.name);
+        }
+        outcome
     }
 
     /// Takes the lock, waiting up to `wait` while another holder has it.
@@ -110,7 +146,7 @@ impl Locks {
     /// Releases a lock granted to a caller who went away.
     async fn release_orphan(&self, req: &AcquireRequest) {
         match self.release(&req.name, &req.token).await {
-            Ok(()) => {
+            Ok(_) => {
                 tracing::info!(lock = %req.name, "released a lock granted after its caller left");
             }
             Err(e) => tracing::warn!(
@@ -145,7 +181,7 @@ impl Locks {
         caller_gone: &CancellationToken,
     ) -> Result<Acquired, LockError> {
         if wait.is_zero() {
-            return self.backend.acquire(req).await;
+            return self.try_acquire(req, true).await;
         }
         let deadline = Instant::now() + wait;
         // Join before the first attempt, so a release between a failed
@@ -153,15 +189,22 @@ impl Locks {
         // not overtake the waiters already queued.
         let Ok(place) = self.queues.join(&req.name) else {
             // No room to wait: a free lock is still granted.
-            return match self.backend.acquire(req).await {
+            return match self.try_acquire(req, true).await {
                 Err(LockError::Held { .. }) => Err(LockError::TooManyWaiters),
                 other => other,
             };
         };
         let mut retry_at = Instant::now();
+        // Others waiting already means the lock is held: contention.
+        let mut first = place.is_head();
+        if !first {
+            self.contended(&req.name);
+        }
         loop {
             if place.is_head() {
-                match self.backend.acquire(req).await {
+                let outcome = self.try_acquire(req, first).await;
+                first = false;
+                match outcome {
                     Err(LockError::Held { retry_after }) => {
                         let lease_end = Instant::now() + retry_after;
                         place.note_lease_end(lease_end);
@@ -178,7 +221,8 @@ impl Locks {
                     // The lock may have freed without an event (a foreign
                     // client deleted it): the head looks once more.
                     if place.is_head() {
-                        match self.backend.acquire(req).await {
+                        let outcome = self.try_acquire(req, first).await;
+                        match outcome {
                             Err(LockError::Held { retry_after }) => {
                                 place.note_lease_end(Instant::now() + retry_after);
                             }
@@ -216,7 +260,7 @@ impl Locks {
     ///
     /// # Errors
     /// As for [`LockBackend::release`].
-    pub async fn release(&self, name: &LockName, token: &Token) -> Result<(), LockError> {
+    pub async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         self.backend.release(name, token).await
     }
 

@@ -47,7 +47,9 @@ pub async fn acquire(
     let request = acquire_request(name, query, &headers, body, &state.ttl)?;
     let (name, token) = (request.name.clone(), request.token.clone());
     let outcome = state.locks.acquire(request, wait).await;
-    state.metrics.observe_acquire(&outcome, started.elapsed());
+    state
+        .metrics
+        .observe_acquire(&name, &outcome, started.elapsed());
     let outcome = outcome?;
     let status = match outcome {
         Acquired::Granted(_) => StatusCode::CREATED,

@@ -41,7 +41,7 @@ pub async fn extend(
     let token = holder_token(&headers, body.token.as_deref())?;
     let ttl = state.ttl.resolve(query.ttl_ms.as_deref(), body.ttl_ms)?;
     let outcome = state.locks.extend(&name, &token, ttl).await;
-    state.metrics.observe_extend(&outcome);
+    state.metrics.observe_extend(&name, &outcome);
     let lease = outcome?;
     Ok(Json(Extended::new(&name, &lease)))
 }

@@ -37,7 +37,7 @@ pub async fn release(
 ) -> Result<StatusCode, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
     let outcome = state.locks.release(&name, &token).await;
-    state.metrics.observe_release(&outcome);
+    state.metrics.observe_release(&name, &outcome);
     outcome?;
     Ok(StatusCode::NO_CONTENT)
 }

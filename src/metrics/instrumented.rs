@@ -1,0 +1,125 @@
+//! [`Instrumented`]: a decorator that times every backend call without the
+//! lock core knowing about metrics.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Metrics;
+use crate::lock::{
+    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
+    Released, Token, Ttl,
+};
+
+/// The `op` labels of `lockd_backend_duration_seconds`.
+const BACKEND_OPS: &[&str] = &[
+    "acquire",
+    "release",
+    "extend",
+    "inspect",
+    "ping",
+    "raise_fence",
+];
+
+/// A [`LockBackend`] node that times every call in
+/// `lockd_backend_duration_seconds{op,node}` and counts its failures in
+/// `lockd_backend_errors_total{node,kind}`, then returns the inner backend's
+/// answer unchanged. One request may make several calls (a waiter retries;
+/// Redlock calls every node).
+pub struct Instrumented {
+    inner: Arc<dyn LockBackend>,
+    metrics: Arc<Metrics>,
+    node: String,
+}
+
+impl Instrumented {
+    /// Wraps `inner`, labelled `node` (such as `127.0.0.1:6379`), and creates
+    /// its series at zero.
+    pub fn new(inner: Arc<dyn LockBackend>, metrics: Arc<Metrics>, node: String) -> Self {
+        for op in BACKEND_OPS {
+            metrics
+                .backend_duration
+                .with_label_values(&[op, node.as_str()]);
+        }
+        for kind in ["unavailable", "error"] {
+            metrics
+                .backend_errors
+                .with_label_values(&[node.as_str(), kind]);
+        }
+        Self {
+            inner,
+            metrics,
+            node,
+        }
+    }
+
+    async fn time<T>(
+        &self,
+        op: &str,
+        call: impl Future<Output = Result<T, LockError>>,
+    ) -> Result<T, LockError> {
+        let started = Instant::now();
+        let outcome = call.await;
+        self.metrics
+            .backend_duration
+            .with_label_values(&[op, self.node.as_str()])
+            .observe(started.elapsed().as_secs_f64());
+        let kind = match &outcome {
+            Err(LockError::Unavailable(_)) => Some("unavailable"),
+            Err(LockError::Backend(_)) => Some("error"),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            self.metrics
+                .backend_errors
+                .with_label_values(&[self.node.as_str(), kind])
+                .inc();
+        }
+        outcome
+    }
+}
+
+#[async_trait]
+impl LockBackend for Instrumented {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        self.time("acquire", self.inner.acquire(req)).await
+    }
+
+    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
+        self.time("extend", self.inner.extend(name, token, ttl))
+            .await
+    }
+
+    async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
+        self.time("release", self.inner.release(name, token)).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        self.time("inspect", self.inner.inspect(name)).await
+    }
+
+    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
+        self.time("inspect", self.inner.holder(name)).await
+    }
+
+    async fn raise_fence(
+        &self,
+        name: &LockName,
+        token: &Token,
+        fence: u64,
+    ) -> Result<bool, LockError> {
+        self.time("raise_fence", self.inner.raise_fence(name, token, fence))
+            .await
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        self.time("ping", self.inner.ping()).await
+    }
+
+    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+        self.inner.watch_releases(listener, stop);
+    }
+}

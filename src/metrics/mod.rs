@@ -1,0 +1,442 @@
+//! Prometheus metrics: one [`Registry`] per application (so tests can run
+//! several apps in one process), lock outcome metrics fed by the handlers,
+//! HTTP metrics fed by a middleware, pool and queue gauges read at scrape
+//! time, and [`Instrumented`], which times every backend call.
+//!
+//! Every family is in the scrape from start-up: series whose labels are
+//! known in advance are created at zero, and the lock metrics, labelled by
+//! [`namespace`](namespace::namespace_of), start with the `other`
+//! namespace. Units are seconds and plain counts (Prometheus base units).
+
+mod instrumented;
+pub mod namespace;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+pub use instrumented::Instrumented;
+use namespace::{Label, Namespaces};
+
+use crate::lock::{Acquired, LockError, LockName, Released};
+
+/// Bucket bounds in seconds for request and backend latency: from 100 µs
+/// (a loopback Redis round trip) to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// Bucket bounds in seconds for the time an acquire takes, waiting
+/// included: up to the default `--max-wait-ms` (60 s).
+const WAIT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// Bucket bounds in seconds for how long a lock was held: from 1 ms to an
+/// hour.
+const HOLD_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+/// The result labels of each lock counter, created at zero for every
+/// namespace so that dashboards never see a missing series.
+const ACQUIRE_RESULTS: &[&str] = &["acquired", "reacquired", "contended", "timeout", "error"];
+const RELEASE_RESULTS: &[&str] = &["released", "not_held", "not_owner", "error"];
+const EXTEND_RESULTS: &[&str] = &["extended", "not_held", "not_owner", "error"];
+
+/// A connection pool's state, read at scrape time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolStatus {
+    /// Connections open now.
+    pub size: usize,
+    /// Open connections not in use.
+    pub available: usize,
+    /// Calls waiting for a connection.
+    pub waiting: usize,
+}
+
+/// Reads one node's pool.
+type PoolReader = Box<dyn Fn() -> PoolStatus + Send + Sync>;
+
+/// Every metric lockd exports.
+pub struct Metrics {
+    registry: Registry,
+    namespaces: Namespaces,
+    /// `lockd_acquire_total{namespace,result}`: acquired, reacquired,
+    /// contended (409), timeout (the wait ran out), error.
+    acquire_total: IntCounterVec,
+    /// `lockd_acquire_contended_total{namespace}`: acquires that found the
+    /// lock held on their first try, whatever happened next.
+    acquire_contended: IntCounterVec,
+    /// `lockd_acquire_wait_seconds{namespace,result}`: time from an acquire
+    /// request to its outcome, waiting included.
+    acquire_wait: HistogramVec,
+    /// `lockd_lock_hold_seconds{namespace}`: grant to release, recorded at
+    /// release.
+    lock_hold: HistogramVec,
+    /// `lockd_lock_expired_total{namespace}`: releases and extends answered
+    /// 404, the lease having run out before the holder came back.
+    lock_expired: IntCounterVec,
+    /// `lockd_release_total{namespace,result}`.
+    release_total: IntCounterVec,
+    /// `lockd_extend_total{namespace,result}`.
+    extend_total: IntCounterVec,
+    /// `lockd_waiters{namespace}`: requests waiting for a lock, read at
+    /// scrape time.
+    waiters: IntGaugeVec,
+    /// `lockd_backend_duration_seconds{op,node}`: time of each call to a
+    /// Redis node (or the memory backend).
+    pub backend_duration: HistogramVec,
+    /// `lockd_backend_errors_total{node,kind}`: failed calls, by `kind`
+    /// `unavailable` (no answer in time) or `error` (Redis refused).
+    pub backend_errors: IntCounterVec,
+    /// `lockd_quorum_failures_total{op}`: Redlock operations for which too
+    /// few nodes answered.
+    quorum_failures: IntCounterVec,
+    /// `lockd_redis_pool_size{node}`, `..._available{node}`,
+    /// `..._waiting{node}`, read from the pools at scrape time.
+    pool_size: IntGaugeVec,
+    pool_available: IntGaugeVec,
+    pool_waiting: IntGaugeVec,
+    pools: Mutex<Vec<(String, PoolReader)>>,
+    /// `lockd_http_requests_in_flight`.
+    pub http_in_flight: IntGauge,
+    /// `lockd_http_requests_total{method,route,status}`, by route template.
+    http_requests: IntCounterVec,
+    /// `lockd_http_request_duration_seconds{method,route,status}`.
+    http_duration: HistogramVec,
+}
+
+/// Registers metrics of one kind in a registry.
+struct Builder<'a>(&'a Registry);
+
+impl Builder<'_> {
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+        let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+        self.0.register(Box::new(c.clone()))?;
+        Ok(c)
+    }
+
+    fn histogram(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: &[f64],
+    ) -> prometheus::Result<HistogramVec> {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+        let h = HistogramVec::new(opts, labels)?;
+        self.0.register(Box::new(h.clone()))?;
+        Ok(h)
+    }
+
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
+        let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+        self.0.register(Box::new(g.clone()))?;
+        Ok(g)
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric, with at most `max_namespaces`
+    /// namespaces (besides `other`) in the lock metrics' labels.
+    ///
+    /// # Errors
+    /// When a metric's definition is invalid (a programming error).
+    pub fn new(max_namespaces: usize) -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let b = Builder(&registry);
+        let ns = &["namespace"];
+        let ns_result = &["namespace", "result"];
+        let build_info = b.gauge(
+            "lockd_build_info",
+            "Always 1; the version of lockd that serves.",
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        let http_in_flight = IntGauge::new(
+            "lockd_http_requests_in_flight",
+            "HTTP requests being served now, waiting ones included.",
+        )?;
+        registry.register(Box::new(http_in_flight.clone()))?;
+        let metrics = Self {
+            acquire_total: b.counter("lockd_acquire_total", "Acquire requests by namespace and result.", ns_result)?,
+            acquire_contended: b.counter(
+                "lockd_acquire_contended_total",
+                "Acquire requests that found the lock held on their first try (then failed at once, waited, or timed out).",
+                ns,
+            )?,
+            acquire_wait: b.histogram(
+                "lockd_acquire_wait_seconds",
+                "Time from an acquire request to its outcome, waiting included, in seconds.",
+                ns_result,
+                WAIT_BUCKETS,
+            )?,
+            lock_hold: b.histogram(
+                "lockd_lock_hold_seconds",
+                "Time from a grant to its release, in seconds, recorded at release.",
+                ns,
+                HOLD_BUCKETS,
+            )?,
+            lock_expired: b.counter(
+                "lockd_lock_expired_total",
+                "Releases and extends that found the lease already gone (404): the holder outran its TTL.",
+                ns,
+            )?,
+            release_total: b.counter("lockd_release_total", "Release requests by namespace and result.", ns_result)?,
+            extend_total: b.counter("lockd_extend_total", "Extend requests by namespace and result.", ns_result)?,
+            waiters: b.gauge("lockd_waiters", "Requests waiting for a lock now.", ns)?,
+            backend_duration: b.histogram(
+                "lockd_backend_duration_seconds",
+                "Time of one call to a lock backend node, in seconds.",
+                &["op", "node"],
+                LATENCY_BUCKETS,
+            )?,
+            backend_errors: b.counter(
+                "lockd_backend_errors_total",
+                "Failed calls to a lock backend node, by kind (unavailable, error).",
+                &["node", "kind"],
+            )?,
+            quorum_failures: b.counter(
+                "lockd_quorum_failures_total",
+                "Redlock operations for which too few nodes answered.",
+                &["op"],
+            )?,
+            pool_size: b.gauge("lockd_redis_pool_size", "Connections open to a Redis node.", &["node"])?,
+            pool_available: b.gauge(
+                "lockd_redis_pool_available",
+                "Open connections to a Redis node not in use.",
+                &["node"],
+            )?,
+            pool_waiting: b.gauge(
+                "lockd_redis_pool_waiting",
+                "Calls waiting for a connection to a Redis node.",
+                &["node"],
+            )?,
+            pools: Mutex::new(Vec::new()),
+            http_in_flight,
+            http_requests: b.counter(
+                "lockd_http_requests_total",
+                "HTTP requests by method, route template and status.",
+                &["method", "route", "status"],
+            )?,
+            http_duration: b.histogram(
+                "lockd_http_request_duration_seconds",
+                "HTTP request time by method, route template and status, in seconds.",
+                &["method", "route", "status"],
+                LATENCY_BUCKETS,
+            )?,
+            namespaces: Namespaces::new(max_namespaces),
+            registry,
+        };
+        metrics.create_namespace_series(namespace::OTHER);
+        for op in ["acquire", "extend", "release", "inspect"] {
+            metrics.quorum_failures.with_label_values(&[op]);
+        }
+        Ok(metrics)
+    }
+
+    /// Creates every series of a namespace at zero.
+    fn create_namespace_series(&self, ns: &str) {
+        for (vec, results) in [
+            (&self.acquire_total, ACQUIRE_RESULTS),
+            (&self.release_total, RELEASE_RESULTS),
+            (&self.extend_total, EXTEND_RESULTS),
+        ] {
+            for result in results {
+                vec.with_label_values(&[ns, result]);
+            }
+        }
+        for result in ACQUIRE_RESULTS {
+            self.acquire_wait.with_label_values(&[ns, result]);
+        }
+        self.acquire_contended.with_label_values(&[ns]);
+        self.lock_hold.with_label_values(&[ns]);
+        self.lock_expired.with_label_values(&[ns]);
+        self.waiters.with_label_values(&[ns]);
+    }
+
+    /// The `namespace` label of `name`, creating its series when it is new.
+    fn namespace(&self, name: &LockName) -> Label {
+        let label = self.namespaces.label(name.as_str());
+        if let Label::New(ns) = &label {
+            self.create_namespace_series(ns);
+        }
+        label
+    }
+
+    /// Reads `pool` at every scrape, as the pool of `node`.
+    pub fn watch_pool(&self, node: &str, pool: impl Fn() -> PoolStatus + Send + Sync + 'static) {
+        for gauge in [&self.pool_size, &self.pool_available, &self.pool_waiting] {
+            gauge.with_label_values(&[node]);
+        }
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((node.to_owned(), Box::new(pool)));
+    }
+
+    /// Creates the series of a route at zero, with the status it answers
+    /// when all goes well.
+    pub fn declare_route(&self, method: &str, route: &str, status: &str) {
+        self.http_requests
+            .with_label_values(&[method, route, status]);
+        self.http_duration
+            .with_label_values(&[method, route, status]);
+    }
+
+    /// Counts one HTTP request and its time.
+    pub fn observe_http(&self, method: &str, route: &str, status: &str, took: Duration) {
+        self.http_requests
+            .with_label_values(&[method, route, status])
+            .inc();
+        self.http_duration
+            .with_label_values(&[method, route, status])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Counts an acquire that found `name` held on its first try.
+    pub fn observe_contention(&self, name: &LockName) {
+        let ns = self.namespace(name);
+        self.acquire_contended
+            .with_label_values(&[ns.as_str()])
+            .inc();
+    }
+
+    /// Counts an acquire request's outcome and the time it took, waiting
+    /// included.
+    pub fn observe_acquire(
+        &self,
+        name: &LockName,
+        outcome: &Result<Acquired, LockError>,
+        took: Duration,
+    ) {
+        let result = match outcome {
+            Ok(Acquired::Granted(_)) => "acquired",
+            Ok(Acquired::Renewed(_)) => "reacquired",
+            Err(LockError::Held { .. }) => "contended",
+            Err(LockError::WaitTimedOut { .. }) => "timeout",
+            Err(_) => "error",
+        };
+        let ns = self.namespace(name);
+        let labels = [ns.as_str(), result];
+        self.acquire_total.with_label_values(&labels).inc();
+        self.acquire_wait
+            .with_label_values(&labels)
+            .observe(took.as_secs_f64());
+        self.count_quorum_failure("acquire", outcome);
+    }
+
+    /// Counts a release request's outcome, and how long the lock was held.
+    pub fn observe_release(&self, name: &LockName, outcome: &Result<Released, LockError>) {
+        let ns = self.namespace(name);
+        self.count_ownership(&self.release_total, &ns, outcome, "released");
+        if let Ok(Released {
+            granted_at: Some(granted_at),
+        }) = outcome
+        {
+            // Wall-clock times: a clock stepped back gives no sample.
+            if let Ok(held) = SystemTime::now().duration_since(*granted_at) {
+                self.lock_hold
+                    .with_label_values(&[ns.as_str()])
+                    .observe(held.as_secs_f64());
+            }
+        }
+        self.count_quorum_failure("release", outcome);
+    }
+
+    /// Counts an extend request's outcome.
+    pub fn observe_extend<T>(&self, name: &LockName, outcome: &Result<T, LockError>) {
+        let ns = self.namespace(name);
+        self.count_ownership(&self.extend_total, &ns, outcome, "extended");
+        self.count_quorum_failure("extend", outcome);
+    }
+
+    /// Counts an inspect request's outcome (only quorum failures matter).
+    pub fn observe_inspect<T>(&self, outcome: &Result<T, LockError>) {
+        self.count_quorum_failure("inspect", outcome);
+    }
+
+    /// Counts a release or extend by result, and a 404 as an expiry.
+    fn count_ownership<T>(
+        &self,
+        counter: &IntCounterVec,
+        ns: &Label,
+        outcome: &Result<T, LockError>,
+        ok: &str,
+    ) {
+        let result = match outcome {
+            Ok(_) => ok,
+            Err(LockError::NotHeld) => {
+                self.lock_expired.with_label_values(&[ns.as_str()]).inc();
+                "not_held"
+            }
+            Err(LockError::NotOwner) => "not_owner",
+            Err(_) => "error",
+        };
+        counter.with_label_values(&[ns.as_str(), result]).inc();
+    }
+
+    fn count_quorum_failure<T>(&self, op: &str, outcome: &Result<T, LockError>) {
+        if matches!(outcome, Err(LockError::QuorumUnavailable { .. })) {
+            self.quorum_failures.with_label_values(&[op]).inc();
+        }
+    }
+
+    /// The metrics in Prometheus text format; `waiting` lists each lock that
+    /// has waiters now, with their number.
+    pub fn render(&self, waiting: &[(String, usize)]) -> String {
+        self.update_waiters(waiting);
+        self.update_pools();
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metric families.
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    fn update_waiters(&self, waiting: &[(String, usize)]) {
+        let mut by_ns: std::collections::HashMap<Arc<str>, i64> = self
+            .namespaces
+            .all()
+            .into_iter()
+            .map(|ns| (ns, 0))
+            .collect();
+        for (name, count) in waiting {
+            *by_ns.entry(self.namespaces.existing(name)).or_default() +=
+                i64::try_from(*count).unwrap_or(i64::MAX);
+        }
+        for (ns, count) in by_ns {
+            self.waiters.with_label_values(&[ns.as_ref()]).set(count);
+        }
+    }
+
+    fn update_pools(&self) {
+        let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, read) in pools.iter() {
+            let status = read();
+            let labels = [node.as_str()];
+            let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            self.pool_size.with_label_values(&labels).set(count(status.size));
+            self.pool_available
+                .with_label_values(&labels)
+                .set(count(status.available));
+            self.pool_waiting
+                .with_label_values(&labels)
+                .set(count(status.waiting));
+        }
+    }
+}
