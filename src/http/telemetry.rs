@@ -91,7 +91,9 @@ fn access_log(response: &Response, latency: Duration, span: &Span) {
         .get::<Problem>()
         .map_or("ok", Problem::slug);
     span.record("result", result);
-    span.record("latency_ms", latency.as_secs_f64() * 1000.0);
+    // Whole microseconds, shown in milliseconds.
+    let micros = u32::try_from(latency.as_micros()).unwrap_or(u32::MAX);
+    span.record("latency_ms", f64::from(micros) / 1000.0);
     tracing::info!(target: "lockd::access", "answered");
 }
 

@@ -730,6 +730,8 @@ impl Reply {
 pub struct TestApp {
     /// Where lockd listens.
     pub addr: SocketAddr,
+    /// Where `/metrics` is served when `settings.metrics_listen` was set.
+    pub metrics_addr: Option<SocketAddr>,
     /// An HTTP client (with a timeout, so no test can hang).
     pub client: reqwest::Client,
     /// The store lockd uses.
@@ -860,6 +862,7 @@ impl TestApp {
 
     fn serve(app: Application, store: Store, settings: Settings) -> Self {
         let addr = app.local_addr().expect("local address");
+        let metrics_addr = app.metrics_addr().expect("metrics address");
         let (tx, rx) = oneshot::channel::<()>();
         let served = tokio::spawn(app.run_until(async move {
             let _ = rx.await;
@@ -870,6 +873,7 @@ impl TestApp {
             .expect("HTTP client");
         Self {
             addr,
+            metrics_addr,
             client,
             store,
             settings,
