@@ -116,7 +116,10 @@ impl Application {
         let request_timeout = Duration::from_millis(settings.request_timeout_ms);
         let listener = bind(settings.listen).await?;
         let metrics = match settings.metrics_listen {
-            Some(addr) => Some((bind(addr).await?, metrics_router(state.clone(), request_timeout))),
+            Some(addr) => Some((
+                bind(addr).await?,
+                metrics_router(state.clone(), request_timeout),
+            )),
             None => None,
         };
         Ok(Self {

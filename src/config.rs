@@ -351,7 +351,10 @@ impl Settings {
         if self.request_timeout_ms == 0 {
             return invalid("request_timeout_ms must be at least 1".into());
         }
-        if self.metrics_listen.is_some_and(|m| m == self.listen && m.port() != 0) {
+        if self
+            .metrics_listen
+            .is_some_and(|m| m == self.listen && m.port() != 0)
+        {
             return invalid("metrics_listen must differ from listen".into());
         }
         if self.key_prefix.contains(['{', '}']) {

@@ -547,7 +547,14 @@ async fn c04_every_duration_field_names_its_unit(app: &TestApp) {
     held.expect_problem(409, "lock-held");
     assert_eq!(
         members(&held),
-        set(&["type", "title", "status", "detail", "retry_after_ms", "request_id"])
+        set(&[
+            "type",
+            "title",
+            "status",
+            "detail",
+            "retry_after_ms",
+            "request_id"
+        ])
     );
 }
 

@@ -44,10 +44,8 @@ const ROUTES: &[(&str, &str, &str)] = &[
 pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) -> Router {
     let max_wait = Duration::from_millis(state.wait.max_ms);
     let short = TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout);
-    let long = TimeoutLayer::with_status_code(
-        StatusCode::SERVICE_UNAVAILABLE,
-        max_wait + request_timeout,
-    );
+    let long =
+        TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, max_wait + request_timeout);
     let locks = Router::new().route(
         "/locks/{name}",
         axum::routing::post(acquire::acquire).layer(long).merge(

@@ -117,7 +117,12 @@ pub struct Metrics {
 struct Builder<'a>(&'a Registry);
 
 impl Builder<'_> {
-    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    fn counter(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> prometheus::Result<IntCounterVec> {
         let c = IntCounterVec::new(Opts::new(name, help), labels)?;
         self.0.register(Box::new(c.clone()))?;
         Ok(c)
@@ -430,7 +435,9 @@ impl Metrics {
             let status = read();
             let labels = [node.as_str()];
             let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-            self.pool_size.with_label_values(&labels).set(count(status.size));
+            self.pool_size
+                .with_label_values(&labels)
+                .set(count(status.size));
             self.pool_available
                 .with_label_values(&labels)
                 .set(count(status.available));
