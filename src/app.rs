@@ -83,6 +83,7 @@ impl Application {
     ) -> Result<Self, StartupError> {
         check(settings)?;
         let metrics = Arc::new(Metrics::new(settings.metrics_max_namespaces)?);
+        metrics.watch_pool("custom", PoolStatus::default);
         let backend = Arc::new(Instrumented::new(backend, metrics.clone(), "custom".into()));
         Self::assemble(settings, backend, metrics).await
     }
@@ -112,8 +113,9 @@ impl Application {
             },
             metrics,
             stopping: stopping.clone(),
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
         };
-        let request_timeout = Duration::from_millis(settings.request_timeout_ms);
+        let request_timeout = state.request_timeout;
         let listener = bind(settings.listen).await?;
         let metrics = match settings.metrics_listen {
             Some(addr) => Some((
@@ -232,6 +234,8 @@ fn build_backend(
             "dev mode: locks are kept in this process's memory and are NOT shared \
              with other lockd processes; do not use this in production"
         );
+        // No connections: the pool gauges read 0, so dashboards look the same.
+        metrics.watch_pool("memory", PoolStatus::default);
         return Ok(instrument(Arc::new(MemoryBackend::new()), "memory".into()));
     }
     let node = |url: &String, timeout_ms: u64| -> Result<Arc<dyn LockBackend>, StartupError> {

@@ -191,6 +191,8 @@ pub struct ApiError {
     nodes: Option<(usize, usize)>,
 }
 
+const TIMEOUT_DETAIL: &str = "the request took longer than the server allows";
+
 /// How long a caller should wait after a 503 before trying again.
 const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
 
@@ -204,6 +206,11 @@ impl ApiError {
             status: None,
             nodes: None,
         }
+    }
+
+    /// A 503 `timeout`: the request took longer than the server allows.
+    pub fn timeout() -> Self {
+        Self::new(Kind::Timeout, TIMEOUT_DETAIL)
     }
 
     /// A 400 with `detail`.
@@ -377,10 +384,9 @@ fn normalize_inner(response: Response) -> Response {
             "this route does not take this method; see the Allow header",
         ),
         StatusCode::PAYLOAD_TOO_LARGE => (Kind::PayloadTooLarge, "the request body is over 64 KiB"),
-        StatusCode::SERVICE_UNAVAILABLE | StatusCode::REQUEST_TIMEOUT => (
-            Kind::Timeout,
-            "the request took longer than the server allows",
-        ),
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::REQUEST_TIMEOUT => {
+            (Kind::Timeout, TIMEOUT_DETAIL)
+        }
         s if s.is_client_error() => (Kind::InvalidRequest, "the request was refused"),
         _ => (Kind::Internal, "internal error; see the server log"),
     };

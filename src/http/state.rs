@@ -1,6 +1,7 @@
 //! What every handler shares.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -21,4 +22,6 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Cancelled when shutdown begins: `/readyz` answers 503 from then on.
     pub stopping: CancellationToken,
+    /// Longest time a request may take (an acquire: on top of its wait).
+    pub request_timeout: Duration,
 }

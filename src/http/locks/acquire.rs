@@ -10,7 +10,7 @@ use super::model::{AcquireBody, AcquireQuery, Grant};
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Problem};
 use crate::http::state::AppState;
-use crate::lock::Acquired;
+use crate::lock::{Acquired, LockError};
 
 /// Take the lock `name` for `ttl_ms`, or renew it when `token` already
 /// holds it. When another holder has it, fail at once with 409, or, with
@@ -46,7 +46,16 @@ pub async fn acquire(
     let wait = state.wait.resolve(query.wait_ms.as_deref(), body.wait_ms)?;
     let request = acquire_request(name, query, &headers, body, &state.ttl)?;
     let (name, token) = (request.name.clone(), request.token.clone());
-    let outcome = state.locks.acquire(request, wait).await;
+    // The wait this request asked for, plus the time any request may take.
+    // Giving up here is safe: a grant made after it is released again.
+    let limit = wait + state.request_timeout;
+    let Ok(outcome) = tokio::time::timeout(limit, state.locks.acquire(request, wait)).await else {
+        let timed_out = Err(LockError::Unavailable("the request timed out".into()));
+        state
+            .metrics
+            .observe_acquire(&name, &timed_out, started.elapsed());
+        return Err(ApiError::timeout());
+    };
     state
         .metrics
         .observe_acquire(&name, &outcome, started.elapsed());
