@@ -775,13 +775,20 @@ async fn release_succeeds_when_any_node_deletes_and_otherwise_answers_as_the_maj
     app.node(1).sigcont();
     app.node(2).sigcont();
     expect_quorum_unavailable(&reply, 1, 2, "release with 2 of 3 nodes hanging");
-    for i in [1, 2] {
-        assert_eq!(app.node(i).lock_token("k3").await, Some(grant.token()));
-    }
-    app.release("k3", &grant.token()).await.expect_status(204);
-    for i in 0..3 {
-        assert_eq!(app.node(i).lock_token("k3").await, None, "node {i}");
-    }
+    // The delete is retried in the background on the nodes that hung, so
+    // once they are back the lock goes without another request.
+    let gone = eventually(Duration::from_secs(5), || async {
+        let mut held = 0;
+        for i in 0..3 {
+            held += usize::from(app.node(i).lock_token("k3").await.is_some());
+        }
+        held == 0
+    })
+    .await;
+    assert!(gone, "the hung nodes kept the lock after they came back");
+    app.release("k3", &grant.token())
+        .await
+        .expect_problem(404, "lock-not-held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
