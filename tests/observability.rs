@@ -674,7 +674,11 @@ async fn pool_gauges_for_every_redis_node() {
     // No Redis, no connections: the gauges are there (dashboards look the
     // same) and read 0.
     for gauge in POOL_GAUGES {
-        assert_eq!(metric(&text, gauge, &[]), Some(0.0), "{gauge} without Redis");
+        assert_eq!(
+            metric(&text, gauge, &[]),
+            Some(0.0),
+            "{gauge} without Redis"
+        );
     }
 }
 

@@ -25,6 +25,9 @@ use super::state::AppState;
 /// The request ID header.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// The most bytes of a raw lock name from the path put in the span.
+const MAX_LOGGED_NAME: usize = 200;
+
 /// The longest client-chosen request ID kept.
 const MAX_REQUEST_ID: usize = 128;
 
@@ -70,11 +73,19 @@ async fn drop_unusable_request_id(mut request: Request, next: Next) -> Response 
 /// (recorded by the `LockPath` extractor), request ID, and, once answered,
 /// status, result and latency. It never names the query string or a token.
 fn request_span(request: &Request) -> Span {
+    let route = route_of(request);
+    // The raw name from the path, so that a request refused before its
+    // handler ran (a token in the URL, a body over the limit) is still
+    // found by lock name; the handler records the parsed name over it.
+    let lock = (route == "/locks/{name}")
+        .then(|| request.uri().path().rsplit('/').next())
+        .flatten()
+        .map(|raw| raw.get(..MAX_LOGGED_NAME).unwrap_or(raw));
     tracing::info_span!(
         "request",
         method = %request.method(),
-        route = route_of(request),
-        lock = Empty,
+        route,
+        lock,
         request_id = request_id(request).unwrap_or(""),
         status = Empty,
         result = Empty,

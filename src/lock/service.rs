@@ -214,7 +214,15 @@ impl Locks {
                 }
             }
             let head = place.is_head();
+            // Biased, in this order: once shutdown began, or the caller left,
+            // a waiter must not try Redis again, even when its wake-up (the
+            // waiter ahead of it leaving) is ready at the same moment.
             tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
+                () = caller_gone.cancelled() => {
+                    return Err(LockError::Unavailable("the caller went away".into()));
+                }
                 () = place.woken() => {}
                 () = sleep_until(retry_at), if head => {}
                 () = sleep_until(deadline) => {
@@ -235,10 +243,6 @@ impl Locks {
                         retry_after: retry_after.max(Duration::from_millis(1)),
                     });
                 }
-                () = caller_gone.cancelled() => {
-                    return Err(LockError::Unavailable("the caller went away".into()));
-                }
-                () = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
             }
         }
     }
