@@ -32,7 +32,7 @@ pub async fn inspect(
         Some(info) => Ok(Json(Status::new(&name, info))),
         None => Err(ApiError::new(
             Kind::LockNotHeld,
-            "nobody holds the lock (with Redlock: no holder is agreed on by a quorum of nodes)",
+            "nobody holds the lock: it is free",
         )),
     }
 }
