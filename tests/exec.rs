@@ -512,10 +512,6 @@ async fn a_waiting_exec_runs_after_the_holder_finishes() {
 /// waiting: after a wait longer than its TTL it must still run its command
 /// to the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: src/client/exec.rs measures the first lease end from before the acquire \
-            (`sent + ttl`), so after a wait longer than 2/3 of the TTL the renewer finds the \
-            lease already over and stops the command at once with 70 (`the lease ran out: the \
-            server could not be reached`)"]
 async fn a_waiting_exec_keeps_its_lease_after_a_wait_longer_than_its_ttl() {
     let app = TestApp::redis().await;
     let dir = Scratch::new();
@@ -849,8 +845,6 @@ async fn a_paused_server_means_a_lost_lease() {
 /// about when it stopped the command, not hang on a release that cannot
 /// be answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: after a lease ran out, lockd exec waits up to 10 s (CALL_LIMIT) for a \
-            release the paused server cannot answer before exiting 70"]
 async fn a_paused_server_does_not_delay_the_exit_by_the_release() {
     let app = TestApp::redis().await;
     let served = Served::start(&app.redis_server().url()).await;

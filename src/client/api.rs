@@ -196,13 +196,17 @@ impl LockClient {
 
 async fn send(request: reqwest::RequestBuilder, timeout: Duration) -> Result<Answer, CallError> {
     let unreachable = |e: reqwest::Error| {
-        // reqwest's message names the URL, which never carries a token.
-        let mut why = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(inner) = source {
-            why = format!("{why}: {inner}");
-            source = inner.source();
+        // The innermost cause says what happened ("Connection refused");
+        // reqwest's own message adds only the URL.
+        let mut cause: &dyn std::error::Error = &e;
+        while let Some(inner) = cause.source() {
+            cause = inner;
         }
+        let why = if e.is_timeout() {
+            "timed out".to_owned()
+        } else {
+            cause.to_string()
+        };
         CallError::Unreachable(why)
     };
     let response = request.timeout(timeout).send().await.map_err(unreachable)?;

@@ -35,10 +35,15 @@ use super::exit;
 use crate::lock::Token;
 
 /// How long the acquire may take beyond `--wait-ms` before the server
-/// counts as unreachable.
-const ACQUIRE_MARGIN: Duration = Duration::from_secs(30);
+/// counts as unreachable (the server itself answers 503 after its
+/// `--request-timeout-ms`, 10 s by default).
+const ACQUIRE_MARGIN: Duration = Duration::from_secs(15);
 /// The longest a renewal or the release may take.
 const CALL_LIMIT: Duration = Duration::from_secs(10);
+/// The longest a release whose answer does not matter may take (after the
+/// lease was lost, or when the acquire's outcome is unknown): the lease
+/// ends by itself anyway, and the exit must not wait on a stuck server.
+const QUIET_RELEASE_LIMIT: Duration = Duration::from_secs(1);
 /// How long releasing may be retried when the server does not answer.
 const RELEASE_FOR: Duration = Duration::from_secs(5);
 /// The signals passed on to the command.
@@ -81,6 +86,7 @@ pub async fn run(args: ExecArgs) -> u8 {
             return signal_code(sig as i32);
         }
     };
+    let received = Instant::now();
     let grant = match take_grant(&holder, &args, answer).await {
         Ok(grant) => grant,
         Err(code) => return code,
@@ -93,8 +99,9 @@ pub async fn run(args: ExecArgs) -> u8 {
         }
     };
     let ttl = Duration::from_millis(grant.ttl_ms.max(1));
+    let lease_end = lease_end(sent, received, ttl);
     let (lost_tx, lost_rx) = oneshot::channel();
-    let renewer = tokio::spawn(keep_renewing(holder.clone(), ttl, sent + ttl, lost_tx));
+    let renewer = tokio::spawn(keep_renewing(holder.clone(), ttl, lease_end, lost_tx));
     let (status, lost) = supervise(
         &mut child,
         !args.foreground,
@@ -149,7 +156,7 @@ impl Holder {
     async fn release_quietly(&self) {
         let _ = self
             .client
-            .release(&self.name, self.token.expose(), CALL_LIMIT)
+            .release(&self.name, self.token.expose(), QUIET_RELEASE_LIMIT)
             .await;
     }
 
@@ -323,10 +330,22 @@ async fn supervise(
     }
 }
 
-/// Renews the lease at a third of the TTL until aborted. A renewal that
-/// fails for a while (5xx, no answer) is retried sooner; when the lease
-/// is lost for good, or runs out before a renewal succeeds, says why on
-/// `lost` and stops.
+/// When the first lease ends at the earliest, by this process's clock.
+///
+/// The grant happened between sending the acquire (`sent`) and receiving
+/// its answer (`received`). Without a wait that span is one round trip, and
+/// `sent + ttl` is the safe end. After a long wait the grant came near the
+/// end of it: then the end is counted from the answer, less a tenth of the
+/// TTL for the answer's way back. Counting from `sent` there would take a
+/// lease granted a moment ago for one already run out.
+fn lease_end(sent: Instant, received: Instant, ttl: Duration) -> Instant {
+    (sent + ttl).max((received + ttl).checked_sub(ttl / 10).unwrap_or(received))
+}
+
+/// Renews the lease when a third of it has passed, until aborted. A
+/// renewal that fails for a while (5xx, no answer) is retried sooner; when
+/// the lease is lost for good, or runs out before a renewal succeeds, says
+/// why on `lost` and stops.
 async fn keep_renewing(
     holder: Holder,
     ttl: Duration,
@@ -335,13 +354,18 @@ async fn keep_renewing(
 ) {
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let retry = (ttl / 10).max(Duration::from_millis(50));
-    let mut next = Instant::now() + ttl / 3;
+    let mut next = lease_end.checked_sub(ttl * 2 / 3).unwrap_or(lease_end);
+    // The reason of the failures since the last renewal that worked.
+    let mut failing: Option<String> = None;
     loop {
         sleep_until(next.min(lease_end)).await;
         let sent = Instant::now();
         if sent >= lease_end {
-            let _ =
-                lost.send("the lease ran out: the server could not be reached to renew it".into());
+            let why = failing.map_or_else(
+                || "no renewal could be sent in time".to_owned(),
+                |f| format!("the renewals failed: {f}"),
+            );
+            let _ = lost.send(format!("the lease ran out ({why})"));
             return;
         }
         let timeout = (lease_end - sent).min(CALL_LIMIT);
@@ -351,6 +375,9 @@ async fn keep_renewing(
             .await;
         match answer {
             Ok(a) if a.status.is_success() => {
+                if failing.take().is_some() {
+                    say("renewed again");
+                }
                 lease_end = sent + ttl;
                 next = sent + ttl / 3;
                 continue;
@@ -368,11 +395,28 @@ async fn keep_renewing(
                 let _ = lost.send(format!("renewal refused ({}): {why}", a.status));
                 return;
             }
-            Ok(a) => say(&format!("renewal failed ({}); retrying", a.status)),
-            Err(e) => say(&format!("renewal got no answer ({e}); retrying")),
+            Ok(a) => {
+                let why = format!("the server answered {}", a.status);
+                failing = Some(report_failure(failing, why));
+            }
+            Err(e) => {
+                let why = format!("no answer: {e}");
+                failing = Some(report_failure(failing, why));
+            }
         }
         next = Instant::now() + retry;
     }
+}
+
+/// Says on stderr that renewals began to fail (once per streak), and
+/// returns the latest reason.
+fn report_failure(before: Option<String>, why: String) -> String {
+    if before.is_none() {
+        say(&format!(
+            "renewal failed ({why}); retrying until the lease ends"
+        ));
+    }
+    why
 }
 
 /// Catches the forwarded signals from now on, instead of letting them stop
@@ -444,6 +488,21 @@ mod tests {
         // Killed by SIGKILL (9) and SIGTERM (15).
         assert_eq!(status_code(ExitStatus::from_raw(9)), 137);
         assert_eq!(status_code(ExitStatus::from_raw(15)), 143);
+    }
+
+    #[test]
+    fn a_lease_granted_after_a_long_wait_ends_a_ttl_after_the_answer() {
+        let sent = Instant::now();
+        let ttl = Duration::from_millis(1000);
+        // No wait: counted from the request.
+        let quick = sent + Duration::from_millis(5);
+        assert_eq!(lease_end(sent, quick, ttl), sent + ttl);
+        // A 3 s wait: counted from the answer, less a tenth of the TTL.
+        let late = sent + Duration::from_secs(3);
+        assert_eq!(
+            lease_end(sent, late, ttl),
+            late + Duration::from_millis(900)
+        );
     }
 
     #[test]
