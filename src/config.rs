@@ -11,6 +11,7 @@ use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::client::args::{AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, StatusArgs};
 use crate::lock::Ttl;
 use crate::lock::redis::redact_url;
 
@@ -30,6 +31,17 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Print the OpenAPI document (JSON) that `/openapi.json` serves.
     Openapi,
+    /// Run a command while holding a lock, like flock(1) across machines:
+    /// `lockd exec [OPTIONS] NAME -- CMD [ARGS...]`.
+    Exec(Box<ExecArgs>),
+    /// Take a lock; print the server's JSON answer.
+    Acquire(AcquireArgs),
+    /// Extend a lease you hold; print the server's JSON answer.
+    Extend(ExtendArgs),
+    /// Release a lock you hold.
+    Release(ReleaseArgs),
+    /// Show who holds a lock (exit 1 when it is free).
+    Status(StatusArgs),
 }
 
 /// Flags of `lockd serve`. Each one overrides the same setting from the

@@ -11,8 +11,10 @@
 //! - [`config`]: flags, environment and the TOML file, merged into
 //!   [`config::Settings`].
 //! - [`app`]: builds and runs the application; `main` only calls it.
+//! - [`client`]: `lockd exec` and the shell subcommands, over the HTTP API.
 
 pub mod app;
+pub mod client;
 pub mod config;
 pub mod http;
 pub mod lock;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use lockd::app::{Application, shutdown_signal};
+use lockd::client;
 use lockd::config::{Cli, Command, LogFormat, Settings};
 use tracing_subscriber::EnvFilter;
 
@@ -16,6 +17,11 @@ async fn main() -> ExitCode {
             println!("{}", lockd::http::openapi::pretty_json());
             ExitCode::SUCCESS
         }
+        Command::Exec(args) => ExitCode::from(client::exec::run(*args).await),
+        Command::Acquire(args) => ExitCode::from(client::shell::acquire(args).await),
+        Command::Extend(args) => ExitCode::from(client::shell::extend(args).await),
+        Command::Release(args) => ExitCode::from(client::shell::release(args).await),
+        Command::Status(args) => ExitCode::from(client::shell::status(args).await),
         Command::Serve(args) => {
             let settings = match Settings::load(&args) {
                 Ok(s) => s,

@@ -1,0 +1,241 @@
+//! [`LockClient`]: the lockd HTTP API as a client calls it, with reqwest
+//! (rustls for `https://` servers). Tokens travel in the `Lock-Token`
+//! header, never in a URL.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde::Deserialize;
+use serde_json::{Map, json};
+
+/// How long connecting to the server may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A client of one lockd server.
+#[derive(Clone)]
+pub struct LockClient {
+    http: reqwest::Client,
+    base: url::Url,
+}
+
+/// The server's answer: its status and body, as sent.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The body (JSON, a problem document, or empty for 204).
+    pub body: String,
+}
+
+/// A granted lease, from the body of a 201 or 200 acquire.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Grant {
+    /// The token that proves the grant.
+    pub token: String,
+    /// The fencing token; absent only for locks written by foreign clients.
+    pub fence: Option<u64>,
+    /// The lease length granted, in milliseconds.
+    pub ttl_ms: u64,
+}
+
+/// What a problem document (RFC 9457) says, as far as a client needs it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ProblemInfo {
+    /// What went wrong.
+    #[serde(default)]
+    pub detail: String,
+    /// For a held lock and the 503 kinds: when to try again, in ms.
+    pub retry_after_ms: Option<u64>,
+}
+
+impl Answer {
+    /// The problem document's detail and retry hint (empty when the body
+    /// is not one).
+    pub fn problem(&self) -> ProblemInfo {
+        serde_json::from_str(&self.body).unwrap_or_default()
+    }
+}
+
+/// Why a call got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The server could not be reached, or did not answer in time.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
+/// The server URL is not usable.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid server URL {url:?}: {why}")]
+pub struct BadServer {
+    url: String,
+    why: String,
+}
+
+/// What an acquire asks for.
+#[derive(Debug, Clone, Default)]
+pub struct AcquireParams<'a> {
+    /// The token to hold the lock under; the server generates one when
+    /// `None`.
+    pub token: Option<&'a str>,
+    /// The lease length in ms; the server's default when `None`.
+    pub ttl_ms: Option<u64>,
+    /// How long the server may wait for a held lock, in ms.
+    pub wait_ms: u64,
+    /// A label for the holder.
+    pub owner: Option<&'a str>,
+}
+
+impl LockClient {
+    /// A client of the server at `server` (`http://` or `https://`).
+    ///
+    /// # Errors
+    /// [`BadServer`] when the URL cannot be parsed or has another scheme.
+    pub fn new(server: &str) -> Result<Self, BadServer> {
+        let bad = |why: &str| BadServer {
+            url: server.to_owned(),
+            why: why.to_owned(),
+        };
+        let base = url::Url::parse(server).map_err(|e| bad(&e.to_string()))?;
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            return Err(bad("use http://host:port or https://host:port"));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!("lockd/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| bad(&e.to_string()))?;
+        Ok(Self { http, base })
+    }
+
+    /// The URL of the lock `name`: the server's path, then `locks/<name>`
+    /// with the name percent-encoded as one path segment.
+    fn lock_url(&self, name: &str) -> url::Url {
+        let mut url = self.base.clone();
+        url.set_query(None);
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().push("locks").push(name);
+        }
+        url
+    }
+
+    /// `POST /locks/{name}`. `timeout` bounds the whole call; give it more
+    /// than `wait_ms`.
+    ///
+    /// # Errors
+    /// [`CallError`] when no answer came.
+    pub async fn acquire(
+        &self,
+        name: &str,
+        params: &AcquireParams<'_>,
+        timeout: Duration,
+    ) -> Result<Answer, CallError> {
+        let mut body = Map::new();
+        if let Some(ttl) = params.ttl_ms {
+            body.insert("ttl_ms".into(), json!(ttl));
+        }
+        if params.wait_ms > 0 {
+            body.insert("wait_ms".into(), json!(params.wait_ms));
+        }
+        if let Some(owner) = params.owner {
+            body.insert("owner".into(), json!(owner));
+        }
+        let mut request = self.http.post(self.lock_url(name)).json(&body);
+        if let Some(token) = params.token {
+            request = request.header("Lock-Token", token);
+        }
+        send(request, timeout).await
+    }
+
+    /// `PATCH /locks/{name}`: resets the lease to `ttl_ms` (the server's
+    /// default when `None`).
+    ///
+    /// # Errors
+    /// [`CallError`] when no answer came within `timeout`.
+    pub async fn extend(
+        &self,
+        name: &str,
+        token: &str,
+        ttl_ms: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Answer, CallError> {
+        let body = ttl_ms.map_or_else(|| json!({}), |ttl| json!({ "ttl_ms": ttl }));
+        let request = self
+            .http
+            .patch(self.lock_url(name))
+            .header("Lock-Token", token)
+            .json(&body);
+        send(request, timeout).await
+    }
+
+    /// `DELETE /locks/{name}`.
+    ///
+    /// # Errors
+    /// [`CallError`] when no answer came within `timeout`.
+    pub async fn release(
+        &self,
+        name: &str,
+        token: &str,
+        timeout: Duration,
+    ) -> Result<Answer, CallError> {
+        let request = self
+            .http
+            .delete(self.lock_url(name))
+            .header("Lock-Token", token);
+        send(request, timeout).await
+    }
+
+    /// `GET /locks/{name}`.
+    ///
+    /// # Errors
+    /// [`CallError`] when no answer came within `timeout`.
+    pub async fn status(&self, name: &str, timeout: Duration) -> Result<Answer, CallError> {
+        send(self.http.get(self.lock_url(name)), timeout).await
+    }
+}
+
+async fn send(request: reqwest::RequestBuilder, timeout: Duration) -> Result<Answer, CallError> {
+    let unreachable = |e: reqwest::Error| {
+        // The innermost cause says what happened ("Connection refused");
+        // reqwest's own message adds only the URL.
+        let mut cause: &dyn std::error::Error = &e;
+        while let Some(inner) = cause.source() {
+            cause = inner;
+        }
+        let why = if e.is_timeout() {
+            "timed out".to_owned()
+        } else {
+            cause.to_string()
+        };
+        CallError::Unreachable(why)
+    };
+    let response = request.timeout(timeout).send().await.map_err(unreachable)?;
+    let status = response.status();
+    let body = response.text().await.map_err(unreachable)?;
+    Ok(Answer { status, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_urls_encode_the_name_as_one_segment() {
+        let client = LockClient::new("http://127.0.0.1:8080").expect("valid");
+        assert_eq!(
+            client.lock_url("orders:1").as_str(),
+            "http://127.0.0.1:8080/locks/orders:1"
+        );
+        let client = LockClient::new("https://locks.example/lockd/").expect("valid");
+        assert_eq!(
+            client.lock_url("a b/c").as_str(),
+            "https://locks.example/lockd/locks/a%20b%2Fc"
+        );
+    }
+
+    #[test]
+    fn other_schemes_are_refused() {
+        assert!(LockClient::new("redis://127.0.0.1:6379").is_err());
+        assert!(LockClient::new("127.0.0.1:8080").is_err());
+    }
+}

@@ -1,0 +1,121 @@
+//! Flags of the client subcommands: `exec`, `acquire`, `extend`, `release`
+//! and `status`.
+
+use std::ffi::OsString;
+
+use clap::Args;
+
+use super::exit;
+
+/// Where the lockd server is.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArg {
+    /// The lockd server's base URL (http:// or https://).
+    #[arg(long, env = "LOCKD_SERVER", default_value = "http://127.0.0.1:8080")]
+    pub server: String,
+}
+
+/// `lockd exec [OPTIONS] NAME -- CMD [ARGS...]`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// Lease length in ms, renewed at a third of it while the command runs
+    /// [default: the server's default TTL].
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+    /// How long to wait for the lock when another holder has it, in ms; 0
+    /// fails at once.
+    #[arg(long, default_value_t = 0)]
+    pub wait_ms: u64,
+    /// A label for the holder, shown by `lockd status` [default: hostname:pid].
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// After the lease is lost, how long the command gets between SIGTERM
+    /// and SIGKILL, in ms.
+    #[arg(long, default_value_t = 5000)]
+    pub kill_grace_ms: u64,
+    /// Run the command in lockd's own process group, so that it can read
+    /// from the terminal; signals then reach the command only, not the
+    /// processes it started.
+    #[arg(long)]
+    pub foreground: bool,
+    /// Exit code when the lock is not granted within --wait-ms (as flock -E).
+    #[arg(long, default_value_t = exit::CONFLICT)]
+    pub conflict_exit_code: u8,
+    /// The lock to hold.
+    pub name: String,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, num_args = 1.., value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// `lockd acquire NAME`.
+#[derive(Debug, Args)]
+pub struct AcquireArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The lock to take.
+    #[arg(env = "LOCKD_NAME")]
+    pub name: String,
+    /// Lease length in ms [default: the server's default TTL].
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+    /// How long the server may wait for a held lock, in ms; 0 fails at once.
+    #[arg(long, default_value_t = 0)]
+    pub wait_ms: u64,
+    /// A label for the holder.
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// A token of your choosing (16 to 128 of A-Za-z0-9_-), so that a retry
+    /// after a lost answer renews instead of failing [default: the server
+    /// generates one].
+    #[arg(long)]
+    pub token: Option<String>,
+}
+
+/// The holder's token: `--token`, or `LOCKD_TOKEN` (preferred: a command
+/// line is visible to other users in `ps`).
+#[derive(Debug, Args)]
+pub struct TokenArg {
+    /// The holder's token.
+    #[arg(long, env = "LOCKD_TOKEN", hide_env_values = true)]
+    pub token: String,
+}
+
+/// `lockd extend NAME`.
+#[derive(Debug, Args)]
+pub struct ExtendArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The lock.
+    #[arg(env = "LOCKD_NAME")]
+    pub name: String,
+    #[command(flatten)]
+    pub token: TokenArg,
+    /// New lease length from now, in ms [default: the server's default TTL].
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// `lockd release NAME`.
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The lock.
+    #[arg(env = "LOCKD_NAME")]
+    pub name: String,
+    #[command(flatten)]
+    pub token: TokenArg,
+}
+
+/// `lockd status NAME`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The lock.
+    #[arg(env = "LOCKD_NAME")]
+    pub name: String,
+}

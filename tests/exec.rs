@@ -1,0 +1,1325 @@
+//! `lockd exec` and the shell subcommands (`acquire`, `extend`, `release`,
+//! `status`) through the real `lockd` binary, against a lockd served
+//! in-process over a real redis-server (or, to pause the server itself, a
+//! `lockd serve` process).
+//!
+//! Commands run under `lockd exec` are small `sh` scripts that talk back
+//! through files in a scratch directory (`$DIR`). Every spawned `lockd` is
+//! a [`Running`] guard: dropping it kills lockd and the command's process
+//! group, so a failing test leaves no process behind. Waits poll with
+//! deadlines; the deadlines are generous for a busy 2-core machine.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::{Pid, getpgid, getpgrp};
+use serde_json::Value;
+use support::{TestApp, eventually, free_port, metric};
+
+/// The binary under test.
+const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
+/// The variables the client subcommands read; removed from every `lockd`
+/// started here unless a test sets them.
+const CLIENT_VARS: [&str; 4] = ["LOCKD_SERVER", "LOCKD_NAME", "LOCKD_TOKEN", "LOCKD_FENCE"];
+/// The longest any `lockd` invocation may take before the test gives up.
+const LIMIT: Duration = Duration::from_secs(40);
+/// How long a command may take to start under `lockd exec`.
+const STARTUP: Duration = Duration::from_secs(20);
+/// A script line that waits until the test creates `$DIR/go`.
+const WAIT_FOR_GO: &str = r#"while [ ! -f "$DIR/go" ]; do sleep 0.05; done"#;
+
+// ---------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------
+
+/// A scratch directory, passed to commands as `$DIR`.
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("scratch dir"),
+        }
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+
+    fn exists(&self, file: &str) -> bool {
+        self.path(file).exists()
+    }
+
+    /// The file's text, empty when it does not exist.
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.path(file)).unwrap_or_default()
+    }
+
+    /// The file's non-empty lines, trimmed.
+    fn lines(&self, file: &str) -> Vec<String> {
+        self.read(file)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn touch(&self, file: &str) {
+        std::fs::write(self.path(file), b"").expect("create a marker file");
+    }
+}
+
+/// `lockd` with the client variables removed, `$DIR` and `$LOCKD_BIN` (this
+/// binary, for scripts that call it) set, and stdin closed.
+fn lockd(dir: &Scratch) -> Command {
+    let mut cmd = Command::new(LOCKD);
+    for var in CLIENT_VARS {
+        cmd.env_remove(var);
+    }
+    cmd.env("DIR", dir.root())
+        .env("LOCKD_BIN", LOCKD)
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// `lockd exec --server <server> <flags> <name> -- <command>`.
+fn exec<S: AsRef<OsStr>>(
+    dir: &Scratch,
+    server: &str,
+    flags: &[&str],
+    name: &str,
+    command: &[S],
+) -> Command {
+    let mut cmd = lockd(dir);
+    cmd.args(["exec", "--server", server])
+        .args(flags)
+        .arg(name)
+        .arg("--")
+        .args(command);
+    cmd
+}
+
+/// `sh -c <script>`, after a line that records the shell's pid in
+/// `$PGID_FILE` so that [`Running`] can kill the command's process group.
+fn sh(script: &str) -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!("echo $$ > \"$PGID_FILE\"; {script}"),
+    ]
+}
+
+/// A `lockd` process started by a test; dropping it kills lockd and the
+/// process group of the command it runs (when the command recorded its pid
+/// in `$PGID_FILE`, as [`sh`] scripts do).
+struct Running {
+    child: Child,
+    since: Instant,
+    files: tempfile::TempDir,
+    what: String,
+}
+
+/// How a `lockd` invocation ended.
+struct Exit {
+    status: ExitStatus,
+    /// From spawn to exit.
+    took: Duration,
+    stdout: String,
+    stderr: String,
+}
+
+impl Exit {
+    /// The exit code (panics if lockd was killed by a signal).
+    #[track_caller]
+    fn code(&self) -> i32 {
+        self.status.code().unwrap_or_else(|| {
+            panic!(
+                "lockd itself was killed: {:?}; stderr:\n{}",
+                self.status, self.stderr
+            )
+        })
+    }
+
+    /// Asserts the exit code, with stdout and stderr in the message.
+    #[track_caller]
+    fn expect(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code(),
+            code,
+            "unexpected exit code after {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.took,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    /// stdout as JSON.
+    #[track_caller]
+    fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {:?}\nstderr:\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+}
+
+impl Running {
+    fn spawn(mut cmd: Command) -> Self {
+        let files = tempfile::tempdir().expect("temp dir for lockd's output");
+        let out = std::fs::File::create(files.path().join("stdout")).expect("stdout file");
+        let err = std::fs::File::create(files.path().join("stderr")).expect("stderr file");
+        cmd.stdout(out)
+            .stderr(err)
+            .env("PGID_FILE", files.path().join("pgid"));
+        let what = format!("{cmd:?}");
+        let child = cmd.spawn().expect("spawn lockd");
+        Self {
+            child,
+            since: Instant::now(),
+            files,
+            what,
+        }
+    }
+
+    fn pid(&self) -> Pid {
+        Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits"))
+    }
+
+    fn output(&self, which: &str) -> String {
+        std::fs::read_to_string(self.files.path().join(which)).unwrap_or_default()
+    }
+
+    /// The pid of the command's shell, once it has recorded it.
+    fn command_pid(&self) -> Option<Pid> {
+        self.output("pgid").trim().parse().ok().map(Pid::from_raw)
+    }
+
+    /// Sends `sig` to lockd.
+    fn signal(&self, sig: Signal) {
+        kill(self.pid(), sig).unwrap_or_else(|e| panic!("kill -{sig} lockd: {e}"));
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("poll lockd")
+    }
+
+    /// Waits for lockd to exit, up to `within`.
+    async fn wait(&mut self, within: Duration) -> Exit {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.exited() {
+                return Exit {
+                    status,
+                    took: self.since.elapsed(),
+                    stdout: self.output("stdout"),
+                    stderr: self.output("stderr"),
+                };
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not exit within {within:?}; stderr so far:\n{}",
+                self.what,
+                self.output("stderr")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until `path` exists; fails if lockd exits first, or after
+    /// `within`.
+    async fn wait_for_file(&mut self, path: &Path, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !path.exists() {
+            if let Some(status) = self.exited() {
+                panic!(
+                    "lockd exited ({status}) before {} appeared; stdout:\n{}\nstderr:\n{}",
+                    path.display(),
+                    self.output("stdout"),
+                    self.output("stderr")
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not appear within {within:?}; lockd's stderr:\n{}",
+                path.display(),
+                self.output("stderr")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        // The command may outlive lockd (it was killed, or it left
+        // processes behind): kill its process group, never our own.
+        if let Some(pid) = self.command_pid() {
+            let ours = getpgrp();
+            match getpgid(Some(pid)) {
+                Ok(group) if group == pid && group != ours => {
+                    let _ = killpg(pid, Signal::SIGKILL);
+                }
+                Ok(group) if group != pid => {
+                    let _ = kill(pid, Signal::SIGKILL);
+                }
+                Ok(_) => {}
+                Err(_) if pid != ours => {
+                    // The leader is gone; members of its group may not be.
+                    let _ = killpg(pid, Signal::SIGKILL);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// Runs `cmd` to its end.
+async fn run(cmd: Command) -> Exit {
+    Running::spawn(cmd).wait(LIMIT).await
+}
+
+/// Asserts that lock `name` is free: the API answers 404 and Redis has no
+/// lock key.
+async fn assert_free(app: &TestApp, name: &str) {
+    let reply = app.inspect(name).await;
+    assert_eq!(
+        reply.status.as_u16(),
+        404,
+        "{name} is still held: {}",
+        reply.text
+    );
+    assert_eq!(
+        app.redis_server().lock_token(name).await,
+        None,
+        "{name} still has a lock key in Redis"
+    );
+}
+
+/// Waits up to `within` for lock `name` to be free, then asserts it.
+async fn assert_free_within(app: &TestApp, name: &str, within: Duration) {
+    eventually(within, || async {
+        app.inspect(name).await.status.as_u16() == 404
+            && app.redis_server().lock_token(name).await.is_none()
+    })
+    .await;
+    assert_free(app, name).await;
+}
+
+/// Whether process `pid` is gone (no `/proc` entry, or a zombie nobody
+/// reaped: orphans here may be reparented to a PID 1 that does not reap).
+fn process_is_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // `pid (comm) S ...`: the state follows the last `)`.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+/// The process group of `pid` (field 5 of `/proc/<pid>/stat`).
+fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// Whether process `pid` catches signal `sig` (from `SigCgt` in
+/// `/proc/<pid>/status`): lockd exec installs its handlers before its
+/// first request.
+fn catches(pid: Pid, sig: Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig as i32 - 1)) != 0)
+}
+
+/// Waits until the server has at least one request waiting for a lock
+/// (`lockd_waiters`).
+async fn wait_for_a_waiter(app: &TestApp) {
+    let waiting = eventually(STARTUP, || async {
+        metric(&app.metrics().await, "lockd_waiters", &[]).is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    assert!(waiting, "no request waited for a lock within {STARTUP:?}");
+}
+
+/// A `lockd serve` process over the test's redis-server, killed on drop
+/// (after a SIGCONT, in case a test left it stopped).
+struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Served {
+    async fn start(redis_url: &str) -> Self {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(LOCKD)
+            .args(["serve", "--listen", &listen, "--redis-url", redis_url])
+            .env("LOCKD_LOG", "warn")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn lockd serve");
+        let served = Self {
+            child,
+            base: format!("http://{listen}"),
+        };
+        let health = format!("{}/healthz", served.base);
+        let up = eventually(Duration::from_secs(30), || async {
+            reqwest::get(&health).await.is_ok()
+        })
+        .await;
+        assert!(up, "lockd serve did not answer /healthz within 30 s");
+        served
+    }
+
+    fn signal(&self, sig: Signal) {
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits"));
+        kill(pid, sig).unwrap_or_else(|e| panic!("kill -{sig} lockd serve: {e}"));
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One holder at a time
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_exec_on_the_same_name_fails_fast_with_75() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:one";
+    let script = format!(r#"touch "$DIR/started"; {WAIT_FOR_GO}"#);
+    let mut first = Running::spawn(exec(&dir, &server, &[], name, &sh(&script)));
+    first.wait_for_file(&dir.path("started"), STARTUP).await;
+
+    // The first holds it, under its default owner `hostname:pid`.
+    let status = app.inspect(name).await;
+    status.expect_status(200);
+    let owner = status.str("owner");
+    assert!(
+        owner.ends_with(&format!(":{}", first.pid())),
+        "owner {owner:?} is not hostname:<pid of the first lockd exec>"
+    );
+
+    let second = sh(r#"touch "$DIR/second-ran""#);
+    let refused = run(exec(&dir, &server, &["--wait-ms", "0"], name, &second)).await;
+    refused.expect(75);
+    assert!(
+        refused.took < Duration::from_secs(3),
+        "a refused exec took {:?}",
+        refused.took
+    );
+    assert!(
+        refused.stderr.contains("held by another holder"),
+        "{}",
+        refused.stderr
+    );
+    // Without --wait-ms it fails at once as well.
+    run(exec(&dir, &server, &[], name, &second))
+        .await
+        .expect(75);
+    let custom = run(exec(
+        &dir,
+        &server,
+        &["--conflict-exit-code", "9"],
+        name,
+        &second,
+    ))
+    .await;
+    custom.expect(9);
+    assert!(
+        !dir.exists("second-ran"),
+        "a refused exec ran its command anyway"
+    );
+    // The refused attempts did not disturb the holder.
+    assert_eq!(app.inspect(name).await.str("owner"), owner);
+
+    dir.touch("go");
+    first.wait(LIMIT).await.expect(0);
+    assert_free(&app, name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_exec_runs_after_the_holder_finishes() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:queue";
+    let first_script = format!(
+        r#"echo first-start >> "$DIR/log"; touch "$DIR/started"; {WAIT_FOR_GO}; echo first-end >> "$DIR/log""#
+    );
+    let mut first = Running::spawn(exec(&dir, &server, &[], name, &sh(&first_script)));
+    first.wait_for_file(&dir.path("started"), STARTUP).await;
+
+    let mut second = Running::spawn(exec(
+        &dir,
+        &server,
+        &["--wait-ms", "20000"],
+        name,
+        &sh(r#"echo second >> "$DIR/log""#),
+    ));
+    wait_for_a_waiter(&app).await;
+    assert!(second.exited().is_none(), "the waiting exec gave up");
+    assert_eq!(dir.lines("log"), ["first-start"]);
+
+    dir.touch("go");
+    first.wait(LIMIT).await.expect(0);
+    second.wait(LIMIT).await.expect(0);
+    assert_eq!(dir.lines("log"), ["first-start", "first-end", "second"]);
+    assert_free(&app, name).await;
+}
+
+/// The waiting exec's lease starts when it is granted, not when it started
+/// waiting: after a wait longer than its TTL it must still run its command
+/// to the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_exec_keeps_its_lease_after_a_wait_longer_than_its_ttl() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:long-wait";
+    let first_script = format!(r#"touch "$DIR/started"; {WAIT_FOR_GO}"#);
+    let mut first = Running::spawn(exec(&dir, &server, &[], name, &sh(&first_script)));
+    first.wait_for_file(&dir.path("started"), STARTUP).await;
+
+    let mut second = Running::spawn(exec(
+        &dir,
+        &server,
+        &[
+            "--ttl-ms",
+            "1500",
+            "--wait-ms",
+            "30000",
+            "--kill-grace-ms",
+            "500",
+        ],
+        name,
+        &sh(r#"sleep 2; echo done > "$DIR/second-done""#),
+    ));
+    wait_for_a_waiter(&app).await;
+    // Wait more than the second's TTL before letting it in.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    dir.touch("go");
+    first.wait(LIMIT).await.expect(0);
+    let second = second.wait(LIMIT).await;
+    second.expect(0);
+    assert_eq!(dir.read("second-done").trim(), "done");
+    assert_free(&app, name).await;
+}
+
+// ---------------------------------------------------------------------------
+// The command's environment and process group
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_child_sees_a_fence_that_grows_across_runs() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:fence";
+    // Each run records its environment, then asks about its own lock with
+    // the shell subcommands, which read LOCKD_NAME, LOCKD_SERVER and
+    // LOCKD_TOKEN from that same environment.
+    let script = r#"
+        echo "$LOCKD_FENCE $LOCKD_NAME $LOCKD_TOKEN $LOCKD_SERVER" >> "$DIR/env"
+        "$LOCKD_BIN" status > "$DIR/status-$LOCKD_FENCE"
+        "$LOCKD_BIN" extend --ttl-ms 20000 > "$DIR/extend-$LOCKD_FENCE"
+    "#;
+    for _ in 0..3 {
+        run(exec(
+            &dir,
+            &server,
+            &["--owner", "nightly-job", "--ttl-ms", "10000"],
+            name,
+            &sh(script),
+        ))
+        .await
+        .expect(0);
+        assert_free(&app, name).await;
+    }
+
+    let runs: Vec<Vec<String>> = dir
+        .lines("env")
+        .iter()
+        .map(|l| l.split(' ').map(str::to_owned).collect())
+        .collect();
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    let mut fences = Vec::new();
+    let mut tokens = Vec::new();
+    for run in &runs {
+        assert_eq!(run.len(), 4, "an empty variable: {run:?}");
+        let fence: u64 = run[0].parse().expect("LOCKD_FENCE is a number");
+        assert_eq!(run[1], name, "LOCKD_NAME");
+        assert_eq!(run[2].len(), 32, "LOCKD_TOKEN {:?}", run[2]);
+        assert_eq!(run[3], server, "LOCKD_SERVER");
+
+        let status: Value = serde_json::from_str(&dir.read(&format!("status-{fence}")))
+            .expect("lockd status printed JSON");
+        assert_eq!(status["held"], true);
+        assert_eq!(status["fence"], fence);
+        assert_eq!(status["owner"], "nightly-job");
+        let extended: Value = serde_json::from_str(&dir.read(&format!("extend-{fence}")))
+            .expect("lockd extend printed JSON");
+        assert_eq!(extended["fence"], fence);
+        assert_eq!(extended["ttl_ms"], 20000);
+        fences.push(fence);
+        tokens.push(run[2].clone());
+    }
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences do not grow: {fences:?}"
+    );
+    let distinct: std::collections::HashSet<&String> = tokens.iter().collect();
+    assert_eq!(distinct.len(), 3, "a token was reused: {tokens:?}");
+    assert_eq!(
+        app.redis_server().fence_counter(name).await,
+        fences.last().copied()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_has_its_own_process_group_unless_foreground() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:pgrp";
+    let script = format!(r#"echo $$ > "$DIR/pid"; {WAIT_FOR_GO}"#);
+
+    let mut own = Running::spawn(exec(&dir, &server, &[], name, &sh(&script)));
+    own.wait_for_file(&dir.path("pid"), STARTUP).await;
+    let pid: u32 = dir.read("pid").trim().parse().unwrap();
+    assert_eq!(process_group(pid), Some(pid), "not a group leader");
+    dir.touch("go");
+    own.wait(LIMIT).await.expect(0);
+    assert_free(&app, name).await;
+
+    std::fs::remove_file(dir.path("go")).unwrap();
+    std::fs::remove_file(dir.path("pid")).unwrap();
+    let mut fg = Running::spawn(exec(&dir, &server, &["--foreground"], name, &sh(&script)));
+    fg.wait_for_file(&dir.path("pid"), STARTUP).await;
+    let pid: u32 = dir.read("pid").trim().parse().unwrap();
+    let exec_pid = fg.child.id();
+    assert_eq!(
+        process_group(pid),
+        process_group(exec_pid),
+        "--foreground: the command is not in lockd's group"
+    );
+    assert_ne!(process_group(pid), Some(pid));
+    dir.touch("go");
+    fg.wait(LIMIT).await.expect(0);
+    assert_free(&app, name).await;
+}
+
+// ---------------------------------------------------------------------------
+// Renewal and a lost lease
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_longer_than_the_ttl_keeps_the_lock_by_renewing() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:renew";
+    let script = format!(r#"touch "$DIR/started"; {WAIT_FOR_GO}"#);
+    let mut running = Running::spawn(exec(
+        &dir,
+        &server,
+        &["--ttl-ms", "900"],
+        name,
+        &sh(&script),
+    ));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    let token = app
+        .redis_server()
+        .lock_token(name)
+        .await
+        .expect("the lock is held while the command runs");
+    // Watch for four TTLs: the same token holds it all along.
+    let watch_until = Instant::now() + Duration::from_millis(3600);
+    while Instant::now() < watch_until {
+        assert_eq!(
+            app.redis_server().lock_token(name).await.as_deref(),
+            Some(token.as_str()),
+            "the lease lapsed while the command ran; lockd's stderr:\n{}",
+            running.output("stderr")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    dir.touch("go");
+    running.wait(LIMIT).await.expect(0);
+    assert_free(&app, name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_lease_is_deleted_is_stopped_with_70() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:deleted";
+    let script = r#"
+        trap 'echo TERM >> "$DIR/trap"; exit 0' TERM
+        touch "$DIR/started"
+        while :; do sleep 0.05; done
+    "#;
+    let mut running = Running::spawn(exec(&dir, &server, &["--ttl-ms", "900"], name, &sh(script)));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    assert!(app.redis_server().lock_token(name).await.is_some());
+
+    app.redis_server().drop_lock(name).await;
+    let dropped = Instant::now();
+    let exit = running.wait(LIMIT).await;
+    exit.expect(70);
+    assert!(
+        dropped.elapsed() < Duration::from_secs(8),
+        "stopping the command took {:?} after the lease was deleted",
+        dropped.elapsed()
+    );
+    assert_eq!(
+        dir.lines("trap"),
+        ["TERM"],
+        "the command did not get SIGTERM"
+    );
+    assert!(exit.stderr.contains("404"), "{}", exit.stderr);
+    assert!(exit.stderr.contains("lease"), "{}", exit.stderr);
+    assert_free(&app, name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_lock_is_taken_by_another_holder_is_stopped_with_70() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:stolen";
+    let script = r#"
+        trap 'echo TERM >> "$DIR/trap"; exit 0' TERM
+        touch "$DIR/started"
+        while :; do sleep 0.05; done
+    "#;
+    let mut running = Running::spawn(exec(&dir, &server, &["--ttl-ms", "900"], name, &sh(script)));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    // Another client overwrites the lock (as after an expiry and a new grant).
+    let thief = support::random_token();
+    app.redis_server().set_lock(name, &thief, 60_000).await;
+
+    let exit = running.wait(LIMIT).await;
+    exit.expect(70);
+    assert_eq!(dir.lines("trap"), ["TERM"]);
+    assert!(exit.stderr.contains("409"), "{}", exit.stderr);
+    // lockd exec must not release the other holder's lock.
+    assert_eq!(app.redis_server().lock_token(name).await, Some(thief));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_ignores_sigterm_is_killed_after_the_grace() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:stubborn";
+    let script = r#"
+        trap '' TERM
+        sleep 60 &
+        echo $! > "$DIR/grandchild"
+        touch "$DIR/started"
+        while :; do sleep 0.05; done
+    "#;
+    let mut running = Running::spawn(exec(
+        &dir,
+        &server,
+        &["--ttl-ms", "900", "--kill-grace-ms", "500"],
+        name,
+        &sh(script),
+    ));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    let child: u32 = running.command_pid().unwrap().as_raw().try_into().unwrap();
+    let grandchild: u32 = dir.read("grandchild").trim().parse().unwrap();
+    assert!(!process_is_gone(grandchild));
+
+    app.redis_server().drop_lock(name).await;
+    let dropped = Instant::now();
+    let exit = running.wait(LIMIT).await;
+    let after = dropped.elapsed();
+    exit.expect(70);
+    assert!(
+        after >= Duration::from_millis(500),
+        "SIGKILL came {after:?} after the lease was deleted, before the grace"
+    );
+    assert!(
+        after < Duration::from_secs(10),
+        "stopping took {after:?} after the lease was deleted"
+    );
+    assert!(exit.stderr.contains("SIGKILL"), "{}", exit.stderr);
+    let gone = eventually(Duration::from_secs(5), || async {
+        process_is_gone(child) && process_is_gone(grandchild)
+    })
+    .await;
+    assert!(
+        gone,
+        "the command ({child}: {}) or its grandchild ({grandchild}: {}) survived",
+        process_is_gone(child),
+        process_is_gone(grandchild)
+    );
+    assert_free(&app, name).await;
+}
+
+/// The server itself stops answering (a `lockd serve` process, SIGSTOPped)
+/// while the command runs: the lease runs out locally and the command is
+/// stopped before anyone else can be granted the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_means_a_lost_lease() {
+    let app = TestApp::redis().await;
+    let served = Served::start(&app.redis_server().url()).await;
+    let dir = Scratch::new();
+    let name = "exec:paused";
+    let script = r#"
+        trap 'echo TERM >> "$DIR/trap"; exit 0' TERM
+        touch "$DIR/started"
+        while :; do sleep 0.05; done
+    "#;
+    let mut running = Running::spawn(exec(
+        &dir,
+        &served.base,
+        &["--ttl-ms", "1500", "--kill-grace-ms", "500"],
+        name,
+        &sh(script),
+    ));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+
+    served.signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    // The command must be stopped within the TTL (plus slack): the lease
+    // ends at most a TTL after the last successful renewal.
+    running
+        .wait_for_file(&dir.path("trap"), Duration::from_millis(1500 + 4000))
+        .await;
+    let signalled = stopped.elapsed();
+    let exit = running.wait(LIMIT).await;
+    let exited = stopped.elapsed();
+    served.signal(Signal::SIGCONT);
+    exit.expect(70);
+    assert_eq!(dir.lines("trap"), ["TERM"]);
+    assert!(exit.stderr.contains("lease ran out"), "{}", exit.stderr);
+    eprintln!("command stopped {signalled:?} and lockd exited {exited:?} after the pause");
+    assert_free_within(&app, name, Duration::from_secs(10)).await;
+}
+
+/// After the lease ran out with the server paused, lockd exec should exit
+/// about when it stopped the command, not hang on a release that cannot
+/// be answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_server_does_not_delay_the_exit_by_the_release() {
+    let app = TestApp::redis().await;
+    let served = Served::start(&app.redis_server().url()).await;
+    let dir = Scratch::new();
+    let name = "exec:paused-exit";
+    let script = r#"touch "$DIR/started"; while :; do sleep 0.05; done"#;
+    let mut running = Running::spawn(exec(
+        &dir,
+        &served.base,
+        &["--ttl-ms", "1500", "--kill-grace-ms", "500"],
+        name,
+        &sh(script),
+    ));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    served.signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    let exit = running.wait(LIMIT).await;
+    let exited = stopped.elapsed();
+    served.signal(Signal::SIGCONT);
+    exit.expect(70);
+    assert!(
+        exited < Duration::from_millis(1500 + 500 + 5000),
+        "lockd exec exited {exited:?} after the server paused (TTL 1.5 s, grace 0.5 s)"
+    );
+    assert_free_within(&app, name, Duration::from_secs(10)).await;
+}
+
+/// Redis stops answering (the server answers 503) while the command runs:
+/// renewals fail, the lease runs out and the command is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_means_a_lost_lease() {
+    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 200).await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:outage";
+    let script = r#"
+        trap 'echo TERM >> "$DIR/trap"; exit 0' TERM
+        touch "$DIR/started"
+        while :; do sleep 0.05; done
+    "#;
+    let mut running = Running::spawn(exec(
+        &dir,
+        &server,
+        &["--ttl-ms", "1500", "--kill-grace-ms", "500"],
+        name,
+        &sh(script),
+    ));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    app.redis_server().sigstop();
+    let stopped = Instant::now();
+    let exit = running.wait(LIMIT).await;
+    let exited = stopped.elapsed();
+    app.redis_server().sigcont();
+    exit.expect(70);
+    assert_eq!(dir.lines("trap"), ["TERM"]);
+    assert!(
+        exited < Duration::from_millis(1500 + 500 + 5000),
+        "lockd exec exited {exited:?} after Redis paused"
+    );
+    assert!(exit.stderr.contains("503"), "{}", exit.stderr);
+    assert!(exit.stderr.contains("lease ran out"), "{}", exit.stderr);
+    assert_free_within(&app, name, Duration::from_secs(10)).await;
+}
+
+// ---------------------------------------------------------------------------
+// Exit statuses
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_statuses_pass_through() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:status";
+    for (script, code) in [
+        ("exit 0", 0),
+        ("exit 3", 3),
+        ("exit 255", 255),
+        ("kill -KILL $$", 137),
+        ("kill -TERM $$", 143),
+    ] {
+        let exit = run(exec(&dir, &server, &[], name, &sh(script))).await;
+        assert_eq!(exit.code(), code, "`{script}`; stderr:\n{}", exit.stderr);
+        assert_free(&app, name).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_not_found_is_127() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:missing";
+    for command in [
+        "lockd-test-no-such-command",
+        "/nonexistent/lockd-test-no-such-command",
+    ] {
+        let exit = run(exec(&dir, &server, &[], name, &[command])).await;
+        exit.expect(127);
+        assert!(exit.stderr.contains(command), "{}", exit.stderr);
+        assert_free(&app, name).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_cannot_run_is_126() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:noexec";
+    let script = dir.path("not-executable.sh");
+    std::fs::write(&script, "#!/bin/sh\ntouch \"$DIR/ran\"\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let exit = run(exec(&dir, &server, &[], name, &[&script])).await;
+    exit.expect(126);
+    assert!(!dir.exists("ran"));
+    assert_free(&app, name).await;
+}
+
+// ---------------------------------------------------------------------------
+// Signals
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_sent_to_exec_reach_the_child() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:signals";
+    let script = r#"
+        trap 'echo TERM > "$DIR/got"; exit 7' TERM
+        trap 'echo INT > "$DIR/got"; exit 8' INT
+        touch "$DIR/started"
+        while :; do sleep 0.05; done
+    "#;
+    for (sig, seen, code) in [(Signal::SIGTERM, "TERM", 7), (Signal::SIGINT, "INT", 8)] {
+        let _ = std::fs::remove_file(dir.path("started"));
+        let _ = std::fs::remove_file(dir.path("got"));
+        let mut running = Running::spawn(exec(&dir, &server, &[], name, &sh(script)));
+        running.wait_for_file(&dir.path("started"), STARTUP).await;
+        running.signal(sig);
+        let exit = running.wait(LIMIT).await;
+        assert_eq!(
+            dir.read("got").trim(),
+            seen,
+            "{sig}: the command did not see it"
+        );
+        exit.expect(code);
+        assert_free(&app, name).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_forwarded_signal_reaches_the_child() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:more-signals";
+    let script = format!(
+        r#"
+        ulimit -c 0
+        for s in HUP QUIT USR1 USR2; do trap "echo $s >> \"\$DIR/got\"" $s; done
+        touch "$DIR/started"
+        {WAIT_FOR_GO}
+        exit 5
+    "#
+    );
+    let mut running = Running::spawn(exec(&dir, &server, &[], name, &sh(&script)));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    let mut expected = Vec::new();
+    for (sig, seen) in [
+        (Signal::SIGHUP, "HUP"),
+        (Signal::SIGQUIT, "QUIT"),
+        (Signal::SIGUSR1, "USR1"),
+        (Signal::SIGUSR2, "USR2"),
+    ] {
+        running.signal(sig);
+        expected.push(seen.to_owned());
+        let arrived = eventually(STARTUP, || async { dir.lines("got") == expected }).await;
+        assert!(
+            arrived,
+            "after {sig} the command saw {:?}; lockd's stderr:\n{}",
+            dir.lines("got"),
+            running.output("stderr")
+        );
+        assert!(running.exited().is_none(), "{sig} stopped lockd exec");
+    }
+    dir.touch("go");
+    running.wait(LIMIT).await.expect(5);
+    assert_free(&app, name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_before_the_command_started_exits_128_plus_n() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:early-signal";
+    let held = app.acquire_ttl(name, 60_000).await;
+    held.expect_status(201);
+    let token = held.token();
+    for (sig, code) in [(Signal::SIGTERM, 143), (Signal::SIGINT, 130)] {
+        let mut waiting = Running::spawn(exec(
+            &dir,
+            &server,
+            &["--wait-ms", "30000"],
+            name,
+            &sh(r#"touch "$DIR/ran""#),
+        ));
+        let pid = waiting.pid();
+        let ready = eventually(STARTUP, || async { catches(pid, sig) }).await;
+        assert!(ready, "lockd exec never caught {sig}");
+        wait_for_a_waiter(&app).await;
+        waiting.signal(sig);
+        let exit = waiting.wait(LIMIT).await;
+        exit.expect(code);
+        assert!(
+            exit.stderr.contains("before the command started"),
+            "{}",
+            exit.stderr
+        );
+        assert!(!dir.exists("ran"), "{sig}: the command ran");
+        // The other holder keeps its lock.
+        assert_eq!(
+            app.redis_server().lock_token(name).await.as_deref(),
+            Some(token.as_str())
+        );
+    }
+    // Once the holder releases, the abandoned waits must not be granted.
+    app.release(name, &token).await.expect_status(204);
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        assert_free(&app, name).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// No command run: the server is unreachable, failing, or refuses
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_exits_69_without_running_the_command() {
+    let dir = Scratch::new();
+    let server = format!("http://127.0.0.1:{}", free_port());
+    let exit = run(exec(
+        &dir,
+        &server,
+        &[],
+        "exec:nowhere",
+        &sh(r#"touch "$DIR/ran""#),
+    ))
+    .await;
+    exit.expect(69);
+    assert!(!dir.exists("ran"));
+    assert!(exit.stderr.contains("no answer from"), "{}", exit.stderr);
+    assert!(exit.stderr.contains("not run"), "{}", exit.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_error_exits_69() {
+    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 200).await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:503";
+    app.redis_server().sigstop();
+    let exit = run(exec(
+        &dir,
+        &server,
+        &["--ttl-ms", "2000"],
+        name,
+        &sh(r#"touch "$DIR/ran""#),
+    ))
+    .await;
+    app.redis_server().sigcont();
+    exit.expect(69);
+    assert!(!dir.exists("ran"));
+    assert!(exit.stderr.contains("503"), "{}", exit.stderr);
+    // Commands Redis queued while it was paused may still grant the lock,
+    // but only for its 2 s lease.
+    assert_free_within(&app, name, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_exits_64() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let command = sh(r#"touch "$DIR/ran""#);
+    for (flags, name) in [
+        (&[][..], "bad name"),
+        (&["--ttl-ms", "0"][..], "exec:ttl0"),
+        (&["--wait-ms", "99999999"][..], "exec:long-wait"),
+    ] {
+        let exit = run(exec(&dir, &server, flags, name, &command)).await;
+        exit.expect(64);
+        assert!(
+            exit.stderr.contains("refused") && exit.stderr.contains("400"),
+            "{}",
+            exit.stderr
+        );
+        assert!(!dir.exists("ran"), "{flags:?} {name:?}: the command ran");
+    }
+    assert_eq!(app.lock_key_count().await, 0);
+    // A server URL that is not http(s) is a usage error too.
+    let exit = run(exec(
+        &dir,
+        "redis://127.0.0.1:6379",
+        &[],
+        "exec:url",
+        &command,
+    ))
+    .await;
+    exit.expect(64);
+    assert!(
+        exit.stderr.contains("invalid server URL"),
+        "{}",
+        exit.stderr
+    );
+    assert!(!dir.exists("ran"));
+}
+
+// ---------------------------------------------------------------------------
+// The shell subcommands
+// ---------------------------------------------------------------------------
+
+/// `lockd <args> --server <server>`.
+fn shell(dir: &Scratch, server: &str, args: &[&str]) -> Command {
+    let mut cmd = lockd(dir);
+    cmd.args(args).args(["--server", server]);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_subcommands_print_json_and_exit_by_status() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "shell:job";
+
+    let acquired = run(shell(
+        &dir,
+        &server,
+        &["acquire", name, "--ttl-ms", "30000", "--owner", "me"],
+    ))
+    .await;
+    acquired.expect(0);
+    let grant = acquired.json();
+    let token = grant["token"].as_str().expect("a token").to_owned();
+    assert_eq!(grant["name"], name);
+    assert_eq!(grant["ttl_ms"], 30000);
+    assert!(grant["fence"].as_u64().is_some(), "{grant}");
+    assert!(acquired.stderr.is_empty(), "{}", acquired.stderr);
+    assert_eq!(
+        app.redis_server().lock_token(name).await.as_deref(),
+        Some(token.as_str())
+    );
+
+    let again = run(shell(&dir, &server, &["acquire", name])).await;
+    again.expect(75);
+    let problem = again.json();
+    assert_eq!(problem["status"], 409, "{problem}");
+    assert!(again.stderr.contains("409"), "{}", again.stderr);
+
+    let status = run(shell(&dir, &server, &["status", name])).await;
+    status.expect(0);
+    let held = status.json();
+    assert_eq!(held["held"], true);
+    assert_eq!(held["owner"], "me");
+    assert_eq!(held["fence"], grant["fence"]);
+    assert!(!status.stdout.contains(&token), "status shows the token");
+
+    // The token from LOCKD_TOKEN, the name from LOCKD_NAME.
+    let mut extend = shell(&dir, &server, &["extend", "--ttl-ms", "40000"]);
+    extend.env("LOCKD_TOKEN", &token).env("LOCKD_NAME", name);
+    let extended = run(extend).await;
+    extended.expect(0);
+    assert_eq!(extended.json()["ttl_ms"], 40000);
+    assert_eq!(extended.json()["fence"], grant["fence"]);
+
+    // A wrong token is someone else's problem: 409.
+    let wrong = support::random_token();
+    run(shell(&dir, &server, &["release", name, "--token", &wrong]))
+        .await
+        .expect(75);
+    // No token at all is a usage error (clap: 2).
+    let missing = run(shell(&dir, &server, &["release", name])).await;
+    assert_ne!(missing.code(), 0, "release without a token succeeded");
+
+    let mut release = shell(&dir, &server, &["release", name]);
+    release.env("LOCKD_TOKEN", &token);
+    let released = run(release).await;
+    released.expect(0);
+    assert_eq!(released.stdout, "", "a 204 printed something");
+
+    let mut free = shell(&dir, &server, &["status"]);
+    free.env("LOCKD_NAME", name);
+    let free = run(free).await;
+    free.expect(1);
+    assert!(free.stderr.contains("404"), "{}", free.stderr);
+    run(shell(&dir, &server, &["release", name, "--token", &token]))
+        .await
+        .expect(1);
+    assert_free(&app, name).await;
+
+    // A chosen token: a retry renews (200) instead of failing.
+    let chosen = support::random_token();
+    for _ in 0..2 {
+        let taken = run(shell(
+            &dir,
+            &server,
+            &["acquire", name, "--token", &chosen, "--ttl-ms", "5000"],
+        ))
+        .await;
+        taken.expect(0);
+        assert_eq!(taken.json()["token"], chosen.as_str());
+    }
+    run(shell(&dir, &server, &["release", name, "--token", &chosen]))
+        .await
+        .expect(0);
+    assert_free(&app, name).await;
+
+    let bad = run(shell(&dir, &server, &["status", "bad name"])).await;
+    bad.expect(64);
+    assert!(bad.stderr.contains("400"), "{}", bad.stderr);
+    let bad_ttl = run(shell(&dir, &server, &["acquire", name, "--ttl-ms", "0"])).await;
+    bad_ttl.expect(64);
+    assert_free(&app, name).await;
+
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let unreachable = run(shell(&dir, &nowhere, &["status", name])).await;
+    unreachable.expect(69);
+    assert_eq!(unreachable.stdout, "");
+    assert!(
+        unreachable.stderr.contains("no answer"),
+        "{}",
+        unreachable.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_subcommands_exit_69_on_a_server_error() {
+    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 200).await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    app.redis_server().sigstop();
+    let exit = run(shell(&dir, &server, &["status", "shell:down"])).await;
+    app.redis_server().sigcont();
+    exit.expect(69);
+    assert_eq!(exit.json()["status"], 503);
+    assert!(exit.stderr.contains("503"), "{}", exit.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_acquire_waits_with_wait_ms() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "shell:wait";
+    let held = app.acquire_ttl(name, 60_000).await;
+    held.expect_status(201);
+    let mut waiting = Running::spawn(shell(
+        &dir,
+        &server,
+        &["acquire", name, "--wait-ms", "20000", "--ttl-ms", "5000"],
+    ));
+    wait_for_a_waiter(&app).await;
+    assert!(waiting.exited().is_none());
+    app.release(name, &held.token()).await.expect_status(204);
+    let exit = waiting.wait(LIMIT).await;
+    exit.expect(0);
+    let token = exit.json()["token"].as_str().unwrap().to_owned();
+    run(shell(&dir, &server, &["release", name, "--token", &token]))
+        .await
+        .expect(0);
+    assert_free(&app, name).await;
+}
