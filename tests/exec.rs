@@ -622,7 +622,9 @@ async fn the_command_has_its_own_process_group_unless_foreground() {
     let dir = Scratch::new();
     let server = app.url("");
     let name = "exec:pgrp";
-    let script = format!(r#"echo $$ > "$DIR/pid"; {WAIT_FOR_GO}"#);
+    // Written aside, then moved: the file appears with its content whole.
+    let script =
+        format!(r#"echo $$ > "$DIR/pid.tmp"; mv "$DIR/pid.tmp" "$DIR/pid"; {WAIT_FOR_GO}"#);
 
     let mut own = Running::spawn(exec(&dir, &server, &[], name, &sh(&script)));
     own.wait_for_file(&dir.path("pid"), STARTUP).await;
