@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::args::{AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, StatusArgs};
 use crate::lock::Ttl;
-use crate::lock::redis::redact_url;
+use crate::lock::redis::{redact_url, redact_urls_in};
 
 /// `lockd`: a distributed lock service over HTTP, with locks held in Redis.
 #[derive(Debug, Parser)]
@@ -257,8 +257,9 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
-    /// A value has the wrong type, or a key is unknown.
-    #[error("invalid settings: {0}")]
+    /// A value has the wrong type, or a key is unknown. The message never
+    /// shows a Redis password, even when it quotes the line at fault.
+    #[error("invalid settings: {}", redact_urls_in(&.0.to_string()))]
     Parse(#[from] Box<figment::Error>),
     /// The values do not fit together.
     #[error("invalid settings: {0}")]

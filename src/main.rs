@@ -56,11 +56,19 @@ async fn serve(settings: &Settings) -> Result<(), Box<dyn std::error::Error>> {
 /// Logs to stderr in `format`; `RUST_LOG` (or `LOCKD_LOG`, which wins)
 /// sets the filter, default `info`.
 fn init_logging(format: LogFormat) {
-    let filter = std::env::var("LOCKD_LOG")
+    let wanted = std::env::var("LOCKD_LOG")
         .ok()
-        .or_else(|| std::env::var("RUST_LOG").ok())
-        .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .or_else(|| std::env::var("RUST_LOG").ok());
+    let filter = match wanted.as_deref().map(EnvFilter::try_new) {
+        Some(Ok(filter)) => filter,
+        Some(Err(e)) => {
+            eprintln!(
+                "lockd: ignoring the log filter in LOCKD_LOG/RUST_LOG ({e}); logging at info"
+            );
+            EnvFilter::new("info")
+        }
+        None => EnvFilter::new("info"),
+    };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -743,10 +743,10 @@ async fn a_mixed_workload_scrape_passes_promtool() {
         value(
             &text,
             "lockd_acquire_total",
-            &[("namespace", "x"), ("result", "error")]
+            &[("namespace", "x"), ("result", "unavailable")]
         ),
         1.0,
-        "the workload had no backend error:\n{text}"
+        "the 503 was not counted as unavailable:\n{text}"
     );
     assert!(
         value(
@@ -1037,10 +1037,10 @@ async fn an_acquire_times_out_after_its_own_wait_plus_the_request_timeout() {
         metric(
             &text,
             "lockd_acquire_total",
-            &[("namespace", "t"), ("result", "error")]
+            &[("namespace", "t"), ("result", "unavailable")]
         ),
         Some(2.0),
-        "timed-out acquires are counted as errors"
+        "timed-out acquires are counted as unavailable"
     );
 }
 
@@ -1177,4 +1177,96 @@ fn uuids_are_recognized() {
     assert!(!is_uuid("3f1c1b6e-5a0e-4a8e-9d6b-2f7f1f3e9a1"));
     assert!(!is_uuid("3f1c1b6e5a0e-4a8e-9d6b-2f7f1f3e9a10-"));
     assert!(!is_uuid("3f1c1b6e-5a0e-4a8e-9d6b-2f7f1f3e9a1g"));
+}
+
+// ---------------------------------------------------------------------------
+// Requests that never get their answer, and slow bodies
+// ---------------------------------------------------------------------------
+
+/// A waiting acquire whose client hangs up is counted: `cancelled` in the
+/// lock metrics (so the contention ratio stays a ratio) and 499 in the HTTP
+/// metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_wait_is_counted_as_cancelled_and_499() {
+    let app = TestApp::redis().await;
+    app.acquire_ttl("gone:1", 30_000).await.expect_status(201);
+    let impatient = TestApp::client_with_timeout(Duration::from_millis(300));
+    for _ in 0..3 {
+        let hung_up = app
+            .try_send_via(
+                &impatient,
+                Method::POST,
+                "/locks/gone:1?wait_ms=10000",
+                &[],
+                None,
+            )
+            .await;
+        assert!(hung_up.is_err(), "the wait was answered: {hung_up:?}");
+    }
+    let counted = eventually(Duration::from_secs(5), || async {
+        let text = app.metrics().await;
+        metric(
+            &text,
+            "lockd_acquire_total",
+            &[("namespace", "gone"), ("result", "cancelled")],
+        ) == Some(3.0)
+    })
+    .await;
+    let text = app.metrics().await;
+    assert!(counted, "abandoned waits not counted as cancelled:\n{text}");
+    assert_eq!(
+        metric(
+            &text,
+            "lockd_http_requests_total",
+            &[("method", "POST"), ("status", "499")]
+        ),
+        Some(3.0)
+    );
+    // Every acquire that met contention is in the total: the ratio is <= 1.
+    let contended = value(
+        &text,
+        "lockd_acquire_contended_total",
+        &[("namespace", "gone")],
+    );
+    let total = value(&text, "lockd_acquire_total", &[("namespace", "gone")]);
+    assert_eq!(contended, 3.0);
+    assert!(contended <= total, "contended {contended} > total {total}");
+}
+
+/// A body sent slowly cannot hold a request past `request_timeout_ms`,
+/// on the acquire route too (whose limit otherwise includes the longest
+/// wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_is_cut_off_at_the_request_timeout() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let app = TestApp::redis_with(|s| {
+        s.request_timeout_ms = 500;
+        s.max_wait_ms = 30_000;
+    })
+    .await;
+    for method in ["POST", "PATCH"] {
+        let mut stream = tokio::net::TcpStream::connect(app.addr)
+            .await
+            .expect("connect");
+        let head = format!(
+            "{method} /locks/slow:1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nLock-Token: {}\r\nContent-Length: 16\r\n\r\n{{\"tt",
+            random_token()
+        );
+        let started = Instant::now();
+        stream.write_all(head.as_bytes()).await.expect("send");
+        let mut answer = Vec::new();
+        let read =
+            tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+        let took = started.elapsed();
+        let text = String::from_utf8_lossy(&answer);
+        assert!(read.is_ok(), "{method}: no answer within 5 s");
+        assert!(
+            text.starts_with("HTTP/1.1 503") && text.contains("urn:lockd:problem:timeout"),
+            "{method}: {text}"
+        );
+        assert!(
+            took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+            "{method}: answered after {took:?}"
+        );
+    }
 }

@@ -219,3 +219,54 @@ fn a_bad_setting_exits_2_with_a_clear_message() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("default_ttl_ms"), "{stderr}");
 }
+
+/// A Redis password given in other forms than the URL's userinfo never
+/// reaches stderr either: as a `?password=` query, or in a TOML file whose
+/// syntax error quotes the line. A Redis that refuses the password makes
+/// `/readyz` answer 503 (not ready), like a Redis that is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_forms_of_the_redis_password_stay_out_of_stderr_and_a_refused_password_is_not_ready()
+{
+    let redis = RedisServer::spawn().await;
+    let password = format!("pw-{}", random_token());
+    redis
+        .cmd::<()>(
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("requirepass")
+                .arg(&password),
+        )
+        .await;
+
+    // A query-string password (which the Redis client does not use: the
+    // server refuses lockd, and readiness says so).
+    let url = format!("redis://127.0.0.1:{}/0?password={password}", redis.port());
+    let (child, base) = start_lockd(&["--redis-url", &url], "debug").await;
+    let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+    let (code, logs) = terminate(child);
+    assert_eq!(code, Some(0));
+    assert!(!logs.contains(&password), "password in the logs:\n{logs}");
+    assert!(logs.contains("password=***"), "no redacted URL:\n{logs}");
+
+    // A TOML syntax error on the line with the URL.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "redis_url = \"redis://:{password}@127.0.0.1:{}\n",
+            redis.port()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .output()
+        .expect("run lockd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains(&password), "password on stderr:\n{stderr}");
+    assert!(stderr.contains("invalid settings"), "{stderr}");
+}

@@ -93,11 +93,14 @@ async fn redis_stopped_gives_503_with_retry_after_in_time_then_recovers() {
         "lockd_extend_total",
         "lockd_release_total",
     ] {
-        let errors = metric(&text, counter, &[("result", "error")]).expect("error series");
-        assert!(errors >= 1.0, "{counter}{{error}} = {errors}");
+        let down =
+            metric(&text, counter, &[("result", "unavailable")]).expect("unavailable series");
+        assert!(down >= 1.0, "{counter}{{unavailable}} = {down}");
+        // A 503 is not a 500.
+        assert_eq!(metric(&text, counter, &[("result", "error")]), Some(0.0));
     }
     assert_eq!(
-        metric(&text, "lockd_acquire_total", &[("result", "error")]),
+        metric(&text, "lockd_acquire_total", &[("result", "unavailable")]),
         Some(2.0)
     );
 

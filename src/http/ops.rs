@@ -37,7 +37,12 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
     if state.stopping.is_cancelled() {
         return Err(LockError::ShuttingDown.into());
     }
-    state.locks.ping().await?;
+    // Any failure is "not ready": a Redis that refuses lockd (a wrong
+    // password) is as unusable as one that is down.
+    state.locks.ping().await.map_err(|e| match e {
+        LockError::Backend(why) => LockError::Unavailable(why),
+        other => other,
+    })?;
     Ok(Json(Health { status: "ready" }))
 }
 

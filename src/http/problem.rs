@@ -210,7 +210,7 @@ impl ApiError {
 
     /// A 503 `timeout`: the request took longer than the server allows.
     pub fn timeout() -> Self {
-        Self::new(Kind::Timeout, TIMEOUT_DETAIL)
+        Self::new(Kind::Timeout, TIMEOUT_DETAIL).retry_after(UNAVAILABLE_RETRY)
     }
 
     /// A 400 with `detail`.
@@ -392,6 +392,9 @@ fn normalize_inner(response: Response) -> Response {
     };
     let (parts, _) = response.into_parts();
     let mut error = ApiError::new(kind, detail);
+    if kind == Kind::Timeout {
+        error = error.retry_after(UNAVAILABLE_RETRY);
+    }
     if kind == Kind::InvalidRequest {
         error.status = Some(status);
     }

@@ -17,10 +17,14 @@ use super::locks::{acquire, extend, inspect, release};
 use super::openapi::ApiDoc;
 use super::problem::ApiError;
 use super::state::AppState;
-use super::{ops, telemetry};
+use super::{deadline, ops, telemetry};
 
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// How much later than a `/locks` handler's own limit the route's
+/// `TimeoutLayer` cuts the request.
+const BACKSTOP: Duration = Duration::from_secs(1);
 
 /// Every route with its method and the status it answers when all goes
 /// well: their metric series exist from start-up.
@@ -39,22 +43,30 @@ const ROUTES: &[(&str, &str, &str)] = &[
 /// Builds the main router. `/metrics` is on it unless `with_metrics` is
 /// false (it is then served by [`metrics_router`] on its own address).
 ///
-/// Every request but an acquire must finish within `request_timeout`; an
-/// acquire gets its longest possible wait on top. Past it: 503 `timeout`.
+/// Every request must finish within `request_timeout`, an acquire within
+/// its `wait_ms` more; past it: 503 `timeout`. On `/locks` the handlers
+/// keep that limit themselves (see [`deadline`]), so that the outcome is
+/// counted; the `TimeoutLayer`s there are a backstop.
 pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) -> Router {
     let max_wait = Duration::from_millis(state.wait.max_ms);
-    let short = TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout);
-    let long =
-        TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, max_wait + request_timeout);
-    let locks = Router::new().route(
-        "/locks/{name}",
-        axum::routing::post(acquire::acquire).layer(long).merge(
-            get(inspect::inspect)
-                .patch(extend::extend)
-                .delete(release::release)
-                .layer(short),
-        ),
-    );
+    let timeout = |limit| TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, limit);
+    let locks = Router::new()
+        .route(
+            "/locks/{name}",
+            axum::routing::post(acquire::acquire)
+                .layer(timeout(max_wait + request_timeout + BACKSTOP))
+                .merge(
+                    get(inspect::inspect)
+                        .patch(extend::extend)
+                        .delete(release::release)
+                        .layer(timeout(request_timeout + BACKSTOP)),
+                ),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            deadline::read_body_by_deadline,
+        ));
+    let short = timeout(request_timeout);
     let mut ops = Router::new()
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))

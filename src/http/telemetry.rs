@@ -7,7 +7,7 @@
 //! returned in the response's `x-request-id`, named in the request's log
 //! lines and given as `request_id` in problem documents.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
@@ -21,6 +21,7 @@ use tracing::field::Empty;
 
 use super::problem::{self, Problem};
 use super::state::AppState;
+use crate::metrics::Metrics;
 
 /// The request ID header.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -39,7 +40,7 @@ pub fn wrap(app: Router<AppState>, state: AppState) -> Router {
             TraceLayer::new_for_http()
                 .make_span_with(request_span)
                 .on_request(())
-                .on_response(access_log)
+                .on_response(())
                 .on_failure(()),
         )
         .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
@@ -89,23 +90,9 @@ fn request_span(request: &Request) -> Span {
         request_id = request_id(request).unwrap_or(""),
         status = Empty,
         result = Empty,
+        detail = Empty,
         latency_ms = Empty,
     )
-}
-
-/// Records the outcome in the span and writes one access log line
-/// (target `lockd::access`, level info).
-fn access_log(response: &Response, latency: Duration, span: &Span) {
-    span.record("status", response.status().as_u16());
-    let result = response
-        .extensions()
-        .get::<Problem>()
-        .map_or("ok", Problem::slug);
-    span.record("result", result);
-    // Whole microseconds, shown in milliseconds.
-    let micros = u32::try_from(latency.as_micros()).unwrap_or(u32::MAX);
-    span.record("latency_ms", f64::from(micros) / 1000.0);
-    tracing::info!(target: "lockd::access", "answered");
 }
 
 fn route_of(request: &Request) -> &str {
@@ -116,29 +103,100 @@ fn route_of(request: &Request) -> &str {
 }
 
 /// Counts and times every request by method, route template (never the raw
-/// path, which would make one series per lock name) and status, and counts
-/// the requests in flight.
+/// path, which would make one series per lock name) and status, counts the
+/// requests in flight, and writes the access log line. A request dropped
+/// before its answer (the client went away) is counted and logged with
+/// status 499, as nginx does.
 async fn track_http(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = method_label(request.method());
-    let route = route_of(&request).to_owned();
-    let metrics = &state.metrics;
-    metrics.http_in_flight.inc();
-    // Decrements even when the client hangs up and the request is dropped.
-    let _in_flight = InFlight(&metrics.http_in_flight);
+    let mut pending = Pending {
+        metrics: &state.metrics,
+        method: method_label(request.method()),
+        route: route_of(&request).to_owned(),
+        started: Instant::now(),
+        span: Span::current(),
+        answered: false,
+    };
+    state.metrics.http_in_flight.inc();
     let response = next.run(request).await;
-    let status = response.status();
-    metrics.observe_http(method, &route, status.as_str(), started.elapsed());
+    pending.answered(&response);
     response
 }
 
-struct InFlight<'a>(&'a prometheus::IntGauge);
+/// A request being served; see [`track_http`].
+struct Pending<'a> {
+    metrics: &'a Metrics,
+    method: &'static str,
+    route: String,
+    started: Instant,
+    span: Span,
+    answered: bool,
+}
 
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
+impl Pending<'_> {
+    fn answered(&mut self, response: &Response) {
+        self.answered = true;
+        let problem = response.extensions().get::<Problem>();
+        let result = problem.map_or("ok", Problem::slug);
+        // A client error's detail says what was wrong with the request; it
+        // never carries a token. 5xx details stay out of the line (the
+        // error itself is logged where it happened).
+        let detail = problem
+            .filter(|p| (400..500).contains(&p.status))
+            .map(|p| mask_quoted(&p.detail));
+        self.log(response.status().as_u16(), result, detail.as_deref());
+    }
+
+    fn log(&self, status: u16, result: &str, detail: Option<&str>) {
+        let took = self.started.elapsed();
+        let status_label = status.to_string();
+        self.metrics
+            .observe_http(self.method, &self.route, &status_label, took);
+        let span = &self.span;
+        span.record("status", status);
+        span.record("result", result);
+        if let Some(detail) = detail {
+            span.record("detail", detail);
+        }
+        // Whole microseconds, shown in milliseconds.
+        let micros = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
+        span.record("latency_ms", f64::from(micros) / 1000.0);
+        span.in_scope(|| tracing::info!(target: "lockd::access", "answered"));
     }
 }
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.metrics.http_in_flight.dec();
+        if !self.answered {
+            self.log(CLIENT_CLOSED, "client-closed", None);
+        }
+    }
+}
+
+/// `detail` with every double-quoted part replaced by `"…"`: a JSON error
+/// quotes the value at fault, and a client may have put a token in the
+/// wrong field. The client gets the whole detail; the log does not.
+fn mask_quoted(detail: &str) -> String {
+    let mut out = String::with_capacity(detail.len());
+    let mut parts = detail.split('"');
+    if let Some(first) = parts.next() {
+        out.push_str(first);
+    }
+    let mut inside = true;
+    for part in parts {
+        if inside {
+            out.push_str("\"…\"");
+        } else {
+            out.push_str(part);
+        }
+        inside = !inside;
+    }
+    out
+}
+
+/// The status counted and logged for a request whose client went away
+/// before the answer (nginx's "client closed request").
+const CLIENT_CLOSED: u16 = 499;
 
 /// The method as a metric label: the standard methods by name, anything
 /// else as `other`, so that a client cannot create series at will.
@@ -152,5 +210,20 @@ fn method_label(method: &Method) -> &'static str {
         Method::DELETE => "DELETE",
         Method::OPTIONS => "OPTIONS",
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoted_values_are_masked() {
+        assert_eq!(
+            mask_quoted(r#"invalid type: string "s3cret-token", expected u64"#),
+            r#"invalid type: string "…", expected u64"#
+        );
+        assert_eq!(mask_quoted("no quotes"), "no quotes");
+        assert_eq!(mask_quoted(r#"a "b" c "d"#), r#"a "…" c "…""#);
     }
 }

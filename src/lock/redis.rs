@@ -415,10 +415,48 @@ pub fn redact_url(raw: &str) -> String {
                 // Cannot fail: a URL with a password has a host.
                 let _ = url.set_password(Some("***"));
             }
+            // `?password=...` (or `pass`, `pwd`, `secret`, `token`).
+            if url.query().is_some() {
+                let pairs: Vec<(String, String)> = url
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let key = k.to_ascii_lowercase();
+                        let secret = ["pass", "pwd", "secret", "token", "auth"]
+                            .iter()
+                            .any(|word| key.contains(word));
+                        let value = if secret { "***".into() } else { v.into_owned() };
+                        (k.into_owned(), value)
+                    })
+                    .collect();
+                url.query_pairs_mut().clear().extend_pairs(pairs);
+            }
             url.to_string()
         }
         Err(_) => "<unparsable URL>".to_owned(),
     }
+}
+
+/// `text` with every `redis://` or `rediss://` URL in it passed through
+/// [`redact_url`]: for messages that may quote a setting, such as a TOML
+/// syntax error showing the line at fault.
+pub fn redact_urls_in(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = ["redis://", "rediss://"]
+        .iter()
+        .filter_map(|scheme| rest.find(scheme))
+        .min()
+    {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | ']' | '`'))
+            .unwrap_or(tail.len());
+        out.push_str(&redact_url(&tail[..end]));
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A wall-clock time stored as Unix milliseconds; `None` when empty or
@@ -456,5 +494,18 @@ mod tests {
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("127.0.0.1:6379"));
         assert_eq!(redact_url("not a url"), "<unparsable URL>");
+        let query = redact_url("redis://127.0.0.1:6379/0?password=s3cret&protocol=resp3");
+        assert!(!query.contains("s3cret"), "{query}");
+        assert!(query.contains("protocol=resp3"), "{query}");
+    }
+
+    #[test]
+    fn urls_quoted_in_a_message_are_redacted() {
+        let message =
+            "TOML parse error at line 1\n  |\n1 | redis_url = \"redis://:hunter2@h:6379\n  |";
+        let shown = redact_urls_in(message);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("TOML parse error"), "{shown}");
+        assert_eq!(redact_urls_in("no url here"), "no url here");
     }
 }

@@ -10,9 +10,12 @@
 
 mod instrumented;
 pub mod namespace;
+mod process;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -24,11 +27,18 @@ use namespace::{Label, Namespaces};
 
 use crate::lock::{Acquired, LockError, LockName, Released};
 
-/// Bucket bounds in seconds for request and backend latency: from 100 µs
-/// (a loopback Redis round trip) to 10 s.
+/// Bucket bounds in seconds for backend latency: from 100 µs (a loopback
+/// Redis round trip) to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
+];
+
+/// Bucket bounds in seconds for HTTP requests: as for the backend, up to
+/// the default longest wait (60 s).
+const HTTP_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
 ];
 
 /// Bucket bounds in seconds for the time an acquire takes, waiting
@@ -46,9 +56,53 @@ const HOLD_BUCKETS: &[f64] = &[
 
 /// The result labels of each lock counter, created at zero for every
 /// namespace so that dashboards never see a missing series.
-const ACQUIRE_RESULTS: &[&str] = &["acquired", "reacquired", "contended", "timeout", "error"];
-const RELEASE_RESULTS: &[&str] = &["released", "not_held", "not_owner", "error"];
-const EXTEND_RESULTS: &[&str] = &["extended", "not_held", "not_owner", "error"];
+const ACQUIRE_RESULTS: &[&str] = &[
+    "acquired",
+    "reacquired",
+    "contended",
+    "timeout",
+    "cancelled",
+    "unavailable",
+    "error",
+];
+const RELEASE_RESULTS: &[&str] = &["released", "not_held", "not_owner", "unavailable", "error"];
+const EXTEND_RESULTS: &[&str] = &["extended", "not_held", "not_owner", "unavailable", "error"];
+
+/// An acquire being served; see [`Metrics::pending_acquire`].
+pub struct PendingAcquire<'a> {
+    metrics: &'a Metrics,
+    name: LockName,
+    started: Instant,
+    done: bool,
+}
+
+impl PendingAcquire<'_> {
+    /// Counts the outcome and the time it took, waiting included.
+    pub fn finish(mut self, outcome: &Result<Acquired, LockError>) {
+        self.done = true;
+        self.metrics
+            .observe_acquire(&self.name, outcome, self.started.elapsed());
+    }
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics
+                .observe_acquire_cancelled(&self.name, self.started.elapsed());
+        }
+    }
+}
+
+/// The result label of a failed operation: `unavailable` for what is
+/// answered 503 (the store or a quorum did not answer, too many waiters,
+/// shutting down, the request timed out), `error` for a 500.
+fn failure(e: &LockError) -> &'static str {
+    match e {
+        LockError::Backend(_) => "error",
+        _ => "unavailable",
+    }
+}
 
 /// A connection pool's state, read at scrape time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -69,7 +123,8 @@ pub struct Metrics {
     registry: Registry,
     namespaces: Namespaces,
     /// `lockd_acquire_total{namespace,result}`: acquired, reacquired,
-    /// contended (409), timeout (the wait ran out), error.
+    /// contended (409), timeout (the wait ran out), cancelled (the client
+    /// went away first), unavailable (a 503), error (a 500).
     acquire_total: IntCounterVec,
     /// `lockd_acquire_contended_total{namespace}`: acquires that found the
     /// lock held on their first try, whatever happened next.
@@ -168,9 +223,7 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
         #[cfg(target_os = "linux")]
-        registry.register(Box::new(
-            prometheus::process_collector::ProcessCollector::for_self(),
-        ))?;
+        registry.register(Box::new(process::ProcessMetrics::new()))?;
         let http_in_flight = IntGauge::new(
             "lockd_http_requests_in_flight",
             "HTTP requests being served now, waiting ones included.",
@@ -241,7 +294,7 @@ impl Metrics {
                 "lockd_http_request_duration_seconds",
                 "HTTP request time by method, route template and status, in seconds.",
                 &["method", "route", "status"],
-                LATENCY_BUCKETS,
+                HTTP_BUCKETS,
             )?,
             namespaces: Namespaces::new(max_namespaces),
             registry,
@@ -333,15 +386,36 @@ impl Metrics {
             Ok(Acquired::Renewed(_)) => "reacquired",
             Err(LockError::Held { .. }) => "contended",
             Err(LockError::WaitTimedOut { .. }) => "timeout",
-            Err(_) => "error",
+            Err(e) => failure(e),
         };
+        self.count_acquire(name, result, took);
+        self.count_quorum_failure("acquire", outcome);
+    }
+
+    /// Starts counting an acquire of `name` that began at `started`: it is
+    /// counted by [`PendingAcquire::finish`], or as `cancelled` if the
+    /// request is dropped first (the client went away).
+    pub fn pending_acquire(&self, name: &LockName, started: Instant) -> PendingAcquire<'_> {
+        PendingAcquire {
+            metrics: self,
+            name: name.clone(),
+            started,
+            done: false,
+        }
+    }
+
+    /// Counts an acquire whose client went away before the answer.
+    pub fn observe_acquire_cancelled(&self, name: &LockName, took: Duration) {
+        self.count_acquire(name, "cancelled", took);
+    }
+
+    fn count_acquire(&self, name: &LockName, result: &str, took: Duration) {
         let ns = self.namespace(name);
         let labels = [ns.as_str(), result];
         self.acquire_total.with_label_values(&labels).inc();
         self.acquire_wait
             .with_label_values(&labels)
             .observe(took.as_secs_f64());
-        self.count_quorum_failure("acquire", outcome);
     }
 
     /// Counts a release request's outcome, and how long the lock was held.
@@ -389,7 +463,7 @@ impl Metrics {
                 "not_held"
             }
             Err(LockError::NotOwner) => "not_owner",
-            Err(_) => "error",
+            Err(e) => failure(e),
         };
         counter.with_label_values(&[ns.as_str(), result]).inc();
     }

@@ -40,11 +40,19 @@ impl Label {
     }
 }
 
+/// The namespace of a name that starts with `:` (an empty label value
+/// would read as a missing label in Prometheus).
+pub const EMPTY: &str = "_";
+
 /// The namespace of a lock name: the part before the first `:`, or the
 /// whole name when it has no `:`. `billing:invoice-7` is in `billing`;
-/// `nightly-report` is its own namespace.
+/// `nightly-report` is its own namespace; `:x` is in [`EMPTY`].
 pub fn namespace_of(name: &str) -> &str {
-    name.split_once(':').map_or(name, |(ns, _)| ns)
+    match name.split_once(':') {
+        Some(("", _)) => EMPTY,
+        Some((ns, _)) => ns,
+        None => name,
+    }
 }
 
 impl Namespaces {
@@ -109,7 +117,7 @@ mod tests {
     fn the_namespace_is_the_part_before_the_first_colon() {
         assert_eq!(namespace_of("billing:invoice:7"), "billing");
         assert_eq!(namespace_of("nightly-report"), "nightly-report");
-        assert_eq!(namespace_of(":x"), "");
+        assert_eq!(namespace_of(":x"), "_");
         assert_eq!(namespace_of("a:"), "a");
     }
 

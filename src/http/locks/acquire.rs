@@ -1,12 +1,13 @@
 //! `POST /locks/{name}`: take a lock.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use super::input::acquire_request;
 use super::model::{AcquireBody, AcquireQuery, Grant};
+use crate::http::deadline::Deadline;
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Problem};
 use crate::http::state::AppState;
@@ -37,6 +38,7 @@ use crate::lock::{Acquired, LockError};
 )]
 pub async fn acquire(
     State(state): State<AppState>,
+    Extension(deadline): Extension<Deadline>,
     LockPath(name): LockPath,
     headers: HeaderMap,
     StrictQuery(query): StrictQuery<AcquireQuery>,
@@ -46,19 +48,16 @@ pub async fn acquire(
     let wait = state.wait.resolve(query.wait_ms.as_deref(), body.wait_ms)?;
     let request = acquire_request(name, query, &headers, body, &state.ttl)?;
     let (name, token) = (request.name.clone(), request.token.clone());
+    // Counted as cancelled if the client goes away before the answer.
+    let counted = state.metrics.pending_acquire(&name, started);
     // The wait this request asked for, plus the time any request may take.
     // Giving up here is safe: a grant made after it is released again.
-    let limit = wait + state.request_timeout;
+    let limit = deadline.remaining() + wait;
     let Ok(outcome) = tokio::time::timeout(limit, state.locks.acquire(request, wait)).await else {
-        let timed_out = Err(LockError::Unavailable("the request timed out".into()));
-        state
-            .metrics
-            .observe_acquire(&name, &timed_out, started.elapsed());
+        counted.finish(&Err(LockError::Unavailable("the request timed out".into())));
         return Err(ApiError::timeout());
     };
-    state
-        .metrics
-        .observe_acquire(&name, &outcome, started.elapsed());
+    counted.finish(&outcome);
     let outcome = outcome?;
     let status = match outcome {
         Acquired::Granted(_) => StatusCode::CREATED,

@@ -1,11 +1,12 @@
 //! `PATCH /locks/{name}`: extend a lease.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 
 use super::input::holder_token;
 use super::model::{ExtendBody, ExtendQuery, Extended};
+use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Problem};
 use crate::http::state::AppState;
@@ -33,6 +34,7 @@ use crate::http::state::AppState;
 )]
 pub async fn extend(
     State(state): State<AppState>,
+    Extension(deadline): Extension<Deadline>,
     LockPath(name): LockPath,
     headers: HeaderMap,
     StrictQuery(query): StrictQuery<ExtendQuery>,
@@ -40,8 +42,8 @@ pub async fn extend(
 ) -> Result<Json<Extended>, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
     let ttl = state.ttl.resolve(query.ttl_ms.as_deref(), body.ttl_ms)?;
-    let outcome = state.locks.extend(&name, &token, ttl).await;
+    let outcome = within(deadline, state.locks.extend(&name, &token, ttl)).await;
     state.metrics.observe_extend(&name, &outcome);
-    let lease = outcome?;
+    let lease = outcome.map_err(timeout_or)?;
     Ok(Json(Extended::new(&name, &lease)))
 }

@@ -1,9 +1,10 @@
 //! `GET /locks/{name}`: who holds a lock, without its token.
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 
 use super::model::{NoQuery, Status};
+use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Kind, Problem};
 use crate::http::state::AppState;
@@ -23,12 +24,13 @@ use crate::http::state::AppState;
 )]
 pub async fn inspect(
     State(state): State<AppState>,
+    Extension(deadline): Extension<Deadline>,
     LockPath(name): LockPath,
     StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
 ) -> Result<Json<Status>, ApiError> {
-    let outcome = state.locks.inspect(&name).await;
+    let outcome = within(deadline, state.locks.inspect(&name)).await;
     state.metrics.observe_inspect(&outcome);
-    match outcome? {
+    match outcome.map_err(timeout_or)? {
         Some(info) => Ok(Json(Status::new(&name, info))),
         None => Err(ApiError::new(
             Kind::LockNotHeld,

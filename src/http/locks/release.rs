@@ -1,10 +1,11 @@
 //! `DELETE /locks/{name}`: release a lock.
 
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 
 use super::input::holder_token;
 use super::model::{NoQuery, ReleaseBody};
+use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Problem};
 use crate::http::state::AppState;
@@ -30,14 +31,15 @@ use crate::http::state::AppState;
 )]
 pub async fn release(
     State(state): State<AppState>,
+    Extension(deadline): Extension<Deadline>,
     LockPath(name): LockPath,
     headers: HeaderMap,
     StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
     JsonBody(body): JsonBody<ReleaseBody>,
 ) -> Result<StatusCode, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
-    let outcome = state.locks.release(&name, &token).await;
+    let outcome = within(deadline, state.locks.release(&name, &token)).await;
     state.metrics.observe_release(&name, &outcome);
-    outcome?;
+    outcome.map_err(timeout_or)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,0 +1,95 @@
+//! Time limits of the `/locks` routes. A request gets `--request-timeout-ms`
+//! in all, counted from its arrival: first for its body to arrive (so a
+//! client that sends a body slowly cannot hold a connection), then for its
+//! Redis work; an acquire gets its `wait_ms` on top. Past it: 503
+//! `timeout`, and the outcome is counted in the lock metrics as
+//! `unavailable`.
+//!
+//! The route-level `TimeoutLayer` stays as a backstop a little later.
+
+use std::time::Duration;
+
+use axum::body::{Body, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::LengthLimitError;
+use tokio::time::Instant;
+
+use super::problem::{ApiError, Kind};
+use super::routes::BODY_LIMIT;
+use super::state::AppState;
+use crate::lock::LockError;
+
+/// When a request's time is up, set on arrival.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline(pub Instant);
+
+impl Deadline {
+    /// Time left, or zero.
+    pub fn remaining(self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The message of the error that stands for "the request's time ran out".
+const TIMED_OUT: &str = "the request timed out";
+
+/// Runs `work` until the deadline; past it, [`LockError::Unavailable`]
+/// (counted as `unavailable`; [`timeout_or`] turns it into 503 `timeout`).
+pub async fn within<T>(
+    deadline: Deadline,
+    work: impl Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    tokio::time::timeout(deadline.remaining(), work)
+        .await
+        .unwrap_or_else(|_| Err(LockError::Unavailable(TIMED_OUT.into())))
+}
+
+/// The answer for an error from [`within`]: 503 `timeout` when the time ran
+/// out, else as usual.
+pub fn timeout_or(e: LockError) -> ApiError {
+    match e {
+        LockError::Unavailable(why) if why == TIMED_OUT => ApiError::timeout(),
+        other => other.into(),
+    }
+}
+
+/// Middleware: sets the request's [`Deadline`] and reads its whole body
+/// before it (413 over [`BODY_LIMIT`], 503 `timeout` when it is late).
+pub async fn read_body_by_deadline(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let deadline = Deadline(Instant::now() + state.request_timeout);
+    let (mut parts, body) = request.into_parts();
+    let bytes = match tokio::time::timeout(deadline.remaining(), to_bytes(body, BODY_LIMIT)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => return body_error(&e),
+        Err(_) => return ApiError::timeout().into_response(),
+    };
+    parts.extensions.insert(deadline);
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// 413 when the body was over the limit (the rest of it was not read, so
+/// the connection is closed), 400 when it could not be read.
+fn body_error(e: &axum::Error) -> Response {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(inner) = source {
+        if inner.is::<LengthLimitError>() {
+            let mut response =
+                ApiError::new(Kind::PayloadTooLarge, "the request body is over 64 KiB")
+                    .into_response();
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
+        }
+        source = inner.source();
+    }
+    ApiError::invalid("the request body could not be read").into_response()
+}
