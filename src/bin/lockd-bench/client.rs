@@ -23,6 +23,16 @@ pub struct Grant {
 /// Why a benchmark stopped.
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
 
+/// One request's outcome, for scenarios that count errors instead of
+/// stopping at the first.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The HTTP status; `None` when no answer came (connection error).
+    pub status: Option<u16>,
+    /// The grant, on 201 or 200.
+    pub grant: Option<Grant>,
+}
+
 impl Lockd {
     /// A client for the lockd at `base` (`http://host:port`).
     pub fn new(base: &str) -> Self {
@@ -63,6 +73,54 @@ impl Lockd {
         }
     }
 
+    /// `POST /locks/{name}`, whatever the answer.
+    pub async fn try_acquire(&self, name: &str, ttl_ms: u64, wait_ms: u64) -> Attempt {
+        let url = format!(
+            "{}/locks/{name}?ttl_ms={ttl_ms}&wait_ms={wait_ms}",
+            self.base
+        );
+        let Ok(response) = self.http.post(url).send().await else {
+            return Attempt {
+                status: None,
+                grant: None,
+            };
+        };
+        let at = Instant::now();
+        let status = response.status().as_u16();
+        let grant = match status {
+            200 | 201 => response.json::<Value>().await.ok().and_then(|body| {
+                Some(Grant {
+                    token: body["token"].as_str()?.to_owned(),
+                    fence: body["fence"].as_u64()?,
+                    at,
+                })
+            }),
+            _ => {
+                let _ = response.bytes().await;
+                None
+            }
+        };
+        Attempt {
+            status: Some(status),
+            grant,
+        }
+    }
+
+    /// `DELETE /locks/{name}`: the status, `None` when no answer came.
+    pub async fn try_release(&self, name: &str, token: &str) -> Option<u16> {
+        let url = format!("{}/locks/{name}", self.base);
+        let response = self
+            .http
+            .delete(url)
+            .header("Lock-Token", token)
+            .send()
+            .await
+            .ok()?;
+        let status = response.status().as_u16();
+        let _ = response.bytes().await;
+        Some(status)
+    }
+
     /// `DELETE /locks/{name}`; returns when the 204 arrived.
     pub async fn release(&self, name: &str, token: &str) -> Result<Instant, BenchError> {
         let url = format!("{}/locks/{name}", self.base);
@@ -79,7 +137,8 @@ impl Lockd {
         }
     }
 
-    /// The value of an unlabelled gauge or counter from `/metrics`.
+    /// The sum of every sample of a gauge or counter from `/metrics` (all
+    /// its label values: `lockd_waiters` has one per namespace).
     pub async fn metric(&self, name: &str) -> Result<f64, BenchError> {
         let text = self
             .http
@@ -88,10 +147,21 @@ impl Lockd {
             .await?
             .text()
             .await?;
-        text.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse().ok())
-            .ok_or_else(|| format!("no metric {name}").into())
+        let values: Vec<f64> = text
+            .lines()
+            .filter_map(|line| {
+                let rest = line.strip_prefix(name)?;
+                let value = match rest.strip_prefix('{') {
+                    Some(labelled) => labelled.split_once("} ")?.1,
+                    None => rest.strip_prefix(' ')?,
+                };
+                value.trim().parse::<f64>().ok()
+            })
+            .collect();
+        if values.is_empty() {
+            return Err(format!("no metric {name}").into());
+        }
+        Ok(values.iter().sum())
     }
 
     /// Waits until `lockd_waiters` is at least `n`.

@@ -2,7 +2,13 @@
 //!
 //! Scenarios:
 //! - `cycle`: `--clients` workers take and release locks of their own
-//!   (no contention) for `--seconds`; reports cycles/s and latency.
+//!   (no contention) for `--seconds`, as fast as they go or at `--rate`
+//!   cycles/s in all; reports cycles/s, latency and answers by status.
+//! - `raw-cycle`: the same commands straight on Redis (`SET NX PX` and a
+//!   compare-and-delete script), the baseline for `cycle`.
+//! - `contended`: `--clients` clients on `--names` locks, holding each for
+//!   `--hold-ms` and waiting with `--wait-ms`; checks that grants of one
+//!   name never overlap and fences grow in grant order.
 //! - `handoff`: the time from one holder's release (its 204) to the next
 //!   waiter's grant (its 201), with server-side waiting, beside a client that
 //!   polls with `wait_ms` 0 every `--poll-interval-ms`, in the same run.
@@ -19,8 +25,10 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 
 mod client;
+mod contended;
 mod cycle;
 mod handoff;
+mod raw;
 mod stats;
 mod waiters;
 
@@ -46,6 +54,43 @@ enum Scenario {
         /// Concurrent clients, each on its own name.
         #[arg(long, default_value_t = 16)]
         clients: usize,
+        /// How long to run, in seconds.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Cycles per second in all, on a fixed schedule [default: as fast
+        /// as the clients go].
+        #[arg(long)]
+        rate: Option<f64>,
+    },
+    /// Uncontended SET NX PX + release-script cycles straight on Redis.
+    RawCycle {
+        /// The Redis to measure.
+        #[arg(long, default_value = "redis://127.0.0.1:6379")]
+        redis_url: String,
+        /// Concurrent clients, each on its own connection and key.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// How long to run, in seconds.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+    /// Many clients on a few locks, waiting for them; checks mutual exclusion.
+    Contended {
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 32)]
+        clients: usize,
+        /// Locks they share.
+        #[arg(long, default_value_t = 4)]
+        names: usize,
+        /// How long each holder keeps a lock, in ms.
+        #[arg(long, default_value_t = 5)]
+        hold_ms: u64,
+        /// How long each acquire may wait, in ms.
+        #[arg(long, default_value_t = 2000)]
+        wait_ms: u64,
+        /// The lease of each grant, in ms.
+        #[arg(long, default_value_t = 10_000)]
+        ttl_ms: u64,
         /// How long to run, in seconds.
         #[arg(long, default_value_t = 10)]
         seconds: u64,
@@ -81,8 +126,33 @@ async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let lockd = client::Lockd::new(&cli.server);
     let result = match cli.scenario {
-        Scenario::Cycle { clients, seconds } => {
-            cycle::run(&lockd, clients, Duration::from_secs(seconds)).await
+        Scenario::Cycle {
+            clients,
+            seconds,
+            rate,
+        } => cycle::run(&lockd, clients, Duration::from_secs(seconds), rate).await,
+        Scenario::RawCycle {
+            redis_url,
+            clients,
+            seconds,
+        } => raw::run(&redis_url, clients, Duration::from_secs(seconds)).await,
+        Scenario::Contended {
+            clients,
+            names,
+            hold_ms,
+            wait_ms,
+            ttl_ms,
+            seconds,
+        } => {
+            let load = contended::Load {
+                clients,
+                names,
+                hold: Duration::from_millis(hold_ms),
+                wait_ms,
+                ttl_ms,
+                duration: Duration::from_secs(seconds),
+            };
+            contended::run(&lockd, load).await
         }
         Scenario::Handoff {
             rounds,

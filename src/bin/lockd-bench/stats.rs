@@ -1,8 +1,47 @@
 //! Latency percentiles.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
+
+/// Answers counted by status (`"201"`, `"409"`, ...; `"no answer"` for a
+/// connection error).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Tally(pub BTreeMap<String, u64>);
+
+impl Tally {
+    /// Counts one answer.
+    pub fn count(&mut self, status: Option<u16>) {
+        let key = status.map_or_else(|| "no answer".to_owned(), |s| s.to_string());
+        *self.0.entry(key).or_default() += 1;
+    }
+
+    /// Adds another tally.
+    pub fn merge(&mut self, other: &Tally) {
+        for (k, v) in &other.0 {
+            *self.0.entry(k.clone()).or_default() += v;
+        }
+    }
+
+    /// Answers that are errors: 5xx, other 4xx than `expected`, no answer.
+    pub fn errors(&self, expected: &[&str]) -> u64 {
+        self.0
+            .iter()
+            .filter(|(k, _)| !k.starts_with('2') && !expected.contains(&k.as_str()))
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    /// `201: 1000, 409: 3`.
+    pub fn line(&self) -> String {
+        self.0
+            .iter()
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
 
 /// Percentiles of a set of durations, in milliseconds.
 #[derive(Debug, Clone, Serialize)]
