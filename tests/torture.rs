@@ -691,6 +691,16 @@ async fn stalls(redis: &RedisServer, t0_wall: SystemTime) -> Vec<Stall> {
     stalls
 }
 
+/// Fails the test, with Redis's last words, if Redis exited by itself.
+fn assert_still_running(redis: &RedisServer) {
+    if let Some(status) = redis.exit_status() {
+        panic!(
+            "redis-server exited by itself ({status}); the end of its log:\n{}",
+            redis.log_tail(30)
+        );
+    }
+}
+
 /// Kills Redis (SIGKILL) `restarts` times, evenly spread over the run, each
 /// time starting it again after [`REDIS_DOWN`]. Returns each outage as
 /// [killed, answering again + [`OUTAGE_SLACK`]], and the stalls Redis
@@ -707,6 +717,7 @@ async fn restart_redis(
     for k in 1..=restarts {
         let at = t0 + load.mul_f64(k as f64 / (restarts + 1) as f64);
         tokio::time::sleep_until(at.into()).await;
+        assert_still_running(redis);
         recorded.extend(stalls(redis, t0_wall).await);
         let killed = t0.elapsed();
         redis.stop();
@@ -803,6 +814,7 @@ async fn torture_mutual_exclusion_and_fencing_survive_pauses_and_a_redis_restart
         holds.extend(log.holds);
     }
     let clients_done = t0.elapsed();
+    assert_still_running(&redis);
     redis_stalls.extend(stalls(&redis, t0_wall).await);
 
     // Every lease has run out once the longest TTL passed since the last

@@ -155,6 +155,25 @@ impl RedisServer {
             .unwrap_or_else(|why| panic!("cannot restart redis-server: {why}"));
     }
 
+    /// How the server process ended, if it ended by itself (it crashed, or
+    /// something else killed it); `None` while it runs, and after
+    /// [`Self::stop`].
+    pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
+        self.child
+            .lock()
+            .unwrap()
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The last `lines` lines of the server's log (`redis.log` in its
+    /// directory), for a failure message.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// Freezes the server (SIGSTOP): it accepts connections but never answers.
     pub fn sigstop(&self) {
         self.signal("-STOP");
