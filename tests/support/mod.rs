@@ -13,6 +13,10 @@
 //!   be stopped and started again on the same port, or frozen with SIGSTOP,
 //!   for outage tests (a restart checks that the server answering is the new
 //!   process, not another test's server on the freed port).
+//!   [`RedisServer::spawn_persistent`] runs it with AOF and `appendfsync
+//!   always` instead, as the README recommends: a restart (SIGKILL, then
+//!   start again on the same port and directory) keeps every acknowledged
+//!   write.
 //!   [`RedisServer::cmd`] runs a raw command.
 //!   [`RedisServer::set_lock`], [`RedisServer::lock_token`] and friends read
 //!   and write one lock's keys on that server directly, as another client
@@ -83,19 +87,37 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Mutex<Option<Child>>,
+    /// Runs with AOF (`appendfsync always`) rather than no persistence.
+    persistent: bool,
 }
 
 /// How long a fresh `redis-server` may take to answer `PING`.
 const REDIS_START_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl RedisServer {
-    /// Starts a server on a free port, retrying on a port collision.
+    /// Starts a server on a free port, retrying on a port collision. It runs
+    /// without persistence (`--save '' --appendonly no`): a restart loses
+    /// every key.
     pub async fn spawn() -> Self {
+        Self::spawn_with(false).await
+    }
+
+    /// Starts a server that persists every write before answering it
+    /// (`--appendonly yes --appendfsync always`, no RDB snapshots), as the
+    /// README recommends for a single Redis. [`Self::stop`] (SIGKILL) then
+    /// [`Self::start`] reloads the AOF from the same directory: locks, their
+    /// leases (stored as absolute expiry times) and fence counters survive.
+    pub async fn spawn_persistent() -> Self {
+        Self::spawn_with(true).await
+    }
+
+    async fn spawn_with(persistent: bool) -> Self {
         for _ in 0..20 {
             let server = Self {
                 port: free_port(),
                 dir: tempfile::tempdir().expect("temp dir for redis-server"),
                 child: Mutex::new(None),
+                persistent,
             };
             match server.try_start().await {
                 Ok(()) => return server,
@@ -118,17 +140,38 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Kills the server (SIGKILL) and waits for it to exit. Its data is lost:
-    /// it runs without persistence.
+    /// Kills the server (SIGKILL) and waits for it to exit. Its data is lost,
+    /// unless it was started with [`Self::spawn_persistent`].
     pub fn stop(&self) {
         self.kill();
     }
 
-    /// Starts the server again on the same port, after [`Self::stop`].
+    /// Starts the server again on the same port, after [`Self::stop`]. It
+    /// returns once the server answers `PING` (so, for a persistent server,
+    /// once it has loaded its AOF).
     pub async fn start(&self) {
         self.try_start()
             .await
             .unwrap_or_else(|why| panic!("cannot restart redis-server: {why}"));
+    }
+
+    /// How the server process ended, if it ended by itself (it crashed, or
+    /// something else killed it); `None` while it runs, and after
+    /// [`Self::stop`].
+    pub fn exit_status(&self) -> Option<std::process::ExitStatus> {
+        self.child
+            .lock()
+            .unwrap()
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The last `lines` lines of the server's log (`redis.log` in its
+    /// directory), for a failure message.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     /// Freezes the server (SIGSTOP): it accepts connections but never answers.
@@ -174,7 +217,11 @@ impl RedisServer {
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
-            .args(["--appendonly", "no"])
+            .args(if self.persistent {
+                ["--appendonly", "yes", "--appendfsync", "always"].as_slice()
+            } else {
+                ["--appendonly", "no"].as_slice()
+            })
             .arg("--dir")
             .arg(self.dir.path())
             .stdin(Stdio::null())
@@ -833,7 +880,9 @@ impl TestApp {
             .to_owned()
     }
 
-    async fn redis_on(server: Arc<RedisServer>, tweak: impl FnOnce(&mut Settings)) -> Self {
+    /// lockd over `server` (such as one from
+    /// [`RedisServer::spawn_persistent`]), with settings changed by `tweak`.
+    pub async fn redis_on(server: Arc<RedisServer>, tweak: impl FnOnce(&mut Settings)) -> Self {
         LazyLock::force(&TRACING);
         let mut settings = test_settings(server.url());
         tweak(&mut settings);
