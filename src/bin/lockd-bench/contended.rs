@@ -49,7 +49,9 @@ pub async fn run(lockd: &Lockd, load: Load) -> Result<Value, BenchError> {
                 while started.elapsed() < load.duration {
                     let i = rand::random_range(0..names.len());
                     let asked = Instant::now();
-                    let attempt = lockd.try_acquire(&names[i], load.ttl_ms, load.wait_ms).await;
+                    let attempt = lockd
+                        .try_acquire(&names[i], load.ttl_ms, load.wait_ms)
+                        .await;
                     tally.count(attempt.status);
                     let Some(grant) = attempt.grant else {
                         continue;
@@ -137,7 +139,11 @@ mod tests {
     #[test]
     fn overlaps_and_fences_going_backwards_are_violations() {
         let zero = Instant::now();
-        let mut fine = vec![hold(2, 10, 20, zero), hold(1, 0, 5, zero), hold(3, 20, 30, zero)];
+        let mut fine = vec![
+            hold(2, 10, 20, zero),
+            hold(1, 0, 5, zero),
+            hold(3, 20, 30, zero),
+        ];
         assert_eq!(violations(&mut fine), 0);
         let mut overlap = vec![hold(1, 0, 15, zero), hold(2, 10, 20, zero)];
         assert_eq!(violations(&mut overlap), 1);

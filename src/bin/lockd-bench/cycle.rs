@@ -82,8 +82,13 @@ pub async fn run(
         Latency::of(all.release),
         Latency::of(all.cycle),
     );
-    let target = rate.map_or_else(|| "as fast as possible".to_owned(), |r| format!("target {r:.0}/s"));
-    println!("cycle: {clients} clients, {elapsed:.1?}, {target}: {achieved:.0} acquire+release cycles/s");
+    let target = rate.map_or_else(
+        || "as fast as possible".to_owned(),
+        |r| format!("target {r:.0}/s"),
+    );
+    println!(
+        "cycle: {clients} clients, {elapsed:.1?}, {target}: {achieved:.0} acquire+release cycles/s"
+    );
     println!("  answers: {}", all.tally.line());
     println!("{}", Latency::header());
     println!("{}", acquire.row("acquire (201)"));

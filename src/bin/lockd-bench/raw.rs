@@ -62,7 +62,9 @@ pub async fn run(url: &str, clients: usize, duration: Duration) -> Result<Value,
     let elapsed = started.elapsed();
     let rate = samples.len() as f64 / elapsed.as_secs_f64();
     let latency = Latency::of(samples);
-    println!("raw Redis cycle: {clients} clients, {elapsed:.1?}: {rate:.0} SET NX PX + release-script cycles/s");
+    println!(
+        "raw Redis cycle: {clients} clients, {elapsed:.1?}: {rate:.0} SET NX PX + release-script cycles/s"
+    );
     println!("{}", Latency::header());
     println!("{}", latency.row("SET NX PX + release script"));
     Ok(json!({
