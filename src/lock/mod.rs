@@ -5,7 +5,7 @@
 //!   the edge so the backends only ever see valid values.
 //! - [`error`]: [`LockError`], the one error type of every operation.
 //! - [`redis`]: the single-instance Redis backend (Lua scripts in
-//!   `scripts/`).
+//!   `scripts/`), over the connection [`pool`].
 //! - [`redlock`]: Redlock over several independent Redis masters, each a
 //!   [`redis`] backend.
 //! - [`memory`]: an in-process backend with the same semantics, for
@@ -15,6 +15,7 @@
 
 pub mod error;
 pub mod memory;
+pub mod pool;
 pub mod queue;
 pub mod redis;
 pub mod redlock;

@@ -25,10 +25,10 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use deadpool_redis::redis::{
-    self, AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation,
-};
-use deadpool_redis::{Manager, Pool, Runtime};
+use deadpool::Runtime;
+use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
+
+use super::pool::{Connection, Connector, Pool, PoolError};
 use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -109,9 +109,8 @@ impl RedisBackend {
                 redact_url(&config.url)
             ))
         };
-        let manager = Manager::new_with_config(config.url.as_str(), connection).map_err(bad_url)?;
         let client = redis::Client::open(config.url.as_str()).map_err(bad_url)?;
-        let pool = Pool::builder(manager)
+        let pool = Pool::builder(Connector::new(client.clone(), connection))
             .max_size(config.pool_size)
             .wait_timeout(Some(config.timeout))
             .create_timeout(Some(config.timeout))
@@ -143,7 +142,11 @@ impl RedisBackend {
                 match call.invoke_async(&mut *conn).await {
                     Ok(value) => return Ok(value),
                     Err(e) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
-                        drop(deadpool_redis::Connection::take(conn));
+                        // Redis went away: the idle connections are as dead
+                        // as this one. Throw them all out, so that the retry
+                        // connects afresh.
+                        drop(Connection::take(conn));
+                        self.pool.retain(|_, _| false);
                         retried = true;
                     }
                     Err(e) => return Err(redis_error(&e)),
@@ -176,9 +179,9 @@ fn redis_error(e: &redis::RedisError) -> LockError {
     }
 }
 
-fn pool_error(e: deadpool_redis::PoolError) -> LockError {
+fn pool_error(e: PoolError) -> LockError {
     match e {
-        deadpool_redis::PoolError::Backend(e) => redis_error(&e),
+        PoolError::Backend(e) => redis_error(&e),
         other => LockError::Unavailable(other.to_string()),
     }
 }
