@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -166,7 +167,15 @@ impl Application {
     {
         let stopping = self.stopping.clone();
         let (began, shutdown_began) = tokio::sync::oneshot::channel::<()>();
-        let serve = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
+        // Answers are small and each is written whole: send them at once
+        // (TCP_NODELAY), as Redis does, rather than let Nagle's algorithm
+        // wait for more.
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
+        let serve = axum::serve(listener, self.router).with_graceful_shutdown(async move {
             shutdown.await;
             // Readiness turns 503 and every wait ends at once.
             stopping.cancel();
