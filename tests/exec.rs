@@ -802,6 +802,46 @@ async fn a_child_that_ignores_sigterm_is_killed_after_the_grace() {
     assert_free(&app, name).await;
 }
 
+/// When the lease is lost and the command exits on SIGTERM at once, a
+/// process it started that ignores SIGTERM does not outlive it: the group
+/// gets SIGKILL as soon as the command is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grandchild_that_ignores_sigterm_dies_with_a_lost_lease() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:orphan";
+    let script = r#"
+        sh -c 'trap "" TERM; exec sleep 60' &
+        echo $! > "$DIR/grandchild.tmp"; mv "$DIR/grandchild.tmp" "$DIR/grandchild"
+        trap 'exit 0' TERM
+        touch "$DIR/started"
+        while :; do sleep 0.05; done
+    "#;
+    let mut running = Running::spawn(exec(
+        &dir,
+        &server,
+        &["--ttl-ms", "900", "--kill-grace-ms", "5000"],
+        name,
+        &sh(script),
+    ));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    running
+        .wait_for_file(&dir.path("grandchild"), STARTUP)
+        .await;
+    let grandchild: u32 = dir.read("grandchild").trim().parse().unwrap();
+    assert!(!process_is_gone(grandchild));
+    app.redis_server().drop_lock(name).await;
+    let exit = running.wait(LIMIT).await;
+    exit.expect(70);
+    let gone = eventually(Duration::from_secs(3), || async {
+        process_is_gone(grandchild)
+    })
+    .await;
+    assert!(gone, "the grandchild {grandchild} outlived the lost lease");
+    assert_free(&app, name).await;
+}
+
 /// The server itself stops answering (a `lockd serve` process, SIGSTOPped)
 /// while the command runs: the lease runs out locally and the command is
 /// stopped before anyone else can be granted the lock.

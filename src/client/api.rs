@@ -41,11 +41,23 @@ pub struct Grant {
 /// What a problem document (RFC 9457) says, as far as a client needs it.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ProblemInfo {
+    /// `urn:lockd:problem:<slug>`.
+    #[serde(default, rename = "type")]
+    pub problem_type: String,
     /// What went wrong.
     #[serde(default)]
     pub detail: String,
     /// For a held lock and the 503 kinds: when to try again, in ms.
     pub retry_after_ms: Option<u64>,
+}
+
+impl ProblemInfo {
+    /// The slug of the problem type (`lock-not-held`), or "".
+    pub fn slug(&self) -> &str {
+        self.problem_type
+            .strip_prefix("urn:lockd:problem:")
+            .unwrap_or("")
+    }
 }
 
 impl Answer {

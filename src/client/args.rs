@@ -40,6 +40,10 @@ pub struct ExecArgs {
     /// processes it started.
     #[arg(long)]
     pub foreground: bool,
+    /// Say nothing when the lock is not granted (for cron, which mails any
+    /// output); only the exit code tells.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
     /// Exit code when the lock is not granted within --wait-ms (as flock -E).
     #[arg(long, default_value_t = exit::CONFLICT)]
     pub conflict_exit_code: u8,

@@ -114,7 +114,7 @@ pub async fn run(args: ExecArgs) -> u8 {
     if let Some(why) = lost {
         holder.release_quietly().await;
         say(&format!(
-            "exiting {}: the lease on {} was lost while the command ran ({why})",
+            "exiting {}: the lease on {} was lost while the command ran: {why}",
             exit::LEASE_LOST,
             holder.name
         ));
@@ -226,6 +226,9 @@ async fn take_grant(
     }
     let problem = answer.problem();
     if status == StatusCode::CONFLICT {
+        if args.quiet {
+            return Err(args.conflict_exit_code);
+        }
         let frees = problem
             .retry_after_ms
             .map(|ms| format!("; it frees in at most {ms} ms"))
@@ -307,11 +310,34 @@ async fn supervise(
     let mut lost: Option<String> = None;
     let mut watching = true;
     let mut kill_at: Option<Instant> = None;
+    // Ctrl-Z: the command stops with lockd exec, and goes on with it. (While
+    // both are stopped the lease may run out; the next renewal then says so
+    // and the command is stopped for good.)
+    let mut stop_signals = catch(Signal::SIGTSTP);
+    let mut cont_signals = catch(Signal::SIGCONT);
     loop {
         let deadline = kill_at.unwrap_or_else(far_future);
         tokio::select! {
-            status = child.wait() => return (status, lost),
+            status = child.wait() => {
+                if lost.is_some() && own_group {
+                    // The lease is gone: nothing the command started may
+                    // go on running, whatever it did with SIGTERM.
+                    send(Signal::SIGKILL);
+                }
+                return (status, lost);
+            }
             Some(sig) = signals.recv() => send(sig),
+            Some(()) = next_of(&mut stop_signals) => {
+                if own_group {
+                    send(Signal::SIGTSTP);
+                }
+                let _ = kill(Pid::this(), Signal::SIGSTOP);
+            }
+            Some(()) = next_of(&mut cont_signals) => {
+                if own_group {
+                    send(Signal::SIGCONT);
+                }
+            }
             reason = &mut lost_rx, if watching => {
                 watching = false;
                 if let Ok(reason) = reason {
@@ -365,7 +391,7 @@ async fn keep_renewing(
                 || "no renewal could be sent in time".to_owned(),
                 |f| format!("the renewals failed: {f}"),
             );
-            let _ = lost.send(format!("the lease ran out ({why})"));
+            let _ = lost.send(format!("the lease ran out; {why}"));
             return;
         }
         let timeout = (lease_end - sent).min(CALL_LIMIT);
@@ -417,6 +443,19 @@ fn report_failure(before: Option<String>, why: String) -> String {
         ));
     }
     why
+}
+
+/// A stream of `sig`, caught from now on (`None` if it cannot be).
+fn catch(sig: Signal) -> Option<tokio::signal::unix::Signal> {
+    signal(SignalKind::from_raw(sig as i32)).ok()
+}
+
+/// The next `sig` from a stream of [`catch`]; never, without one.
+async fn next_of(stream: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match stream {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Catches the forwarded signals from now on, instead of letting them stop

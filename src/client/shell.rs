@@ -14,12 +14,14 @@ use super::exit;
 /// How long a call may take beyond any wait it asks for.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The exit code for an answer: 0 for 2xx, 1 for 404, 75 for 409, 69 for
-/// 5xx, 64 for any other 4xx.
-pub fn exit_code(status: StatusCode) -> u8 {
+/// The exit code for an answer: 0 for 2xx, 1 for 404 `lock-not-held`
+/// (the lock is free, or the lease is gone), 75 for 409, 69 for 5xx, 64
+/// for any other 4xx (including a 404 that is not lockd's "not held": a
+/// wrong `--server` or an empty name).
+pub fn exit_code(status: StatusCode, slug: &str) -> u8 {
     match status {
         s if s.is_success() => 0,
-        StatusCode::NOT_FOUND => exit::NOT_FOUND,
+        StatusCode::NOT_FOUND if slug == "lock-not-held" => exit::NOT_FOUND,
         StatusCode::CONFLICT => exit::CONFLICT,
         s if s.is_server_error() => exit::UNAVAILABLE,
         _ => exit::USAGE,
@@ -87,7 +89,7 @@ where
                 let detail = answer.problem().detail;
                 eprintln!("lockd: {}: {detail}", answer.status);
             }
-            exit_code(answer.status)
+            exit_code(answer.status, answer.problem().slug())
         }
         Err(e) => {
             eprintln!("lockd: no answer from {server}: {e}");
@@ -102,12 +104,14 @@ mod tests {
 
     #[test]
     fn exit_codes_follow_the_status() {
-        assert_eq!(exit_code(StatusCode::CREATED), 0);
-        assert_eq!(exit_code(StatusCode::NO_CONTENT), 0);
-        assert_eq!(exit_code(StatusCode::NOT_FOUND), 1);
-        assert_eq!(exit_code(StatusCode::CONFLICT), 75);
-        assert_eq!(exit_code(StatusCode::BAD_REQUEST), 64);
-        assert_eq!(exit_code(StatusCode::SERVICE_UNAVAILABLE), 69);
-        assert_eq!(exit_code(StatusCode::INTERNAL_SERVER_ERROR), 69);
+        assert_eq!(exit_code(StatusCode::CREATED, ""), 0);
+        assert_eq!(exit_code(StatusCode::NO_CONTENT, ""), 0);
+        assert_eq!(exit_code(StatusCode::NOT_FOUND, "lock-not-held"), 1);
+        assert_eq!(exit_code(StatusCode::NOT_FOUND, "route-not-found"), 64);
+        assert_eq!(exit_code(StatusCode::NOT_FOUND, ""), 64);
+        assert_eq!(exit_code(StatusCode::CONFLICT, "lock-held"), 75);
+        assert_eq!(exit_code(StatusCode::BAD_REQUEST, "invalid-request"), 64);
+        assert_eq!(exit_code(StatusCode::SERVICE_UNAVAILABLE, ""), 69);
+        assert_eq!(exit_code(StatusCode::INTERNAL_SERVER_ERROR, ""), 69);
     }
 }

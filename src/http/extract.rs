@@ -22,9 +22,8 @@ impl<S: Send + Sync> FromRequestParts<S> for LockPath {
             .map_err(|e| {
                 ApiError::invalid(format!("invalid lock name in path: {}", e.body_text()))
             })?;
-        let name = LockName::parse(&raw)?;
-        tracing::Span::current().record("lock", name.as_str());
-        Ok(Self(name))
+        // The request's span already names the lock, from the path.
+        Ok(Self(LockName::parse(&raw)?))
     }
 }
 
