@@ -73,8 +73,8 @@ pub struct AcquireArgs {
     pub owner: Option<String>,
     /// A token of your choosing (16 to 128 of A-Za-z0-9_-), so that a retry
     /// after a lost answer renews instead of failing [default: the server
-    /// generates one].
-    #[arg(long)]
+    /// generates one]. It may start with `-`.
+    #[arg(long, allow_hyphen_values = true)]
     pub token: Option<String>,
 }
 
@@ -82,8 +82,13 @@ pub struct AcquireArgs {
 /// line is visible to other users in `ps`).
 #[derive(Debug, Args)]
 pub struct TokenArg {
-    /// The holder's token.
-    #[arg(long, env = "LOCKD_TOKEN", hide_env_values = true)]
+    /// The holder's token (it may start with `-`).
+    #[arg(
+        long,
+        env = "LOCKD_TOKEN",
+        hide_env_values = true,
+        allow_hyphen_values = true
+    )]
     pub token: String,
 }
 
@@ -122,4 +127,27 @@ pub struct StatusArgs {
     /// The lock.
     #[arg(env = "LOCKD_NAME")]
     pub name: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use crate::config::{Cli, Command};
+
+    /// A generated token is base64url and may start with `-`: it must not
+    /// be taken for a flag (a test caught `--token -J...` failing).
+    #[test]
+    fn a_token_may_start_with_a_hyphen() {
+        let cli = Cli::try_parse_from(["lockd", "release", "x", "--token", "-Jabc"]);
+        assert!(
+            matches!(cli, Ok(Cli { command: Command::Release(ref a) }) if a.token.token == "-Jabc"),
+            "{cli:?}"
+        );
+        let cli = Cli::try_parse_from(["lockd", "acquire", "x", "--token", "-Jabcdefghijklmnop"]);
+        assert!(
+            matches!(cli, Ok(Cli { command: Command::Acquire(ref a) }) if a.token.as_deref() == Some("-Jabcdefghijklmnop")),
+            "{cli:?}"
+        );
+    }
 }
