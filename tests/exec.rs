@@ -842,6 +842,55 @@ async fn a_grandchild_that_ignores_sigterm_dies_with_a_lost_lease() {
     assert_free(&app, name).await;
 }
 
+/// The state letter of process `pid` (`S`, `T` for stopped, ...).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+/// Ctrl-Z (SIGTSTP to lockd exec) stops the command with it, and SIGCONT
+/// (what `fg` sends) resumes both; the command then finishes under the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_z_stops_the_command_too_and_fg_resumes_it() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:ctrl-z";
+    let script = r#"touch "$DIR/started"; while [ ! -f "$DIR/go" ]; do sleep 0.05; done; echo done > "$DIR/done""#;
+    let mut running = Running::spawn(exec(
+        &dir,
+        &server,
+        &["--ttl-ms", "30000"],
+        name,
+        &sh(script),
+    ));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    let command: u32 = running.command_pid().unwrap().as_raw().try_into().unwrap();
+
+    running.signal(Signal::SIGTSTP);
+    let stopped = eventually(Duration::from_secs(5), || async {
+        process_state(command) == Some('T')
+    })
+    .await;
+    assert!(
+        stopped,
+        "the command was not stopped: {:?}",
+        process_state(command)
+    );
+
+    running.signal(Signal::SIGCONT);
+    let resumed = eventually(Duration::from_secs(5), || async {
+        process_state(command) != Some('T')
+    })
+    .await;
+    assert!(resumed, "the command was not resumed");
+    dir.touch("go");
+    running.wait(LIMIT).await.expect(0);
+    assert_eq!(dir.read("done").trim(), "done");
+    assert_free(&app, name).await;
+}
+
 /// The server itself stops answering (a `lockd serve` process, SIGSTOPped)
 /// while the command runs: the lease runs out locally and the command is
 /// stopped before anyone else can be granted the lock.
