@@ -512,7 +512,7 @@ async fn a_waiting_exec_runs_after_the_holder_finishes() {
 /// waiting: after a wait longer than its TTL it must still run its command
 /// to the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_exec_keeps_its_lease_after_a_wait_longer_than_its_ttl() {
+async fn c09_a_waiting_exec_counts_its_lease_from_the_grant_not_the_request() {
     let app = TestApp::redis().await;
     let dir = Scratch::new();
     let server = app.url("");

@@ -74,11 +74,6 @@ impl Locks {
         self
     }
 
-    /// How many requests wait now.
-    pub fn waiting(&self) -> usize {
-        self.queues.waiting()
-    }
-
     /// Calls `each(name, waiters)` for every lock that has waiters now.
     pub fn for_each_queue(&self, each: impl FnMut(&str, usize)) {
         self.queues.for_each_queue(each);
