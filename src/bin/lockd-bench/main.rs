@@ -17,6 +17,12 @@
 //!   them one by one (each releases at once) and checks that grants never
 //!   overlapped and fences grew in grant order.
 //!
+//! - `null-server`: serves the acquire and release routes with fixed
+//!   answers and nothing behind them, so that `cycle` against it measures
+//!   the HTTP exchange alone: the ceiling for any HTTP service here. With
+//!   `--redis-url`, each request also sends raw-cycle's command to Redis:
+//!   the ceiling for any lock service speaking HTTP in front of Redis.
+//!
 //! Figures are printed as a table, and written as JSON with `--json`.
 
 use std::time::Duration;
@@ -28,6 +34,7 @@ mod client;
 mod contended;
 mod cycle;
 mod handoff;
+mod null_server;
 mod raw;
 mod stats;
 mod waiters;
@@ -119,6 +126,17 @@ enum Scenario {
         #[arg(long, default_value = "redis://127.0.0.1:6379")]
         redis_url: String,
     },
+    /// A bare HTTP server with fixed answers: `cycle` against it measures
+    /// the cost of HTTP alone on this machine.
+    NullServer {
+        /// Where to listen.
+        #[arg(long, default_value = "127.0.0.1:8081")]
+        listen: std::net::SocketAddr,
+        /// Also send each request's command to this Redis (`SET NX PX`, or
+        /// the compare-and-delete script).
+        #[arg(long)]
+        redis_url: Option<String>,
+    },
 }
 
 #[tokio::main]
@@ -172,6 +190,9 @@ async fn main() -> std::process::ExitCode {
             pid,
             redis_url,
         } => waiters::run(&lockd, count, pid, &redis_url).await,
+        Scenario::NullServer { listen, redis_url } => {
+            null_server::run(listen, redis_url.as_deref()).await
+        }
     };
     match result {
         Ok(figures) => {

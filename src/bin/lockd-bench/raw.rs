@@ -15,7 +15,7 @@ use crate::client::{BenchError, fresh_name};
 use crate::stats::{Latency, Tally};
 
 /// The release script of the Redis docs' single-instance lock pattern.
-const RELEASE: &str = r"if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+pub const RELEASE: &str = r"if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 
 /// Runs `clients` workers for `duration` against the Redis at `url`.
 pub async fn run(url: &str, clients: usize, duration: Duration) -> Result<Value, BenchError> {
