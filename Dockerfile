@@ -9,9 +9,10 @@ FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 --no-create-home lockd
 COPY --from=build /src/target/release/lockd /usr/local/bin/lockd
 USER lockd
-# Inside a container lockd must listen on all interfaces to be reachable;
-# publish the port on loopback only (see docker-compose.yml) until you add
-# access control in front of it.
+# Inside a container lockd must listen on all interfaces to be reachable, so
+# it refuses to start without API keys: mount a keys file and set
+# LOCKD_AUTH_KEYS_FILE (see `lockd keygen`), or, for development only, set
+# LOCKD_INSECURE_NO_AUTH=true (docker-compose.yml does, on loopback).
 ENV LOCKD_LISTEN=0.0.0.0:8080
 EXPOSE 8080
 ENTRYPOINT ["lockd"]

@@ -12,6 +12,7 @@ use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Auth, KeysError};
 use crate::config::{Settings, node_address};
 use crate::http::locks::input::{TtlPolicy, WaitPolicy};
 use crate::http::routes::{metrics_router, router};
@@ -39,6 +40,9 @@ pub enum StartupError {
     /// A setting is out of range.
     #[error("invalid settings: {0}")]
     Settings(String),
+    /// The API keys file could not be loaded.
+    #[error("{0}")]
+    Keys(#[from] KeysError),
     /// The metrics registry could not be built.
     #[error("cannot build metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -55,6 +59,8 @@ pub struct Application {
     stopping: CancellationToken,
     /// How long requests in flight get to finish once shutdown begins.
     shutdown_timeout: Duration,
+    /// The API keys, reloaded on SIGHUP.
+    auth: Option<Arc<Auth>>,
 }
 
 impl Application {
@@ -100,6 +106,19 @@ impl Application {
             "default_ttl_ms",
         )
         .map_err(|e| StartupError::Settings(e.to_string()))?;
+        let auth = match &settings.auth_keys_file {
+            Some(path) => {
+                let auth = Auth::load(path)?;
+                tracing::info!(file = %path.display(), keys = auth.keys().len(), "API keys loaded");
+                Some(Arc::new(auth))
+            }
+            None => {
+                if settings.insecure_no_auth {
+                    tracing::warn!(listen = %settings.listen, "no API keys (--insecure-no-auth): anyone who can reach lockd can take and release any lock");
+                }
+                None
+            }
+        };
         let stopping = CancellationToken::new();
         let contention = metrics.clone();
         let state = AppState {
@@ -115,6 +134,7 @@ impl Application {
             metrics,
             stopping: stopping.clone(),
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            auth: auth.clone(),
         };
         let request_timeout = state.request_timeout;
         let listener = bind(settings.listen).await?;
@@ -131,6 +151,7 @@ impl Application {
             metrics,
             stopping,
             shutdown_timeout: Duration::from_millis(settings.shutdown_timeout_ms),
+            auth,
         })
     }
 
@@ -165,6 +186,10 @@ impl Application {
     where
         F: Future<Output = ()> + Send + 'static,
     {
+        tokio::spawn(reload_keys_on_sighup(
+            self.auth.clone(),
+            self.stopping.clone(),
+        ));
         let stopping = self.stopping.clone();
         let (began, shutdown_began) = tokio::sync::oneshot::channel::<()>();
         // Answers are small and each is written whole: send them at once
@@ -215,6 +240,36 @@ impl Application {
             let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
         }
         result
+    }
+}
+
+/// Reloads the API keys at every SIGHUP until `stop`. A file that no
+/// longer loads leaves the keys in force as they were. Without a keys file
+/// a SIGHUP is logged and otherwise ignored (it does not stop lockd).
+async fn reload_keys_on_sighup(auth: Option<Arc<Auth>>, stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(hangups) => hangups,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP; API keys will not be reloaded");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            got = hangups.recv() => if got.is_none() { return },
+        }
+        let Some(auth) = &auth else {
+            tracing::info!("SIGHUP: nothing to reload (no --auth-keys-file)");
+            continue;
+        };
+        match auth.reload() {
+            Ok(keys) => tracing::info!(file = %auth.path().display(), keys, "API keys reloaded"),
+            Err(e) => {
+                tracing::error!(error = %e, "API keys NOT reloaded; the previous keys stay in force")
+            }
+        }
     }
 }
 

@@ -42,6 +42,9 @@ pub enum Command {
     Release(ReleaseArgs),
     /// Show who holds a lock (exit 1 when it is free).
     Status(StatusArgs),
+    /// Mint an API key: prints the secret (once) and adds the key's SHA-256
+    /// to the keys file given by --keys-file.
+    Keygen(crate::keygen::KeygenArgs),
 }
 
 /// Flags of `lockd serve`. Each one overrides the same setting from the
@@ -127,6 +130,18 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_SHUTDOWN_TIMEOUT_MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shutdown_timeout_ms: Option<u64>,
+    /// A TOML file of API keys (see `lockd keygen`); every /locks request,
+    /// and /metrics on the main listener, then needs
+    /// `Authorization: Bearer <secret>`. Reloaded on SIGHUP [default: none].
+    #[arg(long, env = "LOCKD_AUTH_KEYS_FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth_keys_file: Option<PathBuf>,
+    /// Serve without API keys on a non-loopback address: anyone who can
+    /// reach lockd can take and release any lock. For development only.
+    /// Without keys, lockd otherwise listens only on loopback addresses.
+    #[arg(long, env = "LOCKD_INSECURE_NO_AUTH", value_parser = clap::builder::BoolishValueParser::new())]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_no_auth: bool,
     /// Log line format: pretty (one human-readable line per event) or json
     /// (one JSON object per line) [default: pretty]. RUST_LOG sets the level.
     #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum)]
@@ -189,6 +204,11 @@ pub struct Settings {
     pub shutdown_timeout_ms: u64,
     /// Log line format.
     pub log_format: LogFormat,
+    /// The API keys file; `None`: no key needed.
+    #[serde(default)]
+    pub auth_keys_file: Option<PathBuf>,
+    /// Allow a non-loopback `listen` without API keys.
+    pub insecure_no_auth: bool,
 }
 
 impl Default for Settings {
@@ -211,6 +231,8 @@ impl Default for Settings {
             request_timeout_ms: 10_000,
             shutdown_timeout_ms: 10_000,
             log_format: LogFormat::Pretty,
+            auth_keys_file: None,
+            insecure_no_auth: false,
         }
     }
 }
@@ -242,6 +264,8 @@ impl fmt::Debug for Settings {
             .field("request_timeout_ms", &self.request_timeout_ms)
             .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
             .field("log_format", &self.log_format)
+            .field("auth_keys_file", &self.auth_keys_file)
+            .field("insecure_no_auth", &self.insecure_no_auth)
             .finish()
     }
 }
@@ -369,6 +393,22 @@ impl Settings {
             .is_some_and(|m| m == self.listen && m.port() != 0)
         {
             return invalid("metrics_listen must differ from listen".into());
+        }
+        if self.auth_keys_file.is_some() && self.insecure_no_auth {
+            return invalid(
+                "insecure_no_auth and auth_keys_file contradict each other; give one".into(),
+            );
+        }
+        if self.auth_keys_file.is_none()
+            && !self.insecure_no_auth
+            && !self.listen.ip().is_loopback()
+        {
+            return invalid(format!(
+                "refusing to listen on {} without API keys: anyone who can reach it could \
+                 take and release any lock. Give --auth-keys-file (see `lockd keygen`), \
+                 listen on a loopback address, or, for development only, --insecure-no-auth",
+                self.listen
+            ));
         }
         if self.key_prefix.contains(['{', '}']) {
             return invalid("key_prefix must not contain braces: they mark the hash tag".into());

@@ -10,12 +10,16 @@
 //!   counts outcomes and times calls.
 //! - [`config`]: flags, environment and the TOML file, merged into
 //!   [`config::Settings`].
+//! - [`auth`]: API keys (the keys file, constant-time lookup, reload).
 //! - [`app`]: builds and runs the application; `main` only calls it.
+//! - [`keygen`]: `lockd keygen`, which mints API keys.
 //! - [`client`]: `lockd exec` and the shell subcommands, over the HTTP API.
 
 pub mod app;
+pub mod auth;
 pub mod client;
 pub mod config;
 pub mod http;
+pub mod keygen;
 pub mod lock;
 pub mod metrics;

@@ -27,7 +27,13 @@ use support::{TestApp, eventually, free_port, metric};
 const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
 /// The variables the client subcommands read; removed from every `lockd`
 /// started here unless a test sets them.
-const CLIENT_VARS: [&str; 4] = ["LOCKD_SERVER", "LOCKD_NAME", "LOCKD_TOKEN", "LOCKD_FENCE"];
+const CLIENT_VARS: [&str; 5] = [
+    "LOCKD_SERVER",
+    "LOCKD_NAME",
+    "LOCKD_TOKEN",
+    "LOCKD_FENCE",
+    "LOCKD_API_KEY",
+];
 /// The longest any `lockd` invocation may take before the test gives up.
 const LIMIT: Duration = Duration::from_secs(40);
 /// How long a command may take to start under `lockd exec`.
@@ -1413,4 +1419,73 @@ async fn shell_acquire_waits_with_wait_ms() {
         .await
         .expect(0);
     assert_free(&app, name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_from_lockd_keygen_lets_exec_and_status_in_and_none_gets_64() {
+    let dir = Scratch::new();
+    let keys = dir.path("keys.toml");
+    let minted = lockd(&dir)
+        .args(["keygen", "--id", "cron", "--prefix", "cron:", "--keys-file"])
+        .arg(&keys)
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{minted:?}");
+    let secret = String::from_utf8(minted.stdout).unwrap().trim().to_owned();
+    assert!(secret.starts_with("lockd_"), "{secret}");
+    let file = std::fs::read_to_string(&keys).unwrap();
+    assert!(!file.contains(&secret), "the keys file holds the secret");
+    // The same id twice is refused, and the file is left as it was.
+    let again = lockd(&dir)
+        .args(["keygen", "--id", "cron", "--prefix", "x:", "--keys-file"])
+        .arg(&keys)
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2));
+    assert_eq!(std::fs::read_to_string(&keys).unwrap(), file);
+
+    let app = TestApp::redis_with(|s| s.auth_keys_file = Some(keys.clone())).await;
+    let server = app.url("");
+    let job = sh(r#"echo "$LOCKD_FENCE" > "$DIR/fence""#);
+    let mut with_key = exec(&dir, &server, &[], "cron:nightly", &job);
+    with_key.env("LOCKD_API_KEY", &secret);
+    run(with_key).await.expect(0);
+    assert!(
+        !dir.read("fence").trim().is_empty(),
+        "the command did not run"
+    );
+    // Released at the end (read from Redis: the API wants a key).
+    assert_eq!(app.holder_token("cron:nightly").await, None);
+
+    // No key: 401, a refused request (64), and the command never runs.
+    let refused = run(exec(
+        &dir,
+        &server,
+        &[],
+        "cron:nightly",
+        &sh(r#"touch "$DIR/ran""#),
+    ))
+    .await;
+    refused.expect(64);
+    assert!(refused.stderr.contains("API key"), "{}", refused.stderr);
+    assert!(!dir.exists("ran"));
+    // Outside the key's prefix: 403, also 64.
+    let mut outside = exec(
+        &dir,
+        &server,
+        &[],
+        "deploy:prod",
+        &sh(r#"touch "$DIR/ran""#),
+    );
+    outside.env("LOCKD_API_KEY", &secret);
+    run(outside).await.expect(64);
+    assert!(!dir.exists("ran"));
+
+    let mut status = lockd(&dir);
+    status.args(["status", "--server", &server, "cron:nightly"]);
+    status.env("LOCKD_API_KEY", &secret);
+    run(status).await.expect(1);
+    let mut keyless = lockd(&dir);
+    keyless.args(["status", "--server", &server, "cron:nightly"]);
+    run(keyless).await.expect(64);
 }

@@ -270,3 +270,202 @@ async fn other_forms_of_the_redis_password_stay_out_of_stderr_and_a_refused_pass
     assert!(!stderr.contains(&password), "password on stderr:\n{stderr}");
     assert!(stderr.contains("invalid settings"), "{stderr}");
 }
+
+/// A keys file with one key per `(id, secret, prefix)`, every lock
+/// permission and `metrics`.
+fn write_keys(path: &std::path::Path, keys: &[(&str, &str, &str)]) {
+    let text: String = keys
+        .iter()
+        .map(|(id, secret, prefix)| {
+            format!(
+                "[[keys]]\nid = \"{id}\"\nsecret_sha256 = \"{}\"\nprefixes = [\"{prefix}\"]\n\
+                 permissions = [\"acquire\", \"extend\", \"release\", \"read\", \"metrics\"]\n\n",
+                lockd::auth::secret_sha256(secret)
+            )
+        })
+        .collect();
+    std::fs::write(path, text).unwrap();
+}
+
+async fn status_with_key(base: &str, secret: &str) -> u16 {
+    reqwest::Client::new()
+        .get(format!("{base}/locks/jobs:probe"))
+        .bearer_auth(secret)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_reload_on_sighup_and_a_broken_file_keeps_the_old_keys() {
+    let redis = RedisServer::spawn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let (old, new) = (random_token(), random_token());
+    write_keys(&keys, &[("old", &old, "jobs:")]);
+    let (child, base) = start_lockd(
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--auth-keys-file",
+            keys.to_str().unwrap(),
+        ],
+        "info",
+    )
+    .await;
+    assert_eq!(status_with_key(&base, &old).await, 404, "the old key works");
+    assert_eq!(status_with_key(&base, &new).await, 401);
+
+    let hangup = |child: &Child| {
+        let sent = Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    write_keys(&keys, &[("new", &new, "jobs:")]);
+    hangup(&child);
+    let reloaded = support::eventually(Duration::from_secs(5), || async {
+        status_with_key(&base, &new).await == 404
+    })
+    .await;
+    assert!(reloaded, "the new key does not work after SIGHUP");
+    assert_eq!(
+        status_with_key(&base, &old).await,
+        401,
+        "the old key still works"
+    );
+
+    // A file that no longer parses: the keys in force stay, lockd runs on.
+    std::fs::write(&keys, "[[keys]]\nid = \"broken\"\n").unwrap();
+    hangup(&child);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(status_with_key(&base, &new).await, 404);
+
+    let (code, logs) = terminate(child);
+    assert_eq!(code, Some(0), "logs:\n{logs}");
+    assert!(logs.contains("API keys reloaded"), "{logs}");
+    assert!(logs.contains("API keys NOT reloaded"), "{logs}");
+    for secret in [&old, &new] {
+        assert!(
+            !logs.contains(secret.as_str()),
+            "a secret is in the logs:\n{logs}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_address_without_api_keys_is_refused_unless_insecure_no_auth() {
+    let port = free_port();
+    let public = format!("0.0.0.0:{port}");
+    let refused = Command::new(env!("CARGO_BIN_EXE_lockd"))
+        .args(["serve", "--dev", "--listen", &public])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("without API keys") && stderr.contains("--insecure-no-auth"),
+        "{stderr}"
+    );
+    // Nothing listens.
+    assert!(
+        reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .is_err()
+    );
+
+    // With the explicit flag it serves, and says what that means.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lockd"))
+        .args(["serve", "--dev", "--insecure-no-auth", "--listen", &public])
+        .env("LOCKD_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let up = support::eventually(Duration::from_secs(20), || async {
+        reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .is_ok()
+    })
+    .await;
+    if !up {
+        let _ = child.kill();
+    }
+    assert!(up, "lockd --insecure-no-auth did not serve");
+    let (code, logs) = terminate(child);
+    assert_eq!(code, Some(0));
+    assert!(logs.contains("--insecure-no-auth"), "no warning:\n{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_of_every_auth_outcome_name_the_key_id_never_a_secret_or_token() {
+    let redis = RedisServer::spawn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let (a, b, stranger) = (random_token(), random_token(), random_token());
+    write_keys(&keys, &[("tenant-a", &a, "a:"), ("tenant-b", &b, "b:")]);
+    let (child, base) = start_lockd(
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--auth-keys-file",
+            keys.to_str().unwrap(),
+        ],
+        "trace",
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let grant: serde_json::Value = http
+        .post(format!("{base}/locks/b:job"))
+        .bearer_auth(&b)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = grant["token"].as_str().unwrap().to_owned();
+    let steps = [
+        // A with B's lock token, in the header and in the body.
+        http.delete(format!("{base}/locks/b:job"))
+            .bearer_auth(&a)
+            .header("Lock-Token", &token),
+        http.patch(format!("{base}/locks/b:job"))
+            .bearer_auth(&a)
+            .body(format!(r#"{{"token":"{token}"}}"#)),
+        // Unknown and malformed keys, and none.
+        http.delete(format!("{base}/locks/b:job"))
+            .bearer_auth(&stranger)
+            .header("Lock-Token", &token),
+        http.post(format!("{base}/locks/b:job"))
+            .header("Authorization", format!("Basic {b}")),
+        http.post(format!("{base}/locks/b:job"))
+            .header("Authorization", format!("Bearer {a} {b}")),
+        http.get(format!("{base}/locks/b:job")),
+        http.get(format!("{base}/metrics")).bearer_auth(&stranger),
+        // B releases.
+        http.delete(format!("{base}/locks/b:job"))
+            .bearer_auth(&b)
+            .header("Lock-Token", &token),
+    ];
+    let mut statuses = Vec::new();
+    for step in steps {
+        statuses.push(step.send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [403, 403, 401, 401, 401, 401, 401, 204]);
+    let (code, logs) = terminate(child);
+    assert_eq!(code, Some(0));
+    assert!(
+        logs.contains("tenant-a") && logs.contains("tenant-b"),
+        "{logs}"
+    );
+    for secret in [&a, &b, &stranger, &token] {
+        assert!(
+            !logs.contains(secret.as_str()),
+            "a secret or token is in the logs:\n{logs}"
+        );
+    }
+}

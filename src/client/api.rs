@@ -99,11 +99,13 @@ pub struct AcquireParams<'a> {
 }
 
 impl LockClient {
-    /// A client of the server at `server` (`http://` or `https://`).
+    /// A client of the server at `server` (`http://` or `https://`),
+    /// sending `api_key` (a secret) as `Authorization: Bearer` when given.
     ///
     /// # Errors
-    /// [`BadServer`] when the URL cannot be parsed or has another scheme.
-    pub fn new(server: &str) -> Result<Self, BadServer> {
+    /// [`BadServer`] when the URL cannot be parsed or has another scheme,
+    /// or the key cannot be sent in a header.
+    pub fn new(server: &str, api_key: Option<&str>) -> Result<Self, BadServer> {
         let bad = |why: &str| BadServer {
             url: server.to_owned(),
             why: why.to_owned(),
@@ -112,7 +114,15 @@ impl LockClient {
         if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
             return Err(bad("use http://host:port or https://host:port"));
         }
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = api_key {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|_| bad("the API key has characters a header cannot carry"))?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!("lockd/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -233,12 +243,12 @@ mod tests {
 
     #[test]
     fn lock_urls_encode_the_name_as_one_segment() {
-        let client = LockClient::new("http://127.0.0.1:8080").expect("valid");
+        let client = LockClient::new("http://127.0.0.1:8080", None).expect("valid");
         assert_eq!(
             client.lock_url("orders:1").as_str(),
             "http://127.0.0.1:8080/locks/orders:1"
         );
-        let client = LockClient::new("https://locks.example/lockd/").expect("valid");
+        let client = LockClient::new("https://locks.example/lockd/", None).expect("valid");
         assert_eq!(
             client.lock_url("a b/c").as_str(),
             "https://locks.example/lockd/locks/a%20b%2Fc"
@@ -247,7 +257,7 @@ mod tests {
 
     #[test]
     fn other_schemes_are_refused() {
-        assert!(LockClient::new("redis://127.0.0.1:6379").is_err());
-        assert!(LockClient::new("127.0.0.1:8080").is_err());
+        assert!(LockClient::new("redis://127.0.0.1:6379", None).is_err());
+        assert!(LockClient::new("127.0.0.1:8080", None).is_err());
     }
 }

@@ -7,12 +7,27 @@ use clap::Args;
 
 use super::exit;
 
-/// Where the lockd server is.
-#[derive(Debug, Clone, Args)]
+/// Where the lockd server is, and the API key to show it. `Debug` hides
+/// the key.
+#[derive(Clone, Args)]
 pub struct ServerArg {
     /// The lockd server's base URL (http:// or https://).
     #[arg(long, env = "LOCKD_SERVER", default_value = "http://127.0.0.1:8080")]
     pub server: String,
+    /// The API key's secret, for a server with API keys (sent as
+    /// `Authorization: Bearer`). Prefer the environment variable: a flag
+    /// shows in `ps`.
+    #[arg(long, env = "LOCKD_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for ServerArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerArg")
+            .field("server", &self.server)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<hidden>"))
+            .finish()
+    }
 }
 
 /// `lockd exec [OPTIONS] NAME -- CMD [ARGS...]`.

@@ -58,7 +58,7 @@ const FORWARDED: [Signal; 6] = [
 
 /// Runs `lockd exec` and returns its exit code.
 pub async fn run(args: ExecArgs) -> u8 {
-    let client = match LockClient::new(&args.server.server) {
+    let client = match LockClient::new(&args.server.server, args.server.api_key.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             say(&e.to_string());

@@ -2,7 +2,8 @@
 //! `openapi/openapi.json` is a copy; `lockd openapi > openapi/openapi.json`
 //! regenerates it, and a test fails when the two differ.
 
-use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
 
 use super::locks::{acquire, extend, inspect, model, release};
 use super::{ops, problem};
@@ -35,12 +36,33 @@ use super::{ops, problem};
         problem::Problem,
         ops::Health,
     )),
+    modifiers(&BearerKeys),
     tags(
         (name = "locks", description = "Take, extend, inspect and release locks"),
         (name = "ops", description = "Health, readiness, metrics and this document"),
     ),
 )]
 pub struct ApiDoc;
+
+/// Declares the `bearer` security scheme: an API key from the keys file,
+/// sent as `Authorization: Bearer <secret>` (RFC 6750). Operations list it
+/// beside "none", since a server without `--auth-keys-file` needs no key.
+struct BearerKeys;
+
+impl Modify for BearerKeys {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some(
+                "An API key's secret (`lockd keygen`), when the server runs with --auth-keys-file",
+            ))
+            .build();
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme("bearer", SecurityScheme::Http(scheme));
+    }
+}
 
 /// The document as pretty JSON, as committed in `openapi/openapi.json`.
 pub fn pretty_json() -> String {

@@ -48,7 +48,12 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
 
 /// Prometheus metrics in text format 0.0.4.
 #[utoipa::path(get, path = "/metrics", tag = "ops",
-    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4")))]
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4"),
+        (status = 401, description = "With API keys on (and no `--metrics-listen`): no key, an unknown key, or a malformed `Authorization` header", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "With API keys on: the key lacks the `metrics` permission", body = Problem, content_type = "application/problem+json"),
+    ))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     (
         [(

@@ -88,6 +88,10 @@ const TYPE_PREFIX: &str = "urn:lockd:problem:";
 pub enum Kind {
     /// 400: the request is malformed or a value is out of range.
     InvalidRequest,
+    /// 401: no API key, or not a known one (with `WWW-Authenticate`).
+    Unauthorized,
+    /// 403: the API key may not do this, or not on this lock name.
+    Forbidden,
     /// 404: nobody holds the lock.
     LockNotHeld,
     /// 409: another holder has the lock.
@@ -123,6 +127,8 @@ impl Kind {
         use StatusCode as S;
         match self {
             Self::InvalidRequest => (S::BAD_REQUEST, "invalid-request", "Invalid request"),
+            Self::Unauthorized => (S::UNAUTHORIZED, "unauthorized", "API key required"),
+            Self::Forbidden => (S::FORBIDDEN, "forbidden", "Not allowed for this API key"),
             Self::LockNotHeld => (S::NOT_FOUND, "lock-not-held", "Lock is not held"),
             Self::LockHeld => (S::CONFLICT, "lock-held", "Lock is held"),
             Self::NotLockOwner => (
@@ -189,6 +195,8 @@ pub struct ApiError {
     status: Option<StatusCode>,
     /// For `quorum-unavailable`: nodes that answered, and the quorum.
     nodes: Option<(usize, usize)>,
+    /// For `unauthorized`: the `WWW-Authenticate` challenge.
+    challenge: Option<&'static str>,
 }
 
 const TIMEOUT_DETAIL: &str = "the request took longer than the server allows";
@@ -205,7 +213,16 @@ impl ApiError {
             retry_after: None,
             status: None,
             nodes: None,
+            challenge: None,
         }
+    }
+
+    /// A 401 `unauthorized` with the `WWW-Authenticate` challenge
+    /// `challenge` (RFC 6750 §3).
+    pub fn unauthorized(detail: impl Into<String>, challenge: &'static str) -> Self {
+        let mut error = Self::new(Kind::Unauthorized, detail);
+        error.challenge = Some(challenge);
+        error
     }
 
     /// A 503 `timeout`: the request took longer than the server allows.
@@ -321,6 +338,12 @@ impl IntoResponse for ApiError {
         };
         let mut response = problem.into_response();
         let headers = response.headers_mut();
+        if let Some(challenge) = self.challenge {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
+        }
         if let Some(wait) = self.retry_after {
             headers.insert(
                 header::RETRY_AFTER,

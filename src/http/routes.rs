@@ -17,7 +17,7 @@ use super::locks::{acquire, extend, inspect, release};
 use super::openapi::ApiDoc;
 use super::problem::ApiError;
 use super::state::AppState;
-use super::{deadline, ops, telemetry};
+use super::{auth, deadline, ops, telemetry};
 
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -65,6 +65,11 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             deadline::read_body_by_deadline,
+        ))
+        // Outside the deadline layer: a refused request's body is not read.
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::guard_locks,
         ));
     let short = timeout(request_timeout);
     let mut ops = Router::new()
@@ -72,7 +77,13 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
         .route("/readyz", get(ops::readyz))
         .route("/openapi.json", get(ops::openapi));
     if with_metrics {
-        ops = ops.route("/metrics", get(ops::metrics));
+        ops = ops.route(
+            "/metrics",
+            get(ops::metrics).route_layer(middleware::from_fn_with_state(
+                state.clone(),
+                auth::guard_metrics,
+            )),
+        );
     }
     let ops = ops
         .merge(Router::from(Scalar::with_url("/docs", ApiDoc::openapi())))

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Auth;
 use crate::http::locks::input::{TtlPolicy, WaitPolicy};
 use crate::lock::Locks;
 use crate::metrics::Metrics;
@@ -24,4 +25,6 @@ pub struct AppState {
     pub stopping: CancellationToken,
     /// Longest time a request may take (an acquire: on top of its wait).
     pub request_timeout: Duration,
+    /// The API keys, when `--auth-keys-file` is set; `None`: no key needed.
+    pub auth: Option<Arc<Auth>>,
 }

@@ -71,8 +71,9 @@ async fn drop_unusable_request_id(mut request: Request, next: Next) -> Response 
 }
 
 /// The request's span. It names the method, route template, lock name
-/// (recorded by the `LockPath` extractor), request ID, and, once answered,
-/// status, result and latency. It never names the query string or a token.
+/// (recorded by the `LockPath` extractor), request ID, the API key's id
+/// (recorded by the key check), and, once answered, status, result and
+/// latency. It never names the query string, a lock token or a secret.
 fn request_span(request: &Request) -> Span {
     let route = route_of(request);
     // The raw name from the path, so that a request refused before its
@@ -88,6 +89,7 @@ fn request_span(request: &Request) -> Span {
         route,
         lock,
         request_id = request_id(request).unwrap_or(""),
+        key = Empty,
         status = Empty,
         result = Empty,
         detail = Empty,

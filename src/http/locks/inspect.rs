@@ -15,9 +15,12 @@ use crate::http::state::AppState;
     path = "/locks/{name}",
     tag = "locks",
     params(("name" = String, Path, description = "Lock name")),
+    security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The lock is held", body = Status),
         (status = 400, description = "Invalid lock name", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "With API keys on: no key, an unknown key, or a malformed `Authorization` header (`WWW-Authenticate` says which); nothing was written", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "With API keys on: the key lacks the permission this method needs, or the lock name is outside its prefixes; nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The lock is free", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
     ),

@@ -1,0 +1,380 @@
+//! API keys: who may use which locks. No HTTP in here; the middleware in
+//! [`crate::http::auth`] asks [`Auth`].
+//!
+//! The keys file (`--auth-keys-file`, TOML) lists keys; `lockd keygen`
+//! writes its entries:
+//!
+//! ```toml
+//! [[keys]]
+//! id = "billing-worker"
+//! secret_sha256 = "<64 hex digits: SHA-256 of the secret>"
+//! prefixes = ["billing:"]          # or ["*"] for every lock name
+//! permissions = ["acquire", "extend", "release", "read"]
+//! ```
+//!
+//! Only the SHA-256 of a secret is stored, never the secret. A client sends
+//! the secret as `Authorization: Bearer <secret>` (RFC 6750). The presented
+//! secret is hashed and compared with every key's hash in constant time
+//! (`subtle`), so neither the comparison nor which key matched shows in the
+//! time taken.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Permission {
+    /// `POST /locks/{name}`: take a lock (or renew one's own).
+    Acquire,
+    /// `PATCH /locks/{name}`: extend a lease.
+    Extend,
+    /// `DELETE /locks/{name}`: release a lock.
+    Release,
+    /// `GET /locks/{name}`: see who holds a lock.
+    Read,
+    /// `GET /metrics` on the main listener.
+    Metrics,
+}
+
+impl Permission {
+    /// The word used in the keys file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Acquire => "acquire",
+            Self::Extend => "extend",
+            Self::Release => "release",
+            Self::Read => "read",
+            Self::Metrics => "metrics",
+        }
+    }
+}
+
+/// One API key, as the keys file gives it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyEntry {
+    /// A name for the key, unique in the file; logged with each request.
+    pub id: String,
+    /// The SHA-256 of the secret, as 64 hex digits.
+    pub secret_sha256: String,
+    /// The lock-name prefixes the key may use, such as `billing:`; `*` is
+    /// every name.
+    pub prefixes: Vec<String>,
+    /// What the key may do.
+    pub permissions: Vec<Permission>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeysFile {
+    #[serde(default)]
+    keys: Vec<KeyEntry>,
+}
+
+/// A checked key.
+#[derive(Debug, Clone)]
+pub struct Key {
+    /// The key's id.
+    pub id: Arc<str>,
+    digest: [u8; 32],
+    prefixes: Vec<String>,
+    permissions: HashSet<Permission>,
+}
+
+impl Key {
+    /// Whether the key has `permission`.
+    pub fn may(&self, permission: Permission) -> bool {
+        self.permissions.contains(&permission)
+    }
+
+    /// Whether `name` falls under one of the key's prefixes.
+    pub fn covers(&self, name: &str) -> bool {
+        self.prefixes
+            .iter()
+            .any(|p| p == "*" || name.starts_with(p.as_str()))
+    }
+}
+
+/// Why the keys file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    /// The file could not be read.
+    #[error("cannot read the keys file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML of the expected shape.
+    #[error("invalid keys file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (never a secret: the file holds none).
+        message: String,
+    },
+}
+
+/// The keys of one keys file.
+#[derive(Debug, Default)]
+pub struct KeyRing {
+    keys: Vec<Key>,
+}
+
+impl KeyRing {
+    /// Parses and checks a keys file's text. `path` is only for messages.
+    ///
+    /// # Errors
+    /// [`KeysError::Parse`] for bad TOML, an unknown field or permission, an
+    /// empty or repeated id, a hash that is not 64 hex digits, a hash used
+    /// twice, a key with no prefix or no permission, or an empty prefix.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, KeysError> {
+        let bad = |message: String| KeysError::Parse {
+            path: path.to_path_buf(),
+            message,
+        };
+        let file: KeysFile = toml_parse(text).map_err(bad)?;
+        let mut ids = HashSet::new();
+        let mut digests = HashSet::new();
+        let mut keys = Vec::with_capacity(file.keys.len());
+        for entry in file.keys {
+            let key = check_entry(entry).map_err(bad)?;
+            if !ids.insert(key.id.clone()) {
+                return Err(bad(format!("the id {:?} is used twice", key.id)));
+            }
+            if !digests.insert(key.digest) {
+                return Err(bad(format!(
+                    "key {:?} has the same secret_sha256 as an earlier key",
+                    key.id
+                )));
+            }
+            keys.push(key);
+        }
+        Ok(Self { keys })
+    }
+
+    /// Reads and parses `path`.
+    ///
+    /// # Errors
+    /// As [`KeyRing::parse`], and [`KeysError::Read`].
+    pub fn load(path: &Path) -> Result<Self, KeysError> {
+        let text = std::fs::read_to_string(path).map_err(|source| KeysError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// How many keys there are.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether there are none (every request is then refused).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The key whose secret is `secret`, if any. The secret's SHA-256 is
+    /// compared with every key's in constant time, and every key is looked
+    /// at whatever matched.
+    pub fn find(&self, secret: &str) -> Option<&Key> {
+        let digest: [u8; 32] = Sha256::digest(secret.as_bytes()).into();
+        let mut found = None;
+        for key in &self.keys {
+            if bool::from(key.digest.ct_eq(&digest)) {
+                found = Some(key);
+            }
+        }
+        found
+    }
+}
+
+fn toml_parse(text: &str) -> Result<KeysFile, String> {
+    use figment::Figment;
+    use figment::providers::{Format as _, Toml};
+    Figment::from(Toml::string(text))
+        .extract::<KeysFile>()
+        .map_err(|e| e.to_string())
+}
+
+fn check_entry(entry: KeyEntry) -> Result<Key, String> {
+    let id = entry.id.trim();
+    if id.is_empty() || id.len() > 100 || id.chars().any(char::is_control) {
+        return Err("every key needs an id of 1 to 100 printable characters".into());
+    }
+    let digest = decode_hex(&entry.secret_sha256).ok_or_else(|| {
+        format!("key {id:?}: secret_sha256 must be 64 hex digits (the SHA-256 of the secret)")
+    })?;
+    if entry.prefixes.is_empty() || entry.prefixes.iter().any(String::is_empty) {
+        return Err(format!(
+            "key {id:?}: prefixes must list at least one non-empty prefix (\"*\" for every name)"
+        ));
+    }
+    if entry.permissions.is_empty() {
+        return Err(format!("key {id:?}: permissions must list at least one"));
+    }
+    Ok(Key {
+        id: Arc::from(id),
+        digest,
+        prefixes: entry.prefixes,
+        permissions: entry.permissions.into_iter().collect(),
+    })
+}
+
+fn decode_hex(text: &str) -> Option<[u8; 32]> {
+    let text = text.trim();
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0_u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The SHA-256 of `secret`, as 64 lowercase hex digits: what a keys file
+/// stores.
+pub fn secret_sha256(secret: &str) -> String {
+    Sha256::digest(secret.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A new secret: `lockd_` and 256 random bits in unpadded base64url.
+pub fn new_secret() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!(
+        "lockd_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+/// The keys in force, and the file they came from, reloadable (SIGHUP).
+#[derive(Debug)]
+pub struct Auth {
+    path: PathBuf,
+    ring: RwLock<Arc<KeyRing>>,
+}
+
+impl Auth {
+    /// Loads the keys file at `path`.
+    ///
+    /// # Errors
+    /// As [`KeyRing::load`].
+    pub fn load(path: &Path) -> Result<Self, KeysError> {
+        let ring = KeyRing::load(path)?;
+        if ring.is_empty() {
+            tracing::warn!(file = %path.display(), "the keys file has no keys: every request that needs a key is refused");
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            ring: RwLock::new(Arc::new(ring)),
+        })
+    }
+
+    /// The keys in force now.
+    pub fn keys(&self) -> Arc<KeyRing> {
+        self.ring
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |ring| ring.clone())
+    }
+
+    /// Reads the keys file again. On success the new keys replace the old
+    /// ones at once (requests in flight keep the keys they started with);
+    /// on failure the old keys stay in force. Returns the number of keys.
+    ///
+    /// # Errors
+    /// As [`KeyRing::load`].
+    pub fn reload(&self) -> Result<usize, KeysError> {
+        let ring = KeyRing::load(&self.path)?;
+        let count = ring.len();
+        let mut slot = self.ring.write().unwrap_or_else(|p| p.into_inner());
+        *slot = Arc::new(ring);
+        Ok(count)
+    }
+
+    /// The keys file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: &str, secret: &str, prefixes: &[&str], perms: &str) -> String {
+        format!(
+            "[[keys]]\nid = \"{id}\"\nsecret_sha256 = \"{}\"\nprefixes = {prefixes:?}\npermissions = [{perms}]\n",
+            secret_sha256(secret)
+        )
+    }
+
+    #[test]
+    fn finds_the_key_of_a_secret_and_only_that_one() {
+        let text = entry("a", "secret-a", &["billing:"], "\"acquire\"")
+            + &entry("b", "secret-b", &["*"], "\"read\", \"metrics\"");
+        let ring = KeyRing::parse(&text, Path::new("k.toml")).expect("valid");
+        assert_eq!(ring.len(), 2);
+        let a = ring.find("secret-a").expect("a");
+        assert_eq!(&*a.id, "a");
+        assert!(a.may(Permission::Acquire) && !a.may(Permission::Release));
+        assert!(a.covers("billing:invoice") && !a.covers("shipping:x") && !a.covers("billing"));
+        let b = ring.find("secret-b").expect("b");
+        assert!(b.covers("anything") && b.may(Permission::Metrics));
+        assert!(ring.find("secret-c").is_none());
+        assert!(ring.find("").is_none());
+        assert!(ring.find(&secret_sha256("secret-a")).is_none());
+    }
+
+    #[test]
+    fn refuses_malformed_files() {
+        let good = entry("a", "s", &["x:"], "\"read\"");
+        let cases = [
+            good.clone() + &good,                  // same id
+            good.replace("\"read\"", "\"write\""), // unknown permission
+            good.replace("permissions = [\"read\"]", "permissions = []"),
+            good.replace("[\"x:\"]", "[]"),           // no prefix
+            good.replace("[\"x:\"]", "[\"\"]"),       // empty prefix
+            good.replace(&secret_sha256("s"), "abc"), // short hash
+            good.replace(&secret_sha256("s"), &"zz".repeat(32)), // not hex
+            good.replace("id = \"a\"", "id = \"\""),  // empty id
+            good.clone() + "colour = \"red\"\n",      // unknown field
+            good.clone() + &entry("b", "s", &["y:"], "\"read\""), // same secret
+            "keys = 3".to_owned(),
+        ];
+        for text in cases {
+            let outcome = KeyRing::parse(&text, Path::new("k.toml"));
+            assert!(
+                matches!(outcome, Err(KeysError::Parse { .. })),
+                "accepted: {text}"
+            );
+        }
+        assert!(
+            KeyRing::parse("", Path::new("k.toml"))
+                .expect("empty file")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn new_secrets_are_long_random_and_hash_to_64_hex_digits() {
+        let (a, b) = (new_secret(), new_secret());
+        assert_ne!(a, b);
+        assert!(a.starts_with("lockd_") && a.len() == 6 + 43, "{a}");
+        let hash = secret_sha256(&a);
+        assert_eq!(hash.len(), 64);
+        assert_eq!(decode_hex(&hash), Some(Sha256::digest(a.as_bytes()).into()));
+    }
+}

@@ -1,0 +1,127 @@
+//! The API-key check in front of `/locks/{name}` and `/metrics` (see
+//! [`crate::auth`] for the keys file).
+//!
+//! A request must carry `Authorization: Bearer <secret>` (RFC 6750 §2.1).
+//! - No header: 401 with `WWW-Authenticate: Bearer realm="lockd"`.
+//! - A header that is not one well-formed Bearer credential: 401 with
+//!   `error="invalid_request"`.
+//! - A secret no key has: 401 with `error="invalid_token"`.
+//! - A known key without the permission the method needs, or a lock name
+//!   outside the key's prefixes: 403.
+//!
+//! All are problem documents; none says which keys exist. The check runs
+//! before the body is read, so a refused request writes nothing. The key's
+//! id (never its secret) is recorded in the request's span.
+
+use axum::extract::{Path, Request, State};
+use axum::http::{Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tracing::Span;
+
+use super::problem::{ApiError, Kind};
+use super::state::AppState;
+use crate::auth::Permission;
+
+const NO_KEY: &str = r#"Bearer realm="lockd""#;
+const BAD_REQUEST: &str = r#"Bearer realm="lockd", error="invalid_request""#;
+const BAD_KEY: &str = r#"Bearer realm="lockd", error="invalid_token""#;
+
+/// Guards `/locks/{name}`: the permission comes from the method (POST
+/// acquire, PATCH extend, DELETE release, GET read), and the name must be
+/// under one of the key's prefixes.
+pub async fn guard_locks(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let permission = match *request.method() {
+        Method::POST => Permission::Acquire,
+        Method::PATCH => Permission::Extend,
+        Method::DELETE => Permission::Release,
+        _ => Permission::Read,
+    };
+    let (mut parts, body) = request.into_parts();
+    // The name as the handler sees it (percent-decoded). One that cannot be
+    // decoded is no one's: the handler would refuse it with 400 anyway.
+    let name = axum::RequestPartsExt::extract::<Path<String>>(&mut parts)
+        .await
+        .map(|Path(name)| name)
+        .unwrap_or_default();
+    let request = Request::from_parts(parts, body);
+    match check(&state, &request, permission, Some(&name)) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+/// Guards `/metrics` on the main listener: the key needs `metrics`.
+pub async fn guard_metrics(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match check(&state, &request, Permission::Metrics, None) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+fn check(
+    state: &AppState,
+    request: &Request,
+    permission: Permission,
+    name: Option<&str>,
+) -> Result<(), ApiError> {
+    let Some(auth) = &state.auth else {
+        return Ok(());
+    };
+    let secret = bearer_secret(request)?;
+    let keys = auth.keys();
+    let Some(key) = keys.find(secret) else {
+        return Err(ApiError::unauthorized(
+            "this API key is not known; check the secret, or ask for a key",
+            BAD_KEY,
+        ));
+    };
+    Span::current().record("key", &*key.id);
+    if !key.may(permission) {
+        return Err(ApiError::new(
+            Kind::Forbidden,
+            format!(
+                "this API key does not have the `{}` permission",
+                permission.as_str()
+            ),
+        ));
+    }
+    if name.is_some_and(|name| !key.covers(name)) {
+        return Err(ApiError::new(
+            Kind::Forbidden,
+            "this API key may not use this lock name: it is outside the key's prefixes",
+        ));
+    }
+    Ok(())
+}
+
+/// The secret of the request's one `Authorization: Bearer` header.
+fn bearer_secret(request: &Request) -> Result<&str, ApiError> {
+    let mut values = request.headers().get_all(header::AUTHORIZATION).iter();
+    let Some(value) = values.next() else {
+        return Err(ApiError::unauthorized(
+            "this server needs an API key: send `Authorization: Bearer <secret>`",
+            NO_KEY,
+        ));
+    };
+    let malformed = || {
+        ApiError::unauthorized(
+            "the Authorization header must be one `Bearer <secret>`",
+            BAD_REQUEST,
+        )
+    };
+    if values.next().is_some() {
+        return Err(malformed());
+    }
+    let text = value.to_str().map_err(|_| malformed())?;
+    let (scheme, secret) = text.split_once(' ').ok_or_else(malformed)?;
+    let secret = secret.trim_matches(' ');
+    if !scheme.eq_ignore_ascii_case("bearer") || secret.is_empty() || secret.contains(' ') {
+        return Err(malformed());
+    }
+    Ok(secret)
+}

@@ -1,0 +1,124 @@
+//! `lockd keygen`: mints an API key. The secret is printed once, on
+//! stdout, and stored nowhere; the keys file gets its SHA-256.
+
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use crate::auth::{KeyEntry, KeyRing, Permission, new_secret, secret_sha256};
+
+/// Flags of `lockd keygen`.
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// A name for the key, unique in the keys file (logged with requests).
+    #[arg(long)]
+    pub id: String,
+    /// A lock-name prefix the key may use, such as `billing:`; give it more
+    /// than once for several; `*` for every name.
+    #[arg(long = "prefix", required = true)]
+    pub prefixes: Vec<String>,
+    /// What the key may do (comma-separated).
+    #[arg(
+        long = "permission",
+        value_enum,
+        value_delimiter = ',',
+        default_values_t = [Permission::Acquire, Permission::Extend, Permission::Release, Permission::Read]
+    )]
+    pub permissions: Vec<Permission>,
+    /// Append the key to this keys file (created, mode 0600, when missing).
+    /// Without it, the entry is printed on stderr for you to add.
+    #[arg(long)]
+    pub keys_file: Option<PathBuf>,
+}
+
+/// Runs `lockd keygen`; returns the exit code (0, or 2 for a refused key
+/// or an unusable keys file).
+pub fn run(args: &KeygenArgs) -> u8 {
+    match mint(args) {
+        Ok(secret) => {
+            println!("{secret}");
+            0
+        }
+        Err(e) => {
+            eprintln!("lockd keygen: {e}");
+            2
+        }
+    }
+}
+
+fn mint(args: &KeygenArgs) -> Result<String, String> {
+    let secret = new_secret();
+    let entry = KeyEntry {
+        id: args.id.trim().to_owned(),
+        secret_sha256: secret_sha256(&secret),
+        prefixes: args.prefixes.clone(),
+        permissions: args.permissions.clone(),
+    };
+    let text = entry_toml(&entry)?;
+    match &args.keys_file {
+        Some(path) => {
+            append(path, &text)?;
+            eprintln!(
+                "lockd keygen: added key {:?} to {}; send SIGHUP to a running lockd to load it. \
+                 The secret (on stdout) is shown once: give it to the client.",
+                entry.id,
+                path.display()
+            );
+        }
+        None => {
+            // Checks the entry alone, as a keys file would.
+            KeyRing::parse(&text, Path::new("(new key)")).map_err(|e| e.to_string())?;
+            eprintln!("# Add this to your keys file; the secret (stdout) is shown once:\n{text}");
+        }
+    }
+    Ok(secret)
+}
+
+/// The entry as a `[[keys]]` table.
+fn entry_toml(entry: &KeyEntry) -> Result<String, String> {
+    let quote = |s: &str| serde_json::to_string(s).map_err(|e| e.to_string());
+    let list = |items: Vec<String>| -> Result<String, String> {
+        Ok(format!(
+            "[{}]",
+            items
+                .iter()
+                .map(|s| quote(s))
+                .collect::<Result<Vec<_>, _>>()?
+                .join(", ")
+        ))
+    };
+    Ok(format!(
+        "\n[[keys]]\nid = {}\nsecret_sha256 = {}\nprefixes = {}\npermissions = {}\n",
+        quote(&entry.id)?,
+        quote(&entry.secret_sha256)?,
+        list(entry.prefixes.clone())?,
+        list(
+            entry
+                .permissions
+                .iter()
+                .map(|p| p.as_str().to_owned())
+                .collect()
+        )?,
+    ))
+}
+
+/// Appends `text` to the keys file at `path` after checking that the file
+/// with it still loads (so a repeated id is refused and nothing written).
+fn append(path: &Path, text: &str) -> Result<(), String> {
+    let existing = match std::fs::read_to_string(path) {
+        Ok(existing) => existing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    KeyRing::parse(&format!("{existing}{text}"), path).map_err(|e| e.to_string())?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}

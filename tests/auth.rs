@@ -1,0 +1,324 @@
+//! API keys, driven over HTTP as clients would: tenants kept apart by lock
+//! name prefix (even holding another tenant's lock token), permissions per
+//! method, 401 for missing, unknown and malformed `Authorization`, 403 for
+//! the rest, `/metrics` behind the `metrics` permission, and the open
+//! routes. Each refusal is a problem document and writes nothing.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::PathBuf;
+
+use lockd::auth::{Permission, secret_sha256};
+use lockd::config::Settings;
+use reqwest::Method;
+use support::{Reply, TestApp, random_token};
+
+/// A key for the keys file: id, secret, prefixes, permissions.
+struct TestKey {
+    id: &'static str,
+    secret: String,
+    prefixes: &'static [&'static str],
+    permissions: &'static [Permission],
+}
+
+impl TestKey {
+    fn new(
+        id: &'static str,
+        prefixes: &'static [&'static str],
+        permissions: &'static [Permission],
+    ) -> Self {
+        Self {
+            id,
+            secret: format!("secret-{id}-{}", random_token()),
+            prefixes,
+            permissions,
+        }
+    }
+
+    fn bearer(&self) -> String {
+        format!("Bearer {}", self.secret)
+    }
+}
+
+const ALL_LOCK: &[Permission] = &[
+    Permission::Acquire,
+    Permission::Extend,
+    Permission::Release,
+    Permission::Read,
+];
+
+/// Writes a keys file of `keys` in a fresh temp dir (kept for the test).
+fn keys_file(keys: &[&TestKey]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.toml");
+    let mut text = String::new();
+    for key in keys {
+        let perms: Vec<String> = key
+            .permissions
+            .iter()
+            .map(|p| format!("\"{}\"", p.as_str()))
+            .collect();
+        text += &format!(
+            "[[keys]]\nid = \"{}\"\nsecret_sha256 = \"{}\"\nprefixes = {:?}\npermissions = [{}]\n\n",
+            key.id,
+            secret_sha256(&key.secret),
+            key.prefixes,
+            perms.join(", ")
+        );
+    }
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
+}
+
+async fn app_with_keys(
+    keys: &[&TestKey],
+    tweak: impl FnOnce(&mut Settings),
+) -> (TestApp, tempfile::TempDir) {
+    let (dir, path) = keys_file(keys);
+    let app = TestApp::redis_with(|s| {
+        s.auth_keys_file = Some(path);
+        tweak(s);
+    })
+    .await;
+    (app, dir)
+}
+
+async fn call(
+    app: &TestApp,
+    method: Method,
+    name: &str,
+    auth: Option<&str>,
+    lock_token: Option<&str>,
+) -> Reply {
+    let mut headers = Vec::new();
+    if let Some(auth) = auth {
+        headers.push(("Authorization", auth));
+    }
+    if let Some(token) = lock_token {
+        headers.push(("Lock-Token", token));
+    }
+    app.send(method, &format!("/locks/{name}"), &headers, None)
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_a_cannot_touch_tenant_b_locks_even_with_b_lock_token() {
+    let a = TestKey::new("tenant-a", &["a:"], ALL_LOCK);
+    let b = TestKey::new("tenant-b", &["b:"], ALL_LOCK);
+    let (app, _dir) = app_with_keys(&[&a, &b], |_| {}).await;
+    let granted = call(&app, Method::POST, "b:job", Some(&b.bearer()), None).await;
+    granted.expect_status(201);
+    let (b_token, fence) = (granted.token(), granted.fence());
+
+    for method in [Method::POST, Method::PATCH, Method::DELETE, Method::GET] {
+        let reply = call(
+            &app,
+            method.clone(),
+            "b:job",
+            Some(&a.bearer()),
+            Some(&b_token),
+        )
+        .await;
+        let problem = reply.expect_problem(403, "forbidden");
+        assert!(problem["detail"].as_str().unwrap().contains("prefixes"));
+        assert_eq!(
+            app.holder_token("b:job").await.as_deref(),
+            Some(&*b_token),
+            "{method}"
+        );
+    }
+    // B still holds it, with the same fence, and can release it.
+    let status = call(&app, Method::GET, "b:job", Some(&b.bearer()), None).await;
+    status.expect_status(200);
+    assert_eq!(status.fence(), fence);
+    call(
+        &app,
+        Method::DELETE,
+        "b:job",
+        Some(&b.bearer()),
+        Some(&b_token),
+    )
+    .await
+    .expect_status(204);
+    // A's own prefix works; "a" alone (no colon) is not under "a:".
+    call(&app, Method::POST, "a:job", Some(&a.bearer()), None)
+        .await
+        .expect_status(201);
+    call(&app, Method::POST, "a", Some(&a.bearer()), None)
+        .await
+        .expect_problem(403, "forbidden");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_wrong_and_malformed_authorization_get_401_and_write_nothing() {
+    let key = TestKey::new("worker", &["*"], ALL_LOCK);
+    let (app, _dir) = app_with_keys(&[&key], |_| {}).await;
+
+    let missing = call(&app, Method::POST, "job", None, None).await;
+    missing.expect_problem(401, "unauthorized");
+    assert_eq!(
+        missing.header("www-authenticate").as_deref(),
+        Some(r#"Bearer realm="lockd""#)
+    );
+
+    let wrong = call(&app, Method::POST, "job", Some("Bearer not-a-key"), None).await;
+    wrong.expect_problem(401, "unauthorized");
+    assert_eq!(
+        wrong.header("www-authenticate").as_deref(),
+        Some(r#"Bearer realm="lockd", error="invalid_token""#)
+    );
+    // The hash itself is not a secret that works.
+    let hashed = format!("Bearer {}", secret_sha256(&key.secret));
+    call(&app, Method::POST, "job", Some(&hashed), None)
+        .await
+        .expect_problem(401, "unauthorized");
+
+    let malformed = [
+        format!("Basic {}", key.secret),
+        "Bearer".to_owned(),
+        "Bearer ".to_owned(),
+        format!("Bearer {} extra", key.secret),
+        format!("Token {}", key.secret),
+        key.secret.clone(),
+    ];
+    for header in &malformed {
+        let reply = call(&app, Method::POST, "job", Some(header), None).await;
+        reply.expect_problem(401, "unauthorized");
+        assert_eq!(
+            reply.header("www-authenticate").as_deref(),
+            Some(r#"Bearer realm="lockd", error="invalid_request""#),
+            "{header:?}"
+        );
+        assert!(
+            !reply.text.contains(&key.secret),
+            "the answer echoes the secret"
+        );
+    }
+    // Two Authorization headers, even both right, are refused.
+    let twice = app
+        .send(
+            Method::POST,
+            "/locks/job",
+            &[
+                ("Authorization", &key.bearer()),
+                ("Authorization", &key.bearer()),
+            ],
+            None,
+        )
+        .await;
+    twice.expect_problem(401, "unauthorized");
+    assert_eq!(
+        app.lock_key_count().await,
+        0,
+        "a refused request wrote a lock"
+    );
+
+    // The scheme is case-insensitive (RFC 9110 §11.1).
+    let lower = format!("bearer {}", key.secret);
+    call(&app, Method::POST, "job", Some(&lower), None)
+        .await
+        .expect_status(201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_method_needs_its_permission() {
+    let reader = TestKey::new("reader", &["*"], &[Permission::Read]);
+    let taker = TestKey::new("taker", &["*"], &[Permission::Acquire]);
+    let (app, _dir) = app_with_keys(&[&reader, &taker], |_| {}).await;
+
+    call(&app, Method::POST, "job", Some(&reader.bearer()), None)
+        .await
+        .expect_problem(403, "forbidden");
+    assert_eq!(app.lock_key_count().await, 0);
+    let granted = call(&app, Method::POST, "job", Some(&taker.bearer()), None).await;
+    granted.expect_status(201);
+    let token = granted.token();
+    call(&app, Method::GET, "job", Some(&reader.bearer()), None)
+        .await
+        .expect_status(200);
+    call(&app, Method::GET, "job", Some(&taker.bearer()), None)
+        .await
+        .expect_problem(403, "forbidden");
+    for method in [Method::PATCH, Method::DELETE] {
+        let reply = call(&app, method, "job", Some(&taker.bearer()), Some(&token)).await;
+        let problem = reply.expect_problem(403, "forbidden");
+        assert!(problem["detail"].as_str().unwrap().contains("permission"));
+    }
+    assert_eq!(app.holder_token("job").await.as_deref(), Some(&*token));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_need_the_metrics_permission_and_health_stays_open() {
+    let worker = TestKey::new("worker", &["*"], ALL_LOCK);
+    let scraper = TestKey::new("prometheus", &["*"], &[Permission::Metrics]);
+    let (app, _dir) = app_with_keys(&[&worker, &scraper], |_| {}).await;
+
+    app.get("/metrics")
+        .await
+        .expect_problem(401, "unauthorized");
+    app.send(
+        Method::GET,
+        "/metrics",
+        &[("Authorization", &worker.bearer())],
+        None,
+    )
+    .await
+    .expect_problem(403, "forbidden");
+    let scrape = app
+        .send(
+            Method::GET,
+            "/metrics",
+            &[("Authorization", &scraper.bearer())],
+            None,
+        )
+        .await;
+    scrape.expect_status(200);
+    assert!(scrape.text.contains("lockd_http_requests_total"));
+    // A metrics-only key takes no lock.
+    call(&app, Method::POST, "job", Some(&scraper.bearer()), None)
+        .await
+        .expect_problem(403, "forbidden");
+    for open in ["/healthz", "/readyz", "/openapi.json", "/docs"] {
+        app.get(open).await.expect_status(200);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_on_their_own_listener_need_no_key() {
+    let worker = TestKey::new("worker", &["*"], ALL_LOCK);
+    let (app, _dir) = app_with_keys(&[&worker], |s| {
+        s.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let addr = app.metrics_addr.expect("metrics listener");
+    let scrape = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(scrape.status(), 200);
+    // The main listener no longer serves /metrics at all.
+    app.send(
+        Method::GET,
+        "/metrics",
+        &[("Authorization", &worker.bearer())],
+        None,
+    )
+    .await
+    .expect_problem(404, "route-not-found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_keys_file_refuses_everyone() {
+    let (app, _dir) = app_with_keys(&[], |_| {}).await;
+    call(
+        &app,
+        Method::POST,
+        "job",
+        Some("Bearer anything-at-all"),
+        None,
+    )
+    .await
+    .expect_problem(401, "unauthorized");
+    app.get("/healthz").await.expect_status(200);
+}
