@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Auth, KeysError};
 use crate::config::{Settings, node_address};
+use crate::http::admission::Admission;
 use crate::http::locks::input::{TtlPolicy, WaitPolicy};
 use crate::http::routes::{metrics_router, router};
 use crate::http::state::AppState;
@@ -135,6 +136,7 @@ impl Application {
             stopping: stopping.clone(),
             request_timeout: Duration::from_millis(settings.request_timeout_ms),
             auth: auth.clone(),
+            admission: Admission::new(settings.max_requests, settings.max_waiters),
         };
         let request_timeout = state.request_timeout;
         let listener = bind(settings.listen).await?;

@@ -104,6 +104,11 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_MAX_WAITERS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_waiters: Option<usize>,
+    /// Most /locks requests served at once besides the max_waiters waiting
+    /// ones; beyond, 503 overloaded [default: 1024].
+    #[arg(long, env = "LOCKD_MAX_REQUESTS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_requests: Option<usize>,
     /// Keep locks in this process's memory instead of Redis, to try lockd
     /// without Redis. Locks are not shared between processes.
     /// LOCKD_DEV takes 1/0, true/false, yes/no, on/off.
@@ -189,6 +194,8 @@ pub struct Settings {
     pub max_wait_ms: u64,
     /// Most requests waiting for locks at once.
     pub max_waiters: usize,
+    /// Most `/locks` requests at once besides the waiting ones.
+    pub max_requests: usize,
     /// Use the in-memory backend instead of Redis.
     pub dev: bool,
     /// Where `/metrics` is served when not on `listen`.
@@ -225,6 +232,7 @@ impl Default for Settings {
             drift_factor: 0.01,
             max_wait_ms: 60_000,
             max_waiters: 10_000,
+            max_requests: 1024,
             dev: false,
             metrics_listen: None,
             metrics_max_namespaces: 100,
@@ -258,6 +266,7 @@ impl fmt::Debug for Settings {
             .field("drift_factor", &self.drift_factor)
             .field("max_wait_ms", &self.max_wait_ms)
             .field("max_waiters", &self.max_waiters)
+            .field("max_requests", &self.max_requests)
             .field("dev", &self.dev)
             .field("metrics_listen", &self.metrics_listen)
             .field("metrics_max_namespaces", &self.metrics_max_namespaces)
@@ -384,6 +393,9 @@ impl Settings {
         }
         if self.max_waiters == 0 {
             return invalid("max_waiters must be at least 1".into());
+        }
+        if self.max_requests == 0 {
+            return invalid("max_requests must be at least 1".into());
         }
         if self.request_timeout_ms == 0 {
             return invalid("request_timeout_ms must be at least 1".into());

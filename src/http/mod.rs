@@ -1,6 +1,7 @@
 //! The HTTP face of lockd: routes, thin handlers, extractors and the one
 //! mapping from errors to RFC 9457 problem documents.
 
+pub mod admission;
 pub mod auth;
 pub mod deadline;
 pub mod extract;

@@ -114,6 +114,8 @@ pub enum Kind {
     TooManyWaiters,
     /// 503: the service is shutting down.
     ShuttingDown,
+    /// 503: this instance serves as many requests as it allows.
+    Overloaded,
     /// 500: the lock store refused the operation (see the server log).
     BackendError,
     /// 503: the request took longer than the server allows.
@@ -178,6 +180,11 @@ impl Kind {
                 "Lock store error",
             ),
             Self::Timeout => (S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"),
+            Self::Overloaded => (
+                S::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Too many requests in flight",
+            ),
             Self::Internal => (S::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
         }
     }
@@ -238,6 +245,13 @@ impl ApiError {
     /// The kind of problem.
     pub fn kind(&self) -> Kind {
         self.kind
+    }
+
+    /// The same error, asking the client to wait `wait` before retrying
+    /// (`retry_after_ms` and `Retry-After`).
+    #[must_use]
+    pub fn with_retry_after(self, wait: Duration) -> Self {
+        self.retry_after(wait)
     }
 
     fn retry_after(mut self, wait: Duration) -> Self {

@@ -17,7 +17,7 @@ use super::locks::{acquire, extend, inspect, release};
 use super::openapi::ApiDoc;
 use super::problem::ApiError;
 use super::state::AppState;
-use super::{auth, deadline, ops, telemetry};
+use super::{admission, auth, deadline, ops, telemetry};
 
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -70,6 +70,11 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::guard_locks,
+        ))
+        // Outermost: an overloaded instance refuses before anything else.
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            admission::admit,
         ));
     let short = timeout(request_timeout);
     let mut ops = Router::new()

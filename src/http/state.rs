@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Auth;
+use crate::http::admission::Admission;
 use crate::http::locks::input::{TtlPolicy, WaitPolicy};
 use crate::lock::Locks;
 use crate::metrics::Metrics;
@@ -27,4 +28,6 @@ pub struct AppState {
     pub request_timeout: Duration,
     /// The API keys, when `--auth-keys-file` is set; `None`: no key needed.
     pub auth: Option<Arc<Auth>>,
+    /// The cap on `/locks` requests in flight.
+    pub admission: Admission,
 }

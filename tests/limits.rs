@@ -1,0 +1,106 @@
+//! Limits against abuse, seen as clients would: the cap on `/locks`
+//! requests in flight (503 `overloaded`, with room kept for waiters and
+//! probes still answered).
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use reqwest::Method;
+use support::{TestApp, random_token};
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::TcpStream;
+
+/// Opens a connection and sends a POST whose body never finishes: the
+/// request holds its slot until the connection is closed (or its request
+/// timeout ends it).
+async fn stalled_request(app: &TestApp, name: &str) -> TcpStream {
+    let addr = app.url("").trim_start_matches("http://").to_owned();
+    let mut stream = TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /locks/{name} HTTP/1.1\r\nHost: lockd\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// Waits until the server has started serving `n` requests (gauge).
+async fn until_in_flight(app: &TestApp, n: f64) {
+    let seen = support::eventually(Duration::from_secs(5), || async {
+        let text = app.metrics().await;
+        // The scrape itself is one request in flight.
+        support::metric(&text, "lockd_http_requests_in_flight", &[]).unwrap_or(0.0) > n
+    })
+    .await;
+    assert!(seen, "fewer than {n} requests in flight");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_the_cap_get_503_overloaded_and_probes_still_answer() {
+    // Room for 1 request + 1 waiter: 2 in all.
+    let app = TestApp::redis_with(|s| {
+        s.max_requests = 1;
+        s.max_waiters = 1;
+        s.request_timeout_ms = 20_000;
+    })
+    .await;
+    let first = stalled_request(&app, "cap:a").await;
+    let second = stalled_request(&app, "cap:b").await;
+    until_in_flight(&app, 2.0).await;
+
+    let refused = app.acquire("cap:c", None).await;
+    let problem = refused.expect_problem(503, "overloaded");
+    assert_eq!(problem["retry_after_ms"], 1000);
+    assert_eq!(refused.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(
+        app.holder("cap:c").await,
+        None,
+        "an overloaded request wrote"
+    );
+    // Every /locks method is capped; probes and scrapes are not.
+    let token = random_token();
+    app.send(
+        Method::DELETE,
+        "/locks/cap:c",
+        &[("Lock-Token", &token)],
+        None,
+    )
+    .await
+    .expect_problem(503, "overloaded");
+    app.get("/healthz").await.expect_status(200);
+    app.get("/readyz").await.expect_status(200);
+    assert!(app.metrics().await.contains("lockd_http_requests_total"));
+
+    // The room comes back when the stalled requests go.
+    drop((first, second));
+    let served = support::eventually(Duration::from_secs(5), || async {
+        app.acquire("cap:c", None).await.status == 201
+    })
+    .await;
+    assert!(served, "the cap did not free its slots");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_cannot_take_the_room_of_other_requests() {
+    // 1 request + 2 waiters: two parked waiters leave one slot.
+    let app = TestApp::redis_with(|s| {
+        s.max_requests = 1;
+        s.max_waiters = 2;
+    })
+    .await;
+    app.acquire("cap:held", None).await.expect_status(201);
+    let mut parked = Vec::new();
+    for _ in 0..2 {
+        let client = app.client.clone();
+        let url = app.url("/locks/cap:held?wait_ms=10000");
+        parked.push(tokio::spawn(async move { client.post(url).send().await }));
+    }
+    until_in_flight(&app, 2.0).await;
+    // The one slot left serves another lock.
+    app.acquire("cap:other", None).await.expect_status(201);
+    for waiter in parked {
+        waiter.abort();
+    }
+}
