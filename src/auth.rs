@@ -10,6 +10,7 @@
 //! secret_sha256 = "<64 hex digits: SHA-256 of the secret>"
 //! prefixes = ["billing:"]          # or ["*"] for every lock name
 //! permissions = ["acquire", "extend", "release", "read"]
+//! requests_per_second = 50         # optional: a rate limit for this key
 //! ```
 //!
 //! Only the SHA-256 of a secret is stored, never the secret. A client sends
@@ -19,10 +20,14 @@
 //! time taken.
 
 use std::collections::HashSet;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use base64::Engine as _;
+use governor::clock::{Clock as _, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
@@ -69,6 +74,10 @@ pub struct KeyEntry {
     pub prefixes: Vec<String>,
     /// What the key may do.
     pub permissions: Vec<Permission>,
+    /// Most requests per second for this key (a burst of as many is
+    /// allowed); beyond it, 429. Absent: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_second: Option<u32>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -86,9 +95,25 @@ pub struct Key {
     digest: [u8; 32],
     prefixes: Vec<String>,
     permissions: HashSet<Permission>,
+    /// GCRA over `requests_per_second` (the `governor` crate).
+    limiter: Option<Arc<DefaultDirectRateLimiter>>,
 }
 
 impl Key {
+    /// Counts one request against the key's rate limit: `Err(wait)` when it
+    /// is over, `wait` being how long until one more is allowed.
+    ///
+    /// # Errors
+    /// The wait, when the key is over its limit.
+    pub fn spend(&self) -> Result<(), Duration> {
+        let Some(limiter) = &self.limiter else {
+            return Ok(());
+        };
+        limiter
+            .check()
+            .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
+    }
+
     /// Whether the key has `permission`.
     pub fn may(&self, permission: Permission) -> bool {
         self.permissions.contains(&permission)
@@ -222,11 +247,23 @@ fn check_entry(entry: KeyEntry) -> Result<Key, String> {
     if entry.permissions.is_empty() {
         return Err(format!("key {id:?}: permissions must list at least one"));
     }
+    let limiter = match entry.requests_per_second {
+        None => None,
+        Some(rate) => {
+            let rate = NonZeroU32::new(rate).ok_or_else(|| {
+                format!(
+                    "key {id:?}: requests_per_second must be at least 1 (leave it out for no limit)"
+                )
+            })?;
+            Some(Arc::new(RateLimiter::direct(Quota::per_second(rate))))
+        }
+    };
     Ok(Key {
         id: Arc::from(id),
         digest,
         prefixes: entry.prefixes,
         permissions: entry.permissions.into_iter().collect(),
+        limiter,
     })
 }
 

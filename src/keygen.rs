@@ -27,6 +27,10 @@ pub struct KeygenArgs {
         default_values_t = [Permission::Acquire, Permission::Extend, Permission::Release, Permission::Read]
     )]
     pub permissions: Vec<Permission>,
+    /// Most requests per second for this key (bursts of as many); beyond,
+    /// 429 [default: no limit].
+    #[arg(long)]
+    pub requests_per_second: Option<u32>,
     /// Append the key to this keys file (created, mode 0600, when missing).
     /// Without it, the entry is printed on stderr for you to add.
     #[arg(long)]
@@ -55,6 +59,7 @@ fn mint(args: &KeygenArgs) -> Result<String, String> {
         secret_sha256: secret_sha256(&secret),
         prefixes: args.prefixes.clone(),
         permissions: args.permissions.clone(),
+        requests_per_second: args.requests_per_second,
     };
     let text = entry_toml(&entry)?;
     match &args.keys_file {
@@ -89,8 +94,12 @@ fn entry_toml(entry: &KeyEntry) -> Result<String, String> {
                 .join(", ")
         ))
     };
+    let rate = entry
+        .requests_per_second
+        .map(|r| format!("requests_per_second = {r}\n"))
+        .unwrap_or_default();
     Ok(format!(
-        "\n[[keys]]\nid = {}\nsecret_sha256 = {}\nprefixes = {}\npermissions = {}\n",
+        "\n[[keys]]\nid = {}\nsecret_sha256 = {}\nprefixes = {}\npermissions = {}\n{rate}",
         quote(&entry.id)?,
         quote(&entry.secret_sha256)?,
         list(entry.prefixes.clone())?,

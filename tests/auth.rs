@@ -322,3 +322,44 @@ async fn an_empty_keys_file_refuses_everyone() {
     .expect_problem(401, "unauthorized");
     app.get("/healthz").await.expect_status(200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_over_its_rate_gets_429_with_retry_after_and_others_do_not() {
+    let slow = TestKey::new("slow", &["*"], ALL_LOCK);
+    let free = TestKey::new("free", &["*"], ALL_LOCK);
+    let (dir, path) = keys_file(&[&slow, &free]);
+    // 1 per second for "slow" (the first entry) only.
+    let text = std::fs::read_to_string(&path).unwrap().replacen(
+        "permissions = [\"acquire\", \"extend\", \"release\", \"read\"]\n",
+        "permissions = [\"acquire\", \"extend\", \"release\", \"read\"]\nrequests_per_second = 1\n",
+        1,
+    );
+    std::fs::write(&path, text).unwrap();
+    let app = TestApp::redis_with(|s| s.auth_keys_file = Some(path.clone())).await;
+    let _keep = dir;
+
+    call(&app, Method::GET, "rate:k", Some(&slow.bearer()), None)
+        .await
+        .expect_status(404);
+    let limited = call(&app, Method::GET, "rate:k", Some(&slow.bearer()), None).await;
+    let problem = limited.expect_problem(429, "rate-limited");
+    let wait_ms = problem["retry_after_ms"].as_u64().unwrap();
+    assert!((1..=1000).contains(&wait_ms), "retry_after_ms {wait_ms}");
+    assert_eq!(limited.header("retry-after").as_deref(), Some("1"));
+    // A limited acquire writes nothing.
+    call(&app, Method::POST, "rate:k", Some(&slow.bearer()), None)
+        .await
+        .expect_problem(429, "rate-limited");
+    assert_eq!(app.lock_key_count().await, 0);
+    // Another key is not limited by it.
+    for _ in 0..5 {
+        call(&app, Method::GET, "rate:k", Some(&free.bearer()), None)
+            .await
+            .expect_status(404);
+    }
+    // After the wait, the slow key gets in again.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    call(&app, Method::POST, "rate:k", Some(&slow.bearer()), None)
+        .await
+        .expect_status(201);
+}

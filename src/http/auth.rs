@@ -6,12 +6,15 @@
 //! - A header that is not one well-formed Bearer credential: 401 with
 //!   `error="invalid_request"`.
 //! - A secret no key has: 401 with `error="invalid_token"`.
+//! - A known key over its `requests_per_second`: 429 with `Retry-After`.
 //! - A known key without the permission the method needs, or a lock name
 //!   outside the key's prefixes: 403.
 //!
 //! All are problem documents; none says which keys exist. The check runs
 //! before the body is read, so a refused request writes nothing. The key's
 //! id (never its secret) is recorded in the request's span.
+
+use std::time::Duration;
 
 use axum::extract::{Path, Request, State};
 use axum::http::{Method, header};
@@ -81,6 +84,13 @@ fn check(
         ));
     };
     Span::current().record("key", &*key.id);
+    if let Err(wait) = key.spend() {
+        return Err(ApiError::new(
+            Kind::RateLimited,
+            "this API key is over its requests_per_second; retry after retry_after_ms",
+        )
+        .with_retry_after(wait.max(Duration::from_millis(1))));
+    }
     if !key.may(permission) {
         return Err(ApiError::new(
             Kind::Forbidden,

@@ -53,6 +53,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
         (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4"),
         (status = 401, description = "With API keys on (and no `--metrics-listen`): no key, an unknown key, or a malformed `Authorization` header", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "With API keys on: the key lacks the `metrics` permission", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "With API keys on: the key is over its `requests_per_second`", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     (

@@ -92,6 +92,8 @@ pub enum Kind {
     Unauthorized,
     /// 403: the API key may not do this, or not on this lock name.
     Forbidden,
+    /// 429: the API key is over its `requests_per_second`.
+    RateLimited,
     /// 404: nobody holds the lock.
     LockNotHeld,
     /// 409: another holder has the lock.
@@ -131,6 +133,7 @@ impl Kind {
             Self::InvalidRequest => (S::BAD_REQUEST, "invalid-request", "Invalid request"),
             Self::Unauthorized => (S::UNAUTHORIZED, "unauthorized", "API key required"),
             Self::Forbidden => (S::FORBIDDEN, "forbidden", "Not allowed for this API key"),
+            Self::RateLimited => (S::TOO_MANY_REQUESTS, "rate-limited", "Rate limit exceeded"),
             Self::LockNotHeld => (S::NOT_FOUND, "lock-not-held", "Lock is not held"),
             Self::LockHeld => (S::CONFLICT, "lock-held", "Lock is held"),
             Self::NotLockOwner => (
