@@ -11,6 +11,8 @@
 //! - [`config`]: flags, environment and the TOML file, merged into
 //!   [`config::Settings`].
 //! - [`app`]: builds and runs the application; `main` only calls it.
+//! - [`transport`]: how connections are served: HTTP/1.1 over TCP or TLS,
+//!   with limits on request heads.
 //! - [`client`]: `lockd exec` and the shell subcommands, over the HTTP API.
 
 pub mod app;
@@ -19,3 +21,4 @@ pub mod config;
 pub mod http;
 pub mod lock;
 pub mod metrics;
+pub mod transport;

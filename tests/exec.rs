@@ -27,7 +27,13 @@ use support::{TestApp, eventually, free_port, metric};
 const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
 /// The variables the client subcommands read; removed from every `lockd`
 /// started here unless a test sets them.
-const CLIENT_VARS: [&str; 4] = ["LOCKD_SERVER", "LOCKD_NAME", "LOCKD_TOKEN", "LOCKD_FENCE"];
+const CLIENT_VARS: [&str; 5] = [
+    "LOCKD_SERVER",
+    "LOCKD_NAME",
+    "LOCKD_TOKEN",
+    "LOCKD_FENCE",
+    "LOCKD_CA_CERT",
+];
 /// The longest any `lockd` invocation may take before the test gives up.
 const LIMIT: Duration = Duration::from_secs(40);
 /// How long a command may take to start under `lockd exec`.

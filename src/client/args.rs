@@ -2,17 +2,23 @@
 //! and `status`.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use clap::Args;
 
 use super::exit;
 
-/// Where the lockd server is.
+/// Where the lockd server is, and how to trust its certificate.
 #[derive(Debug, Clone, Args)]
 pub struct ServerArg {
     /// The lockd server's base URL (http:// or https://).
     #[arg(long, env = "LOCKD_SERVER", default_value = "http://127.0.0.1:8080")]
     pub server: String,
+    /// A PEM file of CA certificates to trust for an https:// server, on
+    /// top of the system's (for a private CA or a self-signed server
+    /// certificate).
+    #[arg(long, env = "LOCKD_CA_CERT", value_name = "PATH")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// `lockd exec [OPTIONS] NAME -- CMD [ARGS...]`.

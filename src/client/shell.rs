@@ -8,7 +8,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use super::api::{AcquireParams, Answer, CallError, LockClient};
-use super::args::{AcquireArgs, ExtendArgs, ReleaseArgs, StatusArgs};
+use super::args::{AcquireArgs, ExtendArgs, ReleaseArgs, ServerArg, StatusArgs};
 use super::exit;
 
 /// How long a call may take beyond any wait it asks for.
@@ -37,7 +37,7 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
         owner: args.owner.as_deref(),
     };
     let timeout = Duration::from_millis(args.wait_ms) + CALL_TIMEOUT;
-    call(&args.server.server, |c| async move {
+    call(&args.server, |c| async move {
         c.acquire(&args.name, &params, timeout).await
     })
     .await
@@ -45,7 +45,7 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
 
 /// `lockd extend`.
 pub async fn extend(args: ExtendArgs) -> u8 {
-    call(&args.server.server, |c| async move {
+    call(&args.server, |c| async move {
         c.extend(&args.name, &args.token.token, args.ttl_ms, CALL_TIMEOUT)
             .await
     })
@@ -54,7 +54,7 @@ pub async fn extend(args: ExtendArgs) -> u8 {
 
 /// `lockd release`.
 pub async fn release(args: ReleaseArgs) -> u8 {
-    call(&args.server.server, |c| async move {
+    call(&args.server, |c| async move {
         c.release(&args.name, &args.token.token, CALL_TIMEOUT).await
     })
     .await
@@ -62,18 +62,18 @@ pub async fn release(args: ReleaseArgs) -> u8 {
 
 /// `lockd status`.
 pub async fn status(args: StatusArgs) -> u8 {
-    call(&args.server.server, |c| async move {
+    call(&args.server, |c| async move {
         c.status(&args.name, CALL_TIMEOUT).await
     })
     .await
 }
 
-async fn call<F, Fut>(server: &str, send: F) -> u8
+async fn call<F, Fut>(server: &ServerArg, send: F) -> u8
 where
     F: FnOnce(LockClient) -> Fut,
     Fut: Future<Output = Result<Answer, CallError>>,
 {
-    let client = match LockClient::new(server) {
+    let client = match LockClient::new(&server.server, server.ca_cert.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lockd: {e}");
@@ -92,7 +92,7 @@ where
             exit_code(answer.status, answer.problem().slug())
         }
         Err(e) => {
-            eprintln!("lockd: no answer from {server}: {e}");
+            eprintln!("lockd: no answer from {}: {e}", server.server);
             exit::UNAVAILABLE
         }
     }
