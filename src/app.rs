@@ -2,13 +2,13 @@
 //! `main` only parses flags, sets up logging and calls [`Application`];
 //! tests build the same application on port 0.
 
-use std::future::{Future, IntoFuture as _};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::serve::ListenerExt as _;
+use axum_server::Handle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +23,7 @@ use crate::lock::redis::{RedisBackend, RedisConfig, redact_url};
 use crate::lock::redlock::{RedlockBackend, quorum};
 use crate::lock::{LockBackend, LockError, Locks, Ttl};
 use crate::metrics::{Instrumented, Metrics, PoolStatus};
+use crate::transport::{TlsError, Transport};
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +48,18 @@ pub enum StartupError {
     /// The metrics registry could not be built.
     #[error("cannot build metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// The TLS certificate or key cannot be used.
+    #[error("invalid settings: {0}")]
+    Tls(#[from] TlsError),
+}
+
+impl StartupError {
+    /// Whether the operator's settings are at fault (a value out of range,
+    /// an unusable TLS file), as with a bad flag, rather than the
+    /// environment (an address in use).
+    pub fn is_settings(&self) -> bool {
+        matches!(self, Self::Settings(_) | Self::Tls(_))
+    }
 }
 
 /// A bound, ready-to-run lockd.
@@ -62,6 +75,8 @@ pub struct Application {
     shutdown_timeout: Duration,
     /// The API keys, reloaded on SIGHUP.
     auth: Option<Arc<Auth>>,
+    /// TLS or not, and the limits on request heads.
+    transport: Transport,
 }
 
 impl Application {
@@ -139,6 +154,7 @@ impl Application {
             admission: Admission::new(settings.max_requests, settings.max_waiters),
         };
         let request_timeout = state.request_timeout;
+        let transport = Transport::from_settings(settings)?;
         let listener = bind(settings.listen).await?;
         let metrics = match settings.metrics_listen {
             Some(addr) => Some((
@@ -154,7 +170,13 @@ impl Application {
             stopping,
             shutdown_timeout: Duration::from_millis(settings.shutdown_timeout_ms),
             auth,
+            transport,
         })
+    }
+
+    /// Whether the main listener serves HTTPS (`--tls-cert`, `--tls-key`).
+    pub fn is_tls(&self) -> bool {
+        self.transport.is_tls()
     }
 
     /// The address the listener is bound to (useful with port 0).
@@ -192,51 +214,42 @@ impl Application {
             self.auth.clone(),
             self.stopping.clone(),
         ));
-        let stopping = self.stopping.clone();
-        let (began, shutdown_began) = tokio::sync::oneshot::channel::<()>();
-        // Answers are small and each is written whole: send them at once
-        // (TCP_NODELAY), as Redis does, rather than let Nagle's algorithm
-        // wait for more.
-        let listener = self.listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        let serve = axum::serve(listener, self.router).with_graceful_shutdown(async move {
-            shutdown.await;
-            // Readiness turns 503 and every wait ends at once.
-            stopping.cancel();
-            let _ = began.send(());
-        });
-        // A client that never finishes its request must not hold the process
-        // for ever: past the shutdown timeout, the open connections are
-        // dropped.
-        let timeout = self.shutdown_timeout;
-        let timed_out = async {
-            match shutdown_began.await {
-                Ok(()) => tokio::time::sleep(timeout).await,
-                Err(_) => std::future::pending().await,
-            }
-        };
-        let main_done = CancellationToken::new();
+        let main = Handle::new();
+        let metrics = Handle::new();
         let metrics_server = self.metrics.map(|(listener, router)| {
-            let done = main_done.clone();
-            tokio::spawn(async move {
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(done.cancelled_owned())
-                    .await
-            })
+            let transport = self.transport.plain();
+            let handle = metrics.clone();
+            tokio::spawn(async move { transport.serve(listener, router, handle).await })
         });
+        let serve = self
+            .transport
+            .serve(self.listener, self.router, main.clone());
+        tokio::pin!(serve);
         let result = tokio::select! {
-            result = serve.into_future() => result,
-            () = timed_out => {
-                tracing::warn!(timeout = ?timeout, "requests still open after the shutdown timeout; closing them");
-                Ok(())
+            // The server failed before any shutdown.
+            result = &mut serve => result,
+            () = shutdown => {
+                // Readiness turns 503 and every wait ends at once; the
+                // listener stops accepting, idle connections are closed and
+                // the requests in flight finish.
+                self.stopping.cancel();
+                main.graceful_shutdown(None);
+                // A client that never finishes its request must not hold
+                // the process for ever: past the shutdown timeout this
+                // returns, and the process exits with the connections still
+                // open.
+                match tokio::time::timeout(self.shutdown_timeout, &mut serve).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        tracing::warn!(timeout = ?self.shutdown_timeout, "requests still open after the shutdown timeout; closing them");
+                        Ok(())
+                    }
+                }
             }
         };
         // Also stops the release-event task when the server failed.
         self.stopping.cancel();
-        main_done.cancel();
+        metrics.graceful_shutdown(None);
         if let Some(server) = metrics_server {
             // Scrapes are short; a stuck one is not waited for.
             let _ = tokio::time::timeout(Duration::from_secs(1), server).await;

@@ -59,6 +59,30 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_LISTEN")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
+    /// Serve HTTPS with this certificate chain: a PEM file, the server's
+    /// certificate first, then any intermediates. Needs --tls-key
+    /// [default: plain HTTP].
+    #[arg(long, env = "LOCKD_TLS_CERT", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert: a PEM file (PKCS#8, PKCS#1 or SEC1,
+    /// not encrypted). Needs --tls-cert.
+    #[arg(long, env = "LOCKD_TLS_KEY", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Longest time a client may take to send a request's head (request
+    /// line and headers), in ms, counted from the connection's start or the
+    /// previous answer; then the connection is closed. It also closes a
+    /// keep-alive connection left idle that long [default: 5000].
+    #[arg(long, env = "LOCKD_HEADER_READ_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_read_timeout_ms: Option<u64>,
+    /// Largest request head (request line and headers) accepted, in bytes;
+    /// a longer one is answered 431 and the connection closed. At least
+    /// 8192 [default: 16384].
+    #[arg(long, env = "LOCKD_MAX_HEADER_BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_header_bytes: Option<usize>,
     /// Redis URL, e.g. redis://:password@host:6379/0 [default: redis://127.0.0.1:6379].
     /// Give it more than once (or comma-separated in LOCKD_REDIS_URL) to run
     /// Redlock over those independent masters; 3 or 5 are recommended.
@@ -172,6 +196,18 @@ pub enum LogFormat {
 pub struct Settings {
     /// Address to listen on; port 0 picks a free port.
     pub listen: SocketAddr,
+    /// PEM certificate chain to serve HTTPS with; with `tls_key`. Unset:
+    /// plain HTTP.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// Longest time a client may take to send a request head, in
+    /// milliseconds; also how long an idle keep-alive connection stays open.
+    pub header_read_timeout_ms: u64,
+    /// Largest request head (request line and headers), in bytes.
+    pub max_header_bytes: usize,
     /// Redis URLs: one runs the single-instance backend, several run Redlock
     /// over them. A TOML file may give one string or a list.
     #[serde(deserialize_with = "one_or_many")]
@@ -222,6 +258,10 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            tls_cert: None,
+            tls_key: None,
+            header_read_timeout_ms: 5_000,
+            max_header_bytes: 16_384,
             redis_url: vec!["redis://127.0.0.1:6379".into()],
             key_prefix: "lockd:".into(),
             default_ttl_ms: 30_000,
@@ -249,6 +289,10 @@ impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settings")
             .field("listen", &self.listen)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
+            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
+            .field("max_header_bytes", &self.max_header_bytes)
             .field(
                 "redis_url",
                 &self
@@ -278,6 +322,10 @@ impl fmt::Debug for Settings {
             .finish()
     }
 }
+
+/// The smallest `max_header_bytes`, in bytes: hyper's smallest HTTP/1 read
+/// buffer.
+pub const MIN_HEADER_BYTES: usize = 8192;
 
 /// Why the settings could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -422,6 +470,31 @@ impl Settings {
                 self.listen
             ));
         }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => {
+                return invalid(
+                    "tls_cert is set but tls_key is not: HTTPS needs both; give \
+                     --tls-key (or LOCKD_TLS_KEY, or tls_key in the file) too"
+                        .into(),
+                );
+            }
+            (None, Some(_)) => {
+                return invalid(
+                    "tls_key is set but tls_cert is not: HTTPS needs both; give \
+                     --tls-cert (or LOCKD_TLS_CERT, or tls_cert in the file) too"
+                        .into(),
+                );
+            }
+            _ => {}
+        }
+        if self.header_read_timeout_ms == 0 {
+            return invalid("header_read_timeout_ms must be at least 1".into());
+        }
+        if self.max_header_bytes < MIN_HEADER_BYTES {
+            return invalid(format!(
+                "max_header_bytes must be at least {MIN_HEADER_BYTES} (hyper's smallest read buffer)"
+            ));
+        }
         if self.key_prefix.contains(['{', '}']) {
             return invalid("key_prefix must not contain braces: they mark the hash tag".into());
         }
@@ -523,6 +596,65 @@ mod tests {
             };
             assert!(text.contains(&line), "{key} is not documented");
         }
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_a_head_limit_of_at_least_8192() {
+        let only_cert = ServeArgs {
+            tls_cert: Some("/etc/lockd/cert.pem".into()),
+            ..ServeArgs::default()
+        };
+        let Err(ConfigError::Invalid(why)) = Settings::load(&only_cert) else {
+            panic!("a certificate without a key was accepted");
+        };
+        assert!(why.contains("--tls-key"), "{why}");
+        let only_key = ServeArgs {
+            tls_key: Some("/etc/lockd/key.pem".into()),
+            ..ServeArgs::default()
+        };
+        let Err(ConfigError::Invalid(why)) = Settings::load(&only_key) else {
+            panic!("a key without a certificate was accepted");
+        };
+        assert!(why.contains("--tls-cert"), "{why}");
+        let small = ServeArgs {
+            max_header_bytes: Some(MIN_HEADER_BYTES - 1),
+            ..ServeArgs::default()
+        };
+        assert!(matches!(
+            Settings::load(&small),
+            Err(ConfigError::Invalid(_))
+        ));
+        let smallest = ServeArgs {
+            max_header_bytes: Some(MIN_HEADER_BYTES),
+            ..ServeArgs::default()
+        };
+        assert!(Settings::load(&smallest).is_ok());
+    }
+
+    #[test]
+    fn tls_files_may_come_from_the_file() {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        writeln!(
+            file,
+            "tls_cert = \"/etc/lockd/cert.pem\"\ntls_key = \"/etc/lockd/key.pem\"\nmax_header_bytes = 32768"
+        )
+        .expect("write");
+        let args = ServeArgs {
+            config: Some(file.path().to_path_buf()),
+            header_read_timeout_ms: Some(750),
+            ..ServeArgs::default()
+        };
+        let settings = Settings::load(&args).expect("valid settings");
+        assert_eq!(
+            settings.tls_cert.as_deref(),
+            Some(std::path::Path::new("/etc/lockd/cert.pem"))
+        );
+        assert_eq!(
+            settings.tls_key.as_deref(),
+            Some(std::path::Path::new("/etc/lockd/key.pem"))
+        );
+        assert_eq!(settings.max_header_bytes, 32768);
+        assert_eq!(settings.header_read_timeout_ms, 750);
     }
 
     #[test]

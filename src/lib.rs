@@ -13,6 +13,8 @@
 //! - [`auth`]: API keys (the keys file, constant-time lookup, reload).
 //! - [`app`]: builds and runs the application; `main` only calls it.
 //! - [`keygen`]: `lockd keygen`, which mints API keys.
+//! - [`transport`]: how connections are served: HTTP/1.1 over TCP or TLS,
+//!   with limits on request heads.
 //! - [`client`]: `lockd exec` and the shell subcommands, over the HTTP API.
 
 pub mod app;
@@ -23,3 +25,4 @@ pub mod http;
 pub mod keygen;
 pub mod lock;
 pub mod metrics;
+pub mod transport;

@@ -32,7 +32,20 @@ async fn main() -> ExitCode {
                 }
             };
             init_logging(settings.log_format);
-            match serve(&settings).await {
+            let app = match Application::build(&settings).await {
+                Ok(app) => app,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    // Settings that cannot be used (such as an unreadable
+                    // TLS key) exit 2, as a bad flag does.
+                    return if e.is_settings() {
+                        ExitCode::from(2)
+                    } else {
+                        ExitCode::FAILURE
+                    };
+                }
+            };
+            match serve(app).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e}");
@@ -43,9 +56,9 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn serve(settings: &Settings) -> Result<(), Box<dyn std::error::Error>> {
-    let app = Application::build(settings).await?;
-    tracing::info!(addr = %app.local_addr()?, "lockd listening");
+async fn serve(app: Application) -> Result<(), Box<dyn std::error::Error>> {
+    let scheme = if app.is_tls() { "https" } else { "http" };
+    tracing::info!(addr = %app.local_addr()?, scheme, "lockd listening");
     if let Some(addr) = app.metrics_addr()? {
         tracing::info!(addr = %addr, "metrics, /healthz and /readyz listening");
     }

@@ -27,12 +27,13 @@ use support::{TestApp, eventually, free_port, metric};
 const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
 /// The variables the client subcommands read; removed from every `lockd`
 /// started here unless a test sets them.
-const CLIENT_VARS: [&str; 5] = [
+const CLIENT_VARS: [&str; 6] = [
     "LOCKD_SERVER",
     "LOCKD_NAME",
     "LOCKD_TOKEN",
     "LOCKD_FENCE",
     "LOCKD_API_KEY",
+    "LOCKD_CA_CERT",
 ];
 /// The longest any `lockd` invocation may take before the test gives up.
 const LIMIT: Duration = Duration::from_secs(40);

@@ -2,6 +2,7 @@
 //! (rustls for `https://` servers). Tokens travel in the `Lock-Token`
 //! header, never in a URL.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -76,12 +77,25 @@ pub enum CallError {
     Unreachable(String),
 }
 
-/// The server URL is not usable.
+/// The server URL, or the CA certificates to trust, are not usable.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid server URL {url:?}: {why}")]
-pub struct BadServer {
-    url: String,
-    why: String,
+pub enum BadServer {
+    /// The URL cannot be parsed, or is not http(s).
+    #[error("invalid server URL {url:?}: {why}")]
+    Url {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The `--ca-cert` file cannot be read or holds no certificate.
+    #[error("cannot use --ca-cert {}: {why}", path.display())]
+    CaCert {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
 }
 
 /// What an acquire asks for.
@@ -101,12 +115,19 @@ pub struct AcquireParams<'a> {
 impl LockClient {
     /// A client of the server at `server` (`http://` or `https://`),
     /// sending `api_key` (a secret) as `Authorization: Bearer` when given.
+    /// An `https://` server's certificate is checked against the system's
+    /// CA certificates and those in the PEM file `ca_cert`, if given.
     ///
     /// # Errors
     /// [`BadServer`] when the URL cannot be parsed or has another scheme,
-    /// or the key cannot be sent in a header.
-    pub fn new(server: &str, api_key: Option<&str>) -> Result<Self, BadServer> {
-        let bad = |why: &str| BadServer {
+    /// the key cannot be sent in a header, or `ca_cert` cannot be read or
+    /// holds no certificate.
+    pub fn new(
+        server: &str,
+        api_key: Option<&str>,
+        ca_cert: Option<&Path>,
+    ) -> Result<Self, BadServer> {
+        let bad = |why: &str| BadServer::Url {
             url: server.to_owned(),
             why: why.to_owned(),
         };
@@ -121,12 +142,16 @@ impl LockClient {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .default_headers(headers)
             .connect_timeout(CONNECT_TIMEOUT)
-            .user_agent(concat!("lockd/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| bad(&e.to_string()))?;
+            .user_agent(concat!("lockd/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = ca_cert {
+            for cert in ca_certificates(path)? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build().map_err(|e| bad(&e.to_string()))?;
         Ok(Self { http, base })
     }
 
@@ -216,6 +241,22 @@ impl LockClient {
     }
 }
 
+/// The certificates in the PEM file at `path` (at least one).
+fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, BadServer> {
+    let bad = |why: String| BadServer::CaCert {
+        path: path.to_owned(),
+        why,
+    };
+    let pem = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| bad(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(bad(
+            "no certificate in it (a PEM \"CERTIFICATE\" block)".into()
+        ));
+    }
+    Ok(certs)
+}
+
 async fn send(request: reqwest::RequestBuilder, timeout: Duration) -> Result<Answer, CallError> {
     let unreachable = |e: reqwest::Error| {
         // The innermost cause says what happened ("Connection refused");
@@ -243,12 +284,12 @@ mod tests {
 
     #[test]
     fn lock_urls_encode_the_name_as_one_segment() {
-        let client = LockClient::new("http://127.0.0.1:8080", None).expect("valid");
+        let client = LockClient::new("http://127.0.0.1:8080", None, None).expect("valid");
         assert_eq!(
             client.lock_url("orders:1").as_str(),
             "http://127.0.0.1:8080/locks/orders:1"
         );
-        let client = LockClient::new("https://locks.example/lockd/", None).expect("valid");
+        let client = LockClient::new("https://locks.example/lockd/", None, None).expect("valid");
         assert_eq!(
             client.lock_url("a b/c").as_str(),
             "https://locks.example/lockd/locks/a%20b%2Fc"
@@ -256,8 +297,20 @@ mod tests {
     }
 
     #[test]
+    fn a_ca_cert_file_without_a_certificate_is_refused() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").expect("write");
+        let missing = dir.path().join("missing.pem");
+        for path in [&empty, &missing] {
+            let refused = LockClient::new("https://127.0.0.1:8443", None, Some(path));
+            assert!(matches!(refused, Err(BadServer::CaCert { .. })), "{path:?}");
+        }
+    }
+
+    #[test]
     fn other_schemes_are_refused() {
-        assert!(LockClient::new("redis://127.0.0.1:6379", None).is_err());
-        assert!(LockClient::new("127.0.0.1:8080", None).is_err());
+        assert!(LockClient::new("redis://127.0.0.1:6379", None, None).is_err());
+        assert!(LockClient::new("127.0.0.1:8080", None, None).is_err());
     }
 }

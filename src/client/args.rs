@@ -2,18 +2,24 @@
 //! and `status`.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use clap::Args;
 
 use super::exit;
 
-/// Where the lockd server is, and the API key to show it. `Debug` hides
-/// the key.
+/// Where the lockd server is, how to trust its certificate, and the API
+/// key to show it. `Debug` hides the key.
 #[derive(Clone, Args)]
 pub struct ServerArg {
     /// The lockd server's base URL (http:// or https://).
     #[arg(long, env = "LOCKD_SERVER", default_value = "http://127.0.0.1:8080")]
     pub server: String,
+    /// A PEM file of CA certificates to trust for an https:// server, on
+    /// top of the system's (for a private CA or a self-signed server
+    /// certificate).
+    #[arg(long, env = "LOCKD_CA_CERT", value_name = "PATH")]
+    pub ca_cert: Option<PathBuf>,
     /// The API key's secret, for a server with API keys (sent as
     /// `Authorization: Bearer`). Prefer the environment variable: a flag
     /// shows in `ps`.
@@ -25,6 +31,7 @@ impl std::fmt::Debug for ServerArg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerArg")
             .field("server", &self.server)
+            .field("ca_cert", &self.ca_cert)
             .field("api_key", &self.api_key.as_ref().map(|_| "<hidden>"))
             .finish()
     }

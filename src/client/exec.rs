@@ -5,7 +5,8 @@
 //! 1. Take the lock through the server, under a token generated here, so
 //!    that a grant whose answer was lost can still be released.
 //! 2. Run the command with `LOCKD_NAME`, `LOCKD_TOKEN`, `LOCKD_FENCE` and
-//!    `LOCKD_SERVER` in its environment, in a process group of its own
+//!    `LOCKD_SERVER` (and `LOCKD_CA_CERT`, made absolute, with `--ca-cert`)
+//!    in its environment, in a process group of its own
 //!    (unless `--foreground`), so that a signal reaches every process it
 //!    started; renew the lease at a third of the TTL while it runs; forward
 //!    SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to it.
@@ -58,7 +59,11 @@ const FORWARDED: [Signal; 6] = [
 
 /// Runs `lockd exec` and returns its exit code.
 pub async fn run(args: ExecArgs) -> u8 {
-    let client = match LockClient::new(&args.server.server, args.server.api_key.as_deref()) {
+    let client = match LockClient::new(
+        &args.server.server,
+        args.server.api_key.as_deref(),
+        args.server.ca_cert.as_deref(),
+    ) {
         Ok(c) => c,
         Err(e) => {
             say(&e.to_string());
@@ -268,6 +273,13 @@ fn spawn(args: &ExecArgs, holder: &Holder, grant: &Grant) -> Result<Child, u8> {
         .env("LOCKD_TOKEN", holder.token.expose())
         .env("LOCKD_FENCE", fence)
         .env("LOCKD_SERVER", &args.server.server);
+    if let Some(ca_cert) = &args.server.ca_cert {
+        // So that `lockd status` in the command trusts the server too.
+        command.env(
+            "LOCKD_CA_CERT",
+            std::path::absolute(ca_cert).unwrap_or_else(|_| ca_cert.clone()),
+        );
+    }
     if !args.foreground {
         command.process_group(0);
     }

@@ -73,7 +73,11 @@ where
     F: FnOnce(LockClient) -> Fut,
     Fut: Future<Output = Result<Answer, CallError>>,
 {
-    let client = match LockClient::new(&server.server, server.api_key.as_deref()) {
+    let client = match LockClient::new(
+        &server.server,
+        server.api_key.as_deref(),
+        server.ca_cert.as_deref(),
+    ) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lockd: {e}");
