@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Makes sure the commands named as arguments are on PATH, installing the
 # Debian packages that provide the missing ones (as root, or through sudo).
-# Known commands: redis-server, redis-cli, curl, python3, node, promtool.
+# Known commands: redis-server, redis-cli, curl, python3, node, promtool;
+# and python3-venv, which stands for `python3 -m venv` working (Debian's
+# python3 needs the python3-venv package for it; name python3 before it).
 # Example: scripts/ensure-deps.sh redis-server redis-cli
 set -euo pipefail
 
@@ -14,9 +16,17 @@ package_of() {
   esac
 }
 
+present() {
+  case $1 in
+    # Debian ships ensurepip, which `-m venv` runs, in python3.X-venv.
+    python3-venv) python3 -c 'import ensurepip, venv' >/dev/null 2>&1 ;;
+    *) command -v "$1" >/dev/null ;;
+  esac
+}
+
 missing=()
 for cmd in "$@"; do
-  command -v "$cmd" >/dev/null || missing+=("$(package_of "$cmd")")
+  present "$cmd" || missing+=("$(package_of "$cmd")")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
@@ -39,5 +49,5 @@ $sudo apt-get update -qq
 # shellcheck disable=SC2086
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $packages >/dev/null
 for cmd in "$@"; do
-  command -v "$cmd" >/dev/null || { echo "error: $cmd is still missing" >&2; exit 1; }
+  present "$cmd" || { echo "error: $cmd is still missing" >&2; exit 1; }
 done

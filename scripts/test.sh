@@ -3,8 +3,14 @@
 # (redis-server, curl, python3, node: the README snippets are run too;
 # promtool, from Debian's prometheus package, checks the metrics) when
 # missing; the tests start their own redis-server processes on free ports.
-# Extra arguments go to `cargo test`, e.g. scripts/test.sh c05
+# Then, for a whole run, scripts/schemathesis.sh fuzzes the HTTP API against
+# its OpenAPI document, with the lockd binary the tests just built.
+# Extra arguments go to `cargo test`, e.g. scripts/test.sh c05; with any,
+# only those tests run (no Schemathesis).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-deps.sh redis-server redis-cli curl python3 node promtool
 cargo test --locked --no-fail-fast "$@"
+if [ $# -eq 0 ]; then
+  scripts/schemathesis.sh
+fi

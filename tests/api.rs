@@ -38,6 +38,7 @@ backend_tests!(
     a_declared_oversized_body_is_refused_before_it_is_sent,
     unknown_methods_share_one_metric_label,
     reacquire_with_a_new_owner_label_updates_it,
+    a_json_null_body_is_an_empty_body,
 );
 
 /// Requests that must be refused before the store is touched.
@@ -215,7 +216,6 @@ async fn malformed_requests_are_refused_with_problems_and_write_nothing(app: &Te
         Refusal::bad(M::POST, free).body("not json"),
         Refusal::bad(M::POST, free).body("[]"),
         Refusal::bad(M::POST, free).body(r#""x""#),
-        Refusal::bad(M::POST, free).body("null"),
         Refusal::bad(M::POST, free).body(r#"{"ttl_ms":1000}{"ttl_ms":1}"#),
         Refusal::bad(M::PATCH, mine).token(&tok).body("{"),
         Refusal::bad(M::DELETE, mine).token(&tok).body("[1]"),
@@ -862,6 +862,48 @@ async fn bodies_must_be_json_objects_and_uncompressed(app: &TestApp) {
         before,
         "a refused body wrote a lock"
     );
+}
+
+/// The OpenAPI document lets an optional body be the JSON `null`, and
+/// Schemathesis sends it: it must mean what an empty body means, on every
+/// route with a body, and not be a 400.
+async fn a_json_null_body_is_an_empty_body(app: &TestApp) {
+    let json = ("Content-Type", "application/json");
+    for body in ["null", " null\n"] {
+        let body = || Some(body.as_bytes().to_vec());
+        let taken = app
+            .send(Method::POST, "/locks/null:k", &[json], body())
+            .await;
+        taken.expect_status(201);
+        let token = taken.token();
+        assert_eq!(taken.u64("ttl_ms"), app.settings.default_ttl_ms);
+        let holder = [json, ("Lock-Token", token.as_str())];
+        // A retry with the header and a null body renews, like an empty one.
+        let again = app
+            .send(Method::POST, "/locks/null:k", &holder, body())
+            .await;
+        again.expect_status(200);
+        assert_eq!(again.fence(), taken.fence());
+        app.send(Method::PATCH, "/locks/null:k", &holder, body())
+            .await
+            .expect_status(200);
+        // Without a token, a null body is as empty as no body: no token.
+        let problem = app
+            .send(Method::PATCH, "/locks/null:k", &[json], body())
+            .await
+            .expect_problem(400, "invalid-request");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap_or("")
+                .contains("no token"),
+            "{problem}"
+        );
+        app.send(Method::DELETE, "/locks/null:k", &holder, body())
+            .await
+            .expect_status(204);
+        assert_eq!(app.holder("null:k").await, None);
+    }
 }
 
 async fn a_lock_token_header_on_acquire_chooses_the_token(app: &TestApp) {

@@ -27,11 +27,12 @@ impl<S: Send + Sync> FromRequestParts<S> for LockPath {
     }
 }
 
-/// An optional JSON body: an empty body gives `T::default()`. Any other body
-/// must be a JSON object of `T`, whatever its `Content-Type`, so that
-/// `curl -d '{"ttl_ms":1500}'` works without `-H`. Arrays are refused (serde
-/// would otherwise fill the fields by position), and so are compressed
-/// bodies (415).
+/// An optional JSON body: an empty body, or the JSON `null` (which the
+/// OpenAPI document allows for an optional body), gives `T::default()`. Any
+/// other body must be a JSON object of `T`, whatever its `Content-Type`, so
+/// that `curl -d '{"ttl_ms":1500}'` works without `-H`. Arrays are refused
+/// (serde would otherwise fill the fields by position), and so are
+/// compressed bodies (415).
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonBody<T> {
@@ -60,6 +61,9 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonBody<
         }
         let value: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))?;
+        if value.is_null() {
+            return Ok(Self(T::default()));
+        }
         if !value.is_object() {
             return Err(ApiError::invalid("the JSON body must be an object"));
         }

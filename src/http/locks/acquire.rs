@@ -6,7 +6,7 @@ use axum::http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use super::input::acquire_request;
-use super::model::{AcquireBody, AcquireQuery, Grant};
+use super::model::{AcquireBody, AcquireQuery, Grant, LockNameSchema, LockTokenSchema};
 use crate::http::deadline::Deadline;
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Problem};
@@ -22,8 +22,8 @@ use crate::lock::{Acquired, LockError};
     path = "/locks/{name}",
     tag = "locks",
     params(
-        ("name" = String, Path, description = "Lock name: 1 to 200 of `A-Za-z0-9._-:@`"),
-        ("Lock-Token" = Option<String>, Header, description = "A token of your choosing (or `token` in the body); without one, lockd generates one"),
+        ("name" = LockNameSchema, Path, description = "Lock name: 1 to 200 of `A-Za-z0-9._-:@`, other than `.` and `..`"),
+        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "A token of your choosing (or `token` in the body); without one, lockd generates one"),
         AcquireQuery,
     ),
     request_body(content = Option<AcquireBody>, description = "Optional; an empty body takes the defaults"),

@@ -5,7 +5,7 @@ use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
 
 use super::input::holder_token;
-use super::model::{ExtendBody, ExtendQuery, Extended};
+use super::model::{ExtendBody, ExtendQuery, Extended, LockNameSchema, LockTokenSchema};
 use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Problem};
@@ -18,8 +18,8 @@ use crate::http::state::AppState;
     path = "/locks/{name}",
     tag = "locks",
     params(
-        ("name" = String, Path, description = "Lock name"),
-        ("Lock-Token" = Option<String>, Header, description = "The holder's token (or `token` in the body)"),
+        ("name" = LockNameSchema, Path, description = "Lock name"),
+        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "The holder's token (or `token` in the body)"),
         ExtendQuery,
     ),
     request_body(content = Option<ExtendBody>),

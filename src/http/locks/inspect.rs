@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::{Extension, State};
 
-use super::model::{NoQuery, Status};
+use super::model::{LockNameSchema, NoQuery, Status};
 use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Kind, Problem};
@@ -14,7 +14,7 @@ use crate::http::state::AppState;
     get,
     path = "/locks/{name}",
     tag = "locks",
-    params(("name" = String, Path, description = "Lock name")),
+    params(("name" = LockNameSchema, Path, description = "Lock name")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The lock is held", body = Status),

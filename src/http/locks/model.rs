@@ -1,12 +1,105 @@
 //! The JSON and query shapes of `/locks/{name}`. Every duration is in
 //! milliseconds (`_ms`), every time is RFC 3339 UTC.
 
+use std::borrow::Cow;
 use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
-use utoipa::{IntoParams, ToSchema};
+use serde_json::json;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
 
-use crate::lock::{Lease, LockInfo, LockName};
+use crate::lock::{Lease, LockInfo, LockName, Owner, Token};
+
+/// The OpenAPI schema of a lock name (component `LockName`), as
+/// [`LockName::parse`] accepts it: 1 to 200 characters of `[A-Za-z0-9._:@-]`,
+/// other than `.` and `..`. Only a schema: the handlers parse a [`LockName`].
+pub struct LockNameSchema;
+
+impl PartialSchema for LockNameSchema {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(format!(
+                "A lock name: 1 to {} characters of ASCII letters, digits and `._-:@`, other than `.` and `..`",
+                LockName::MAX_LEN
+            )))
+            .min_length(Some(1))
+            .max_length(Some(LockName::MAX_LEN))
+            .pattern(Some(format!(
+                r"^(?!\.{{1,2}}$)[A-Za-z0-9._:@-]{{1,{}}}$",
+                LockName::MAX_LEN
+            )))
+            .examples([json!("orders:1")])
+            .into()
+    }
+}
+
+impl ToSchema for LockNameSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("LockName")
+    }
+}
+
+/// The OpenAPI schema of a client-chosen lock token (component
+/// `LockToken`), as [`Token::parse`] accepts it: 16 to 128 characters of
+/// `[A-Za-z0-9_-]`. Tokens that lockd generates have the same form.
+pub struct LockTokenSchema;
+
+impl PartialSchema for LockTokenSchema {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(format!(
+                "A lock token: {} to {} characters of ASCII letters, digits, `_` and `-`",
+                Token::MIN_LEN,
+                Token::MAX_LEN
+            )))
+            .min_length(Some(Token::MIN_LEN))
+            .max_length(Some(Token::MAX_LEN))
+            .pattern(Some(format!(
+                "^[A-Za-z0-9_-]{{{},{}}}$",
+                Token::MIN_LEN,
+                Token::MAX_LEN
+            )))
+            .examples([json!("job-42-attempt-1-7f3a9c")])
+            .into()
+    }
+}
+
+impl ToSchema for LockTokenSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("LockToken")
+    }
+}
+
+/// The OpenAPI schema of an owner label (component `OwnerLabel`), as
+/// [`Owner::parse`] accepts it: up to 256 characters (Unicode scalar
+/// values), none of them a control character (general category `Cc`:
+/// U+0000 to U+001F and U+007F to U+009F).
+pub struct OwnerLabelSchema;
+
+impl PartialSchema for OwnerLabelSchema {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(format!(
+                "A label for the holder: up to {} characters, no control characters",
+                Owner::MAX_LEN
+            )))
+            .max_length(Some(Owner::MAX_LEN))
+            .pattern(Some(r"^[^\u0000-\u001F\u007F-\u009F]*$"))
+            .examples([json!("billing-worker-3")])
+            .into()
+    }
+}
+
+impl ToSchema for OwnerLabelSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("OwnerLabel")
+    }
+}
 
 /// Body of `POST /locks/{name}`. Every field is optional, and so is the body.
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -20,10 +113,11 @@ pub struct AcquireBody {
     /// A token of your choosing, 16 to 128 characters of `[A-Za-z0-9_-]`.
     /// Sending the same token again while it holds the lock renews the lease
     /// (200) instead of failing: safe retries after a lost response.
-    #[schema(example = "job-42-attempt-1-7f3a9c")]
+    #[schema(value_type = Option<LockTokenSchema>)]
     pub token: Option<String>,
-    /// A label for the holder, up to 256 characters, shown by GET.
-    #[schema(example = "billing-worker-3")]
+    /// A label for the holder, up to 256 characters with no control
+    /// characters, shown by GET.
+    #[schema(value_type = Option<OwnerLabelSchema>)]
     pub owner: Option<String>,
     /// How long to wait for a held lock, in milliseconds, from 0 to the
     /// server's maximum (default 60000). 0 (the default) fails at once with
@@ -42,7 +136,9 @@ pub struct AcquireQuery {
     /// Lease length in milliseconds, as decimal digits.
     #[param(value_type = Option<u64>, minimum = 1)]
     pub ttl_ms: Option<String>,
-    /// A label for the holder, up to 256 characters.
+    /// A label for the holder, up to 256 characters with no control
+    /// characters.
+    #[param(value_type = Option<OwnerLabelSchema>)]
     pub owner: Option<String>,
     /// How long to wait for a held lock, in milliseconds, as decimal digits.
     #[param(value_type = Option<u64>, minimum = 0)]
@@ -55,6 +151,7 @@ pub struct AcquireQuery {
 #[serde(deny_unknown_fields)]
 pub struct ExtendBody {
     /// The holder's token, unless it is sent in the `Lock-Token` header.
+    #[schema(value_type = Option<LockTokenSchema>)]
     pub token: Option<String>,
     /// The new lease length in milliseconds, counted from now. Default: the
     /// server's default TTL (30000).
@@ -68,6 +165,7 @@ pub struct ExtendBody {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseBody {
     /// The holder's token, unless it is sent in the `Lock-Token` header.
+    #[schema(value_type = Option<LockTokenSchema>)]
     pub token: Option<String>,
 }
 
@@ -90,9 +188,11 @@ pub struct NoQuery {}
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Grant {
     /// The lock's name.
+    #[schema(value_type = LockNameSchema)]
     pub name: String,
     /// The secret proving ownership: send it to extend and release. Keep it
     /// out of URLs and logs.
+    #[schema(value_type = LockTokenSchema)]
     pub token: String,
     /// The fencing token: larger than every earlier grant of this lock. Pass
     /// it to the storage you write to, so it can refuse a stale holder.
@@ -108,6 +208,7 @@ pub struct Grant {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Extended {
     /// The lock's name.
+    #[schema(value_type = LockNameSchema)]
     pub name: String,
     /// The holder's fencing token (unchanged by an extend).
     pub fence: Option<u64>,
@@ -121,6 +222,7 @@ pub struct Extended {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Status {
     /// The lock's name.
+    #[schema(value_type = LockNameSchema)]
     pub name: String,
     /// Always `true` (a free lock answers 404).
     pub held: bool,

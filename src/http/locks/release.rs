@@ -4,7 +4,7 @@ use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 
 use super::input::holder_token;
-use super::model::{NoQuery, ReleaseBody};
+use super::model::{LockNameSchema, LockTokenSchema, NoQuery, ReleaseBody};
 use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Problem};
@@ -16,8 +16,8 @@ use crate::http::state::AppState;
     path = "/locks/{name}",
     tag = "locks",
     params(
-        ("name" = String, Path, description = "Lock name"),
-        ("Lock-Token" = Option<String>, Header, description = "The holder's token (or `token` in the body)"),
+        ("name" = LockNameSchema, Path, description = "Lock name"),
+        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "The holder's token (or `token` in the body)"),
     ),
     request_body(content = Option<ReleaseBody>),
     security((), ("bearer" = [])),
