@@ -148,8 +148,8 @@ impl Lockd {
         let child = command
             .args(["serve", "--listen", &addr])
             .args(args)
-            .envs(env.iter().copied())
             .env("LOCKD_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -894,4 +894,170 @@ async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("--ca-cert"), "{stderr}");
+}
+
+// ---------------------------------------------------------------------------
+// Logs of a hostile run
+// ---------------------------------------------------------------------------
+
+/// A keys file entry with every lock permission.
+fn key_entry(id: &str, secret: &str, prefix: &str, rate: Option<u32>) -> String {
+    let rate = rate
+        .map(|r| format!("requests_per_second = {r}\n"))
+        .unwrap_or_default();
+    format!(
+        "[[keys]]\nid = \"{id}\"\nsecret_sha256 = \"{}\"\nprefixes = [\"{prefix}\"]\n\
+         permissions = [\"acquire\", \"extend\", \"release\", \"read\"]\n{rate}\n",
+        lockd::auth::secret_sha256(secret)
+    )
+}
+
+/// Over HTTPS with API keys, at trace level: tenants crossing prefixes with
+/// each other's lock tokens, missing, unknown and malformed keys, a rate
+/// limit, a token in a URL, an over-long head, a slow head and a plain-HTTP
+/// client. The logs name the key ids and never a secret, a lock token or a
+/// client-chosen token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_of_a_hostile_run_over_tls_name_no_secret_and_no_token() {
+    let redis = RedisServer::spawn().await;
+    let cert = TestCert::new();
+    let secret = |who: &str| format!("{who}-{}", support::random_token());
+    let (a, b, slow, stranger) = (secret("a"), secret("b"), secret("slow"), secret("x"));
+    let keys = cert.file(
+        "keys.toml",
+        &(key_entry("tenant-a", &a, "a:", None)
+            + &key_entry("tenant-b", &b, "b:", None)
+            + &key_entry("throttled", &slow, "s:", Some(1))),
+    );
+    let client = cert.client();
+    let lockd = Lockd::start(
+        "https",
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--tls-cert",
+            cert.cert(),
+            "--tls-key",
+            cert.key(),
+            "--auth-keys-file",
+            keys.to_str().unwrap(),
+            "--header-read-timeout-ms",
+            "300",
+        ],
+        &[("LOCKD_LOG", "trace")],
+        &client,
+    )
+    .await;
+    let url = |path: &str| lockd.url(path);
+    let chosen = support::random_token();
+    let grant: Value = client
+        .post(url("/locks/b:job"))
+        .bearer_auth(&b)
+        .body(format!(r#"{{"token":"{chosen}","ttl_ms":30000}}"#))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(grant["token"], chosen.as_str());
+    let generated: Value = client
+        .post(url("/locks/a:job"))
+        .bearer_auth(&a)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let a_token = generated["token"].as_str().unwrap().to_owned();
+
+    let steps = [
+        // Tenant A with B's token, in the header and in the body: 403.
+        client
+            .delete(url("/locks/b:job"))
+            .bearer_auth(&a)
+            .header("Lock-Token", &chosen),
+        client
+            .patch(url("/locks/b:job"))
+            .bearer_auth(&a)
+            .body(format!(r#"{{"token":"{chosen}"}}"#)),
+        // Unknown, malformed and missing keys: 401.
+        client
+            .delete(url("/locks/b:job"))
+            .bearer_auth(&stranger)
+            .header("Lock-Token", &chosen),
+        client
+            .post(url("/locks/a:job"))
+            .header("Authorization", format!("Basic {a}")),
+        client.get(url("/locks/a:job")),
+        // A token in the URL: 400, whatever the key.
+        client
+            .delete(url(&format!("/locks/a:job?token={a_token}")))
+            .bearer_auth(&a),
+        // The throttled key: its second request is 429.
+        client.get(url("/locks/s:job")).bearer_auth(&slow),
+        client.get(url("/locks/s:job")).bearer_auth(&slow),
+        // The holders release.
+        client
+            .delete(url("/locks/b:job"))
+            .bearer_auth(&b)
+            .header("Lock-Token", &chosen),
+        client
+            .delete(url("/locks/a:job"))
+            .bearer_auth(&a)
+            .header("Lock-Token", &a_token),
+    ];
+    let mut statuses = Vec::new();
+    for step in steps {
+        statuses.push(step.send().await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [403, 403, 401, 401, 401, 400, 404, 429, 204, 204]);
+
+    // Raw abuse: plain HTTP to the TLS port, an over-long head with a
+    // secret in it (over TLS), and a head that never completes.
+    let plain = send_raw(
+        &lockd.addr,
+        format!("GET /locks/a:job HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {a}\r\n\r\n")
+            .into_bytes(),
+    )
+    .await;
+    assert!(!status_line(&plain.received).starts_with("HTTP/1.1 2"));
+    let huge = client
+        .get(url("/locks/a:job"))
+        .bearer_auth(&a)
+        .header("X-Pad", "p".repeat(20_000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(huge.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    let config = cert.rustls_config();
+    let addr = lockd.addr.clone();
+    let bearer = format!("Bearer {b}");
+    tokio::task::spawn_blocking(move || {
+        let server = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(config, server).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, connect(&addr));
+        let since = Instant::now();
+        let _ = tls.write_all(
+            format!("POST /locks/b:job HTTP/1.1\r\nAuthorization: {bearer}\r\n").as_bytes(),
+        );
+        let closed = read_until_closed(&mut tls, since);
+        assert!(closed.by_server, "a slow head was not cut off");
+    })
+    .await
+    .unwrap();
+
+    let logs = lockd.logs();
+    assert!(
+        logs.contains("tenant-a") && logs.contains("throttled"),
+        "{logs}"
+    );
+    assert!(logs.contains("rate-limited"), "{logs}");
+    for secret in [&a, &b, &slow, &stranger, &chosen, &a_token] {
+        assert!(
+            !logs.contains(secret.as_str()),
+            "a secret or token is in the logs:\n{logs}"
+        );
+    }
 }
