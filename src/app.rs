@@ -280,6 +280,9 @@ async fn reload_keys_on_sighup(auth: Option<Arc<Auth>>, stop: CancellationToken)
             continue;
         };
         match auth.reload() {
+            Ok(0) => {
+                tracing::warn!(file = %auth.path().display(), "API keys reloaded: the file has no keys, so every request that needs a key is refused")
+            }
             Ok(keys) => tracing::info!(file = %auth.path().display(), keys, "API keys reloaded"),
             Err(e) => {
                 tracing::error!(error = %e, "API keys NOT reloaded; the previous keys stay in force")

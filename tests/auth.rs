@@ -297,6 +297,11 @@ async fn metrics_on_their_own_listener_need_no_key() {
         .await
         .unwrap();
     assert_eq!(scrape.status(), 200);
+    // A token in the URL is refused there too.
+    let leaked = reqwest::get(format!("http://{addr}/metrics?token=abc"))
+        .await
+        .unwrap();
+    assert_eq!(leaked.status(), 400);
     // The main listener no longer serves /metrics at all.
     app.send(
         Method::GET,

@@ -1447,13 +1447,28 @@ async fn a_key_from_lockd_keygen_lets_exec_and_status_in_and_none_gets_64() {
 
     let app = TestApp::redis_with(|s| s.auth_keys_file = Some(keys.clone())).await;
     let server = app.url("");
-    let job = sh(r#"echo "$LOCKD_FENCE" > "$DIR/fence""#);
-    let mut with_key = exec(&dir, &server, &[], "cron:nightly", &job);
-    with_key.env("LOCKD_API_KEY", &secret);
-    run(with_key).await.expect(0);
+    // The key from --api-key reaches the command too: its `lockd status`
+    // is let in (exit 0: held).
+    let job = sh(
+        r#"echo "$LOCKD_FENCE" > "$DIR/fence"; "$LOCKD_BIN" status "$LOCKD_NAME" > /dev/null; echo $? > "$DIR/status""#,
+    );
+    run(exec(
+        &dir,
+        &server,
+        &["--api-key", &secret],
+        "cron:nightly",
+        &job,
+    ))
+    .await
+    .expect(0);
     assert!(
         !dir.read("fence").trim().is_empty(),
         "the command did not run"
+    );
+    assert_eq!(
+        dir.read("status").trim(),
+        "0",
+        "status inside exec was refused"
     );
     // Released at the end (read from Redis: the API wants a key).
     assert_eq!(app.holder_token("cron:nightly").await, None);
@@ -1489,4 +1504,50 @@ async fn a_key_from_lockd_keygen_lets_exec_and_status_in_and_none_gets_64() {
     let mut keyless = lockd(&dir);
     keyless.args(["status", "--server", &server, "cron:nightly"]);
     run(keyless).await.expect(64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_by_the_rate_limit_is_retried_until_it_passes() {
+    let dir = Scratch::new();
+    let keys = dir.path("keys.toml");
+    let minted = lockd(&dir)
+        .args([
+            "keygen",
+            "--id",
+            "slow",
+            "--prefix",
+            "rl:",
+            "--requests-per-second",
+            "1",
+        ])
+        .arg("--keys-file")
+        .arg(&keys)
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{minted:?}");
+    let secret = String::from_utf8(minted.stdout).unwrap().trim().to_owned();
+    let app = TestApp::redis_with(|s| s.auth_keys_file = Some(keys.clone())).await;
+    // The acquire spends the one request of this second; the release right
+    // after the command gets 429 and must be retried, not given up.
+    let mut job = exec(&dir, &app.url(""), &[], "rl:job", &sh("true"));
+    job.env("LOCKD_API_KEY", &secret);
+    let ran = run(job).await;
+    ran.expect(0);
+    assert!(!ran.stderr.contains("cannot release"), "{}", ran.stderr);
+    assert_eq!(
+        app.holder_token("rl:job").await,
+        None,
+        "the lock was left held"
+    );
+    // A second exec at once is over the rate: 75, try again later.
+    let mut again = exec(
+        &dir,
+        &app.url(""),
+        &[],
+        "rl:job",
+        &sh(r#"touch "$DIR/ran""#),
+    );
+    again.env("LOCKD_API_KEY", &secret);
+    run(again).await.expect(75);
+    assert!(!dir.exists("ran"));
 }

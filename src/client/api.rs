@@ -88,6 +88,11 @@ pub enum BadServer {
         /// What is wrong with it.
         why: String,
     },
+    /// The API key cannot be sent in an HTTP header.
+    #[error(
+        "invalid API key (LOCKD_API_KEY or --api-key): it has characters an HTTP header cannot carry"
+    )]
+    ApiKey,
     /// The `--ca-cert` file cannot be read or holds no certificate.
     #[error("cannot use --ca-cert {}: {why}", path.display())]
     CaCert {
@@ -136,9 +141,11 @@ impl LockClient {
             return Err(bad("use http://host:port or https://host:port"));
         }
         let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(key) = api_key {
+        // Surrounding white space (a trailing newline from a file) is not
+        // part of a key; an empty key is no key.
+        if let Some(key) = api_key.map(str::trim).filter(|k| !k.is_empty()) {
             let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
-                .map_err(|_| bad("the API key has characters a header cannot carry"))?;
+                .map_err(|_| BadServer::ApiKey)?;
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
@@ -311,6 +318,14 @@ mod tests {
     #[test]
     fn other_schemes_are_refused() {
         assert!(LockClient::new("redis://127.0.0.1:6379", None, None).is_err());
+        // A trailing newline is trimmed, an empty key is no key, and a key
+        // a header cannot carry is named as the problem.
+        assert!(LockClient::new("http://127.0.0.1:8080", Some("key\n"), None).is_ok());
+        assert!(LockClient::new("http://127.0.0.1:8080", Some("  "), None).is_ok());
+        assert!(matches!(
+            LockClient::new("http://127.0.0.1:8080", Some("a\nb"), None),
+            Err(BadServer::ApiKey)
+        ));
         assert!(LockClient::new("127.0.0.1:8080", None, None).is_err());
     }
 }

@@ -184,7 +184,10 @@ impl Holder {
                     ));
                     return;
                 }
-                Ok(a) if !a.status.is_server_error() => {
+                // Over the key's rate (429) passes; so may a server error.
+                Ok(a)
+                    if !a.status.is_server_error() && a.status != StatusCode::TOO_MANY_REQUESTS =>
+                {
                     say(&format!("cannot release {}: {}", self.name, a.status));
                     return;
                 }
@@ -244,6 +247,13 @@ async fn take_grant(
         ));
         return Err(args.conflict_exit_code);
     }
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        say(&format!(
+            "the API key is over its rate limit ({}); the command was not run",
+            problem.detail
+        ));
+        return Err(exit::CONFLICT);
+    }
     if status.is_server_error() {
         holder.release_quietly().await;
         say(&format!(
@@ -273,6 +283,11 @@ fn spawn(args: &ExecArgs, holder: &Holder, grant: &Grant) -> Result<Child, u8> {
         .env("LOCKD_TOKEN", holder.token.expose())
         .env("LOCKD_FENCE", fence)
         .env("LOCKD_SERVER", &args.server.server);
+    if let Some(key) = &args.server.api_key {
+        // So that `lockd status` in the command may ask, as with the
+        // variable (a key from --api-key would otherwise be lost).
+        command.env("LOCKD_API_KEY", key);
+    }
     if let Some(ca_cert) = &args.server.ca_cert {
         // So that `lockd status` in the command trusts the server too.
         command.env(

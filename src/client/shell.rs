@@ -15,14 +15,15 @@ use super::exit;
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The exit code for an answer: 0 for 2xx, 1 for 404 `lock-not-held`
-/// (the lock is free, or the lease is gone), 75 for 409, 69 for 5xx, 64
+/// (the lock is free, or the lease is gone), 75 for 409 and 429 (try
+/// again later), 69 for 5xx, 64
 /// for any other 4xx (including a 404 that is not lockd's "not held": a
 /// wrong `--server` or an empty name).
 pub fn exit_code(status: StatusCode, slug: &str) -> u8 {
     match status {
         s if s.is_success() => 0,
         StatusCode::NOT_FOUND if slug == "lock-not-held" => exit::NOT_FOUND,
-        StatusCode::CONFLICT => exit::CONFLICT,
+        StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS => exit::CONFLICT,
         s if s.is_server_error() => exit::UNAVAILABLE,
         _ => exit::USAGE,
     }
@@ -114,6 +115,7 @@ mod tests {
         assert_eq!(exit_code(StatusCode::NOT_FOUND, "route-not-found"), 64);
         assert_eq!(exit_code(StatusCode::NOT_FOUND, ""), 64);
         assert_eq!(exit_code(StatusCode::CONFLICT, "lock-held"), 75);
+        assert_eq!(exit_code(StatusCode::TOO_MANY_REQUESTS, "rate-limited"), 75);
         assert_eq!(exit_code(StatusCode::BAD_REQUEST, "invalid-request"), 64);
         assert_eq!(exit_code(StatusCode::SERVICE_UNAVAILABLE, ""), 69);
         assert_eq!(exit_code(StatusCode::INTERNAL_SERVER_ERROR, ""), 69);

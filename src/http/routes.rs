@@ -120,7 +120,8 @@ pub fn metrics_router(state: AppState, request_timeout: Duration) -> Router {
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             request_timeout,
-        ));
+        ))
+        .layer(middleware::from_fn(refuse_token_in_url));
     telemetry::wrap(app, state)
 }
 

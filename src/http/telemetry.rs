@@ -175,23 +175,32 @@ impl Drop for Pending<'_> {
     }
 }
 
-/// `detail` with every double-quoted part replaced by `"…"`: a JSON error
-/// quotes the value at fault, and a client may have put a token in the
-/// wrong field. The client gets the whole detail; the log does not.
+/// `detail` with every part quoted in `"` or in `` ` `` replaced by `"…"`
+/// or `` `…` ``: a JSON or query error quotes the value or the field name at
+/// fault, and a client may have put a token in the wrong place (even as a
+/// field name). The client gets the whole detail; the log does not.
 fn mask_quoted(detail: &str) -> String {
     let mut out = String::with_capacity(detail.len());
-    let mut parts = detail.split('"');
-    if let Some(first) = parts.next() {
-        out.push_str(first);
-    }
-    let mut inside = true;
-    for part in parts {
-        if inside {
-            out.push_str("\"…\"");
-        } else {
-            out.push_str(part);
+    let mut open: Option<char> = None;
+    for c in detail.chars() {
+        match open {
+            Some(quote) if c == quote => {
+                out.push('…');
+                out.push(c);
+                open = None;
+            }
+            Some(_) => {}
+            None => {
+                out.push(c);
+                if c == '"' || c == '`' {
+                    open = Some(c);
+                }
+            }
         }
-        inside = !inside;
+    }
+    if open.is_some() {
+        // An unclosed quote: everything after it is masked.
+        out.push('…');
     }
     out
 }
@@ -226,6 +235,10 @@ mod tests {
             r#"invalid type: string "…", expected u64"#
         );
         assert_eq!(mask_quoted("no quotes"), "no quotes");
-        assert_eq!(mask_quoted(r#"a "b" c "d"#), r#"a "…" c "…""#);
+        assert_eq!(mask_quoted(r#"a "b" c "d"#), r#"a "…" c "…"#);
+        assert_eq!(
+            mask_quoted("unknown field `s3cret-as-a-name`, expected one of `token`"),
+            "unknown field `…`, expected one of `…`"
+        );
     }
 }
