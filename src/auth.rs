@@ -80,6 +80,30 @@ pub struct KeyEntry {
     pub requests_per_second: Option<u32>,
 }
 
+impl KeyEntry {
+    /// The entry as a `[[keys]]` table of a keys file, after a blank line,
+    /// as `lockd keygen` appends it.
+    pub fn to_toml(&self) -> String {
+        // A JSON string is a valid TOML basic string; quoting a `str`
+        // cannot fail.
+        let quote = |s: &str| serde_json::to_string(s).unwrap_or_default();
+        let list = |items: &mut dyn Iterator<Item = &str>| {
+            format!("[{}]", items.map(quote).collect::<Vec<_>>().join(", "))
+        };
+        let rate = self
+            .requests_per_second
+            .map(|r| format!("requests_per_second = {r}\n"))
+            .unwrap_or_default();
+        format!(
+            "\n[[keys]]\nid = {}\nsecret_sha256 = {}\nprefixes = {}\npermissions = {}\n{rate}",
+            quote(&self.id),
+            quote(&self.secret_sha256),
+            list(&mut self.prefixes.iter().map(String::as_str)),
+            list(&mut self.permissions.iter().map(|p| p.as_str())),
+        )
+    }
+}
+
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct KeysFile {

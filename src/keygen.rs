@@ -61,7 +61,7 @@ fn mint(args: &KeygenArgs) -> Result<String, String> {
         permissions: args.permissions.clone(),
         requests_per_second: args.requests_per_second,
     };
-    let text = entry_toml(&entry)?;
+    let text = entry.to_toml();
     match &args.keys_file {
         Some(path) => {
             append(path, &text)?;
@@ -79,38 +79,6 @@ fn mint(args: &KeygenArgs) -> Result<String, String> {
         }
     }
     Ok(secret)
-}
-
-/// The entry as a `[[keys]]` table.
-fn entry_toml(entry: &KeyEntry) -> Result<String, String> {
-    let quote = |s: &str| serde_json::to_string(s).map_err(|e| e.to_string());
-    let list = |items: Vec<String>| -> Result<String, String> {
-        Ok(format!(
-            "[{}]",
-            items
-                .iter()
-                .map(|s| quote(s))
-                .collect::<Result<Vec<_>, _>>()?
-                .join(", ")
-        ))
-    };
-    let rate = entry
-        .requests_per_second
-        .map(|r| format!("requests_per_second = {r}\n"))
-        .unwrap_or_default();
-    Ok(format!(
-        "\n[[keys]]\nid = {}\nsecret_sha256 = {}\nprefixes = {}\npermissions = {}\n{rate}",
-        quote(&entry.id)?,
-        quote(&entry.secret_sha256)?,
-        list(entry.prefixes.clone())?,
-        list(
-            entry
-                .permissions
-                .iter()
-                .map(|p| p.as_str().to_owned())
-                .collect()
-        )?,
-    ))
 }
 
 /// Appends `text` to the keys file at `path` after checking that the file

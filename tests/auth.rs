@@ -21,6 +21,8 @@ struct TestKey {
     secret: String,
     prefixes: &'static [&'static str],
     permissions: &'static [Permission],
+    /// `requests_per_second`, if any.
+    rate: Option<u32>,
 }
 
 impl TestKey {
@@ -34,6 +36,7 @@ impl TestKey {
             secret: format!("secret-{id}-{}", random_token()),
             prefixes,
             permissions,
+            rate: None,
         }
     }
 
@@ -53,21 +56,10 @@ const ALL_LOCK: &[Permission] = &[
 fn keys_file(keys: &[&TestKey]) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys.toml");
-    let mut text = String::new();
-    for key in keys {
-        let perms: Vec<String> = key
-            .permissions
-            .iter()
-            .map(|p| format!("\"{}\"", p.as_str()))
-            .collect();
-        text += &format!(
-            "[[keys]]\nid = \"{}\"\nsecret_sha256 = \"{}\"\nprefixes = {:?}\npermissions = [{}]\n\n",
-            key.id,
-            secret_sha256(&key.secret),
-            key.prefixes,
-            perms.join(", ")
-        );
-    }
+    let text: String = keys
+        .iter()
+        .map(|k| support::key_entry(k.id, &k.secret, k.prefixes, k.permissions, k.rate))
+        .collect();
     std::fs::write(&path, text).unwrap();
     (dir, path)
 }
@@ -330,18 +322,13 @@ async fn an_empty_keys_file_refuses_everyone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_over_its_rate_gets_429_with_retry_after_and_others_do_not() {
-    let slow = TestKey::new("slow", &["*"], ALL_LOCK);
+    // 1 per second for "slow" only.
+    let slow = TestKey {
+        rate: Some(1),
+        ..TestKey::new("slow", &["*"], ALL_LOCK)
+    };
     let free = TestKey::new("free", &["*"], ALL_LOCK);
-    let (dir, path) = keys_file(&[&slow, &free]);
-    // 1 per second for "slow" (the first entry) only.
-    let text = std::fs::read_to_string(&path).unwrap().replacen(
-        "permissions = [\"acquire\", \"extend\", \"release\", \"read\"]\n",
-        "permissions = [\"acquire\", \"extend\", \"release\", \"read\"]\nrequests_per_second = 1\n",
-        1,
-    );
-    std::fs::write(&path, text).unwrap();
-    let app = TestApp::redis_with(|s| s.auth_keys_file = Some(path.clone())).await;
-    let _keep = dir;
+    let (app, _dir) = app_with_keys(&[&slow, &free], |_| {}).await;
 
     call(&app, Method::GET, "rate:k", Some(&slow.bearer()), None)
         .await

@@ -306,6 +306,19 @@ async fn run(cmd: Command) -> Exit {
     Running::spawn(cmd).wait(LIMIT).await
 }
 
+/// `lockd keygen <args> --keys-file <keys>`: the secret it printed.
+fn keygen(dir: &Scratch, keys: &Path, args: &[&str]) -> String {
+    let minted = lockd(dir)
+        .arg("keygen")
+        .args(args)
+        .arg("--keys-file")
+        .arg(keys)
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{minted:?}");
+    String::from_utf8(minted.stdout).unwrap().trim().to_owned()
+}
+
 /// Asserts that lock `name` is free: the API answers 404 and Redis has no
 /// lock key.
 async fn assert_free(app: &TestApp, name: &str) {
@@ -1426,13 +1439,7 @@ async fn shell_acquire_waits_with_wait_ms() {
 async fn a_key_from_lockd_keygen_lets_exec_and_status_in_and_none_gets_64() {
     let dir = Scratch::new();
     let keys = dir.path("keys.toml");
-    let minted = lockd(&dir)
-        .args(["keygen", "--id", "cron", "--prefix", "cron:", "--keys-file"])
-        .arg(&keys)
-        .output()
-        .unwrap();
-    assert!(minted.status.success(), "{minted:?}");
-    let secret = String::from_utf8(minted.stdout).unwrap().trim().to_owned();
+    let secret = keygen(&dir, &keys, &["--id", "cron", "--prefix", "cron:"]);
     assert!(secret.starts_with("lockd_"), "{secret}");
     let file = std::fs::read_to_string(&keys).unwrap();
     assert!(!file.contains(&secret), "the keys file holds the secret");
@@ -1510,22 +1517,18 @@ async fn a_key_from_lockd_keygen_lets_exec_and_status_in_and_none_gets_64() {
 async fn a_release_refused_by_the_rate_limit_is_retried_until_it_passes() {
     let dir = Scratch::new();
     let keys = dir.path("keys.toml");
-    let minted = lockd(&dir)
-        .args([
-            "keygen",
+    let secret = keygen(
+        &dir,
+        &keys,
+        &[
             "--id",
             "slow",
             "--prefix",
             "rl:",
             "--requests-per-second",
             "1",
-        ])
-        .arg("--keys-file")
-        .arg(&keys)
-        .output()
-        .unwrap();
-    assert!(minted.status.success(), "{minted:?}");
-    let secret = String::from_utf8(minted.stdout).unwrap().trim().to_owned();
+        ],
+    );
     let app = TestApp::redis_with(|s| s.auth_keys_file = Some(keys.clone())).await;
     // The acquire spends the one request of this second; the release right
     // after the command gets 429 and must be retried, not given up.

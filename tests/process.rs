@@ -274,13 +274,16 @@ async fn other_forms_of_the_redis_password_stay_out_of_stderr_and_a_refused_pass
 /// A keys file with one key per `(id, secret, prefix)`, every lock
 /// permission and `metrics`.
 fn write_keys(path: &std::path::Path, keys: &[(&str, &str, &str)]) {
+    use lockd::auth::Permission::{Acquire, Extend, Metrics, Read, Release};
     let text: String = keys
         .iter()
         .map(|(id, secret, prefix)| {
-            format!(
-                "[[keys]]\nid = \"{id}\"\nsecret_sha256 = \"{}\"\nprefixes = [\"{prefix}\"]\n\
-                 permissions = [\"acquire\", \"extend\", \"release\", \"read\", \"metrics\"]\n\n",
-                lockd::auth::secret_sha256(secret)
+            support::key_entry(
+                id,
+                secret,
+                &[prefix],
+                &[Acquire, Extend, Release, Read, Metrics],
+                None,
             )
         })
         .collect();

@@ -902,13 +902,13 @@ async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
 
 /// A keys file entry with every lock permission.
 fn key_entry(id: &str, secret: &str, prefix: &str, rate: Option<u32>) -> String {
-    let rate = rate
-        .map(|r| format!("requests_per_second = {r}\n"))
-        .unwrap_or_default();
-    format!(
-        "[[keys]]\nid = \"{id}\"\nsecret_sha256 = \"{}\"\nprefixes = [\"{prefix}\"]\n\
-         permissions = [\"acquire\", \"extend\", \"release\", \"read\"]\n{rate}\n",
-        lockd::auth::secret_sha256(secret)
+    use lockd::auth::Permission::{Acquire, Extend, Read, Release};
+    support::key_entry(
+        id,
+        secret,
+        &[prefix],
+        &[Acquire, Extend, Release, Read],
+        rate,
     )
 }
 

@@ -48,7 +48,7 @@ pub async fn admit(State(state): State<AppState>, request: Request, next: Next) 
             Kind::Overloaded,
             "this instance is serving as many requests as it allows; retry shortly",
         )
-        .with_retry_after(RETRY)
+        .retry_after(RETRY)
         .into_response();
     };
     next.run(request).await

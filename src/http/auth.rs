@@ -89,7 +89,7 @@ fn check(
             Kind::RateLimited,
             "this API key is over its requests_per_second; retry after retry_after_ms",
         )
-        .with_retry_after(wait.max(Duration::from_millis(1))));
+        .retry_after(wait.max(Duration::from_millis(1))));
     }
     if !key.may(permission) {
         return Err(ApiError::new(

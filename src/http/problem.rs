@@ -253,11 +253,7 @@ impl ApiError {
     /// The same error, asking the client to wait `wait` before retrying
     /// (`retry_after_ms` and `Retry-After`).
     #[must_use]
-    pub fn with_retry_after(self, wait: Duration) -> Self {
-        self.retry_after(wait)
-    }
-
-    fn retry_after(mut self, wait: Duration) -> Self {
+    pub fn retry_after(mut self, wait: Duration) -> Self {
         self.retry_after = Some(wait);
         self
     }

@@ -1331,3 +1331,22 @@ pub fn ms_until(rfc3339: &str) -> i64 {
         Err(e) => -i64::try_from(e.duration().as_millis()).expect("fits"),
     }
 }
+
+/// One `[[keys]]` entry of a keys file for `secret`, written as
+/// `lockd keygen` writes it.
+pub fn key_entry(
+    id: &str,
+    secret: &str,
+    prefixes: &[&str],
+    permissions: &[lockd::auth::Permission],
+    requests_per_second: Option<u32>,
+) -> String {
+    lockd::auth::KeyEntry {
+        id: id.to_owned(),
+        secret_sha256: lockd::auth::secret_sha256(secret),
+        prefixes: prefixes.iter().map(|p| (*p).to_owned()).collect(),
+        permissions: permissions.to_vec(),
+        requests_per_second,
+    }
+    .to_toml()
+}
