@@ -83,7 +83,7 @@ async fn requests_over_the_cap_get_503_overloaded_and_probes_still_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_cannot_take_the_room_of_other_requests() {
+async fn c11_parked_waiters_cannot_take_the_room_of_other_requests() {
     // 1 request + 2 waiters: two parked waiters leave one slot.
     let app = TestApp::redis_with(|s| {
         s.max_requests = 1;
