@@ -318,22 +318,29 @@ fn build_backend(
         );
         // No connections: the pool gauges read 0, so dashboards look the same.
         metrics.watch_pool("memory", PoolStatus::default);
-        return Ok(instrument(Arc::new(MemoryBackend::new()), "memory".into()));
+        let memory =
+            MemoryBackend::with_fence_retention(Duration::from_millis(settings.fence_retention_ms));
+        return Ok(instrument(Arc::new(memory), "memory".into()));
     }
+    let redlock = settings.redis_url.len() > 1;
     let node = |url: &String, timeout_ms: u64| -> Result<Arc<dyn LockBackend>, StartupError> {
         let backend = RedisBackend::new(&RedisConfig {
             url: url.clone(),
             key_prefix: settings.key_prefix.clone(),
             timeout: Duration::from_millis(timeout_ms),
             pool_size: settings.pool_size,
+            fence_retention: Duration::from_millis(settings.fence_retention_ms),
+            restart_delay: redlock.then(|| settings.redlock_restart_delay()),
+            standalone: !redlock,
         })?;
-        let pool = backend.pool().clone();
+        let watched = backend.clone();
         metrics.watch_pool(&node_address(url), move || {
-            let status = pool.status();
+            let status = watched.pool().status();
             PoolStatus {
                 size: status.size,
                 available: status.available,
                 waiting: status.waiting,
+                in_restart_delay: watched.in_restart_delay(),
             }
         });
         Ok(instrument(Arc::new(backend), node_address(url)))

@@ -120,6 +120,23 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_DRIFT_FACTOR", allow_negative_numbers = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drift_factor: Option<f64>,
+    /// How long a lock's fencing counter is kept in Redis after its last
+    /// grant, in ms; at least 1000. A lock released that long ago leaves
+    /// nothing in Redis; its next fence still comes out larger (see the
+    /// README's guarantees) [default: 3600000].
+    #[arg(long, env = "LOCKD_FENCE_RETENTION_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence_retention_ms: Option<u64>,
+    /// Redlock: how long a node that restarted counts toward no quorum, in
+    /// ms, counted from its start; lockd still writes to it meanwhile
+    /// (the delayed restart) [default: max_ttl_ms].
+    #[arg(
+        long,
+        env = "LOCKD_REDLOCK_RESTART_DELAY_MS",
+        allow_negative_numbers = true
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redlock_restart_delay_ms: Option<u64>,
     /// Longest wait_ms a request may ask for, in ms [default: 60000].
     #[arg(long, env = "LOCKD_MAX_WAIT_MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -226,6 +243,13 @@ pub struct Settings {
     pub node_timeout_ms: u64,
     /// Redlock: clock drift allowed, as a fraction of the TTL.
     pub drift_factor: f64,
+    /// How long a fencing counter is kept after its lock's last grant, in
+    /// milliseconds (at least 1000).
+    pub fence_retention_ms: u64,
+    /// Redlock: how long a restarted node counts toward no quorum, in
+    /// milliseconds from its start; `None`: `max_ttl_ms`.
+    #[serde(default)]
+    pub redlock_restart_delay_ms: Option<u64>,
     /// Longest `wait_ms` a request may ask for, in milliseconds.
     pub max_wait_ms: u64,
     /// Most requests waiting for locks at once.
@@ -270,6 +294,8 @@ impl Default for Settings {
             pool_size: 16,
             node_timeout_ms: 50,
             drift_factor: 0.01,
+            fence_retention_ms: 3_600_000,
+            redlock_restart_delay_ms: None,
             max_wait_ms: 60_000,
             max_waiters: 10_000,
             max_requests: 1024,
@@ -308,6 +334,8 @@ impl fmt::Debug for Settings {
             .field("pool_size", &self.pool_size)
             .field("node_timeout_ms", &self.node_timeout_ms)
             .field("drift_factor", &self.drift_factor)
+            .field("fence_retention_ms", &self.fence_retention_ms)
+            .field("redlock_restart_delay_ms", &self.redlock_restart_delay_ms)
             .field("max_wait_ms", &self.max_wait_ms)
             .field("max_waiters", &self.max_waiters)
             .field("max_requests", &self.max_requests)
@@ -370,6 +398,11 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
 }
 
 impl Settings {
+    /// Redlock's restart delay: `redlock_restart_delay_ms`, or `max_ttl_ms`.
+    pub fn redlock_restart_delay(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.redlock_restart_delay_ms.unwrap_or(self.max_ttl_ms))
+    }
+
     /// Merges defaults, the `--config` file and the flags (which clap has
     /// already merged with the environment), in that order of precedence
     /// from lowest to highest, then checks the result.
@@ -438,6 +471,11 @@ impl Settings {
         }
         if !(0.0..0.5).contains(&self.drift_factor) {
             return invalid("drift_factor must be from 0 to below 0.5".into());
+        }
+        if self.fence_retention_ms < 1000 {
+            return invalid(
+                "fence_retention_ms (--fence-retention-ms) must be at least 1000 (1 s)".into(),
+            );
         }
         if self.max_waiters == 0 {
             return invalid("max_waiters must be at least 1".into());

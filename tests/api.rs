@@ -15,7 +15,9 @@ use std::time::Duration;
 use futures::future::join_all;
 use reqwest::Method;
 use serde_json::json;
-use support::{TestApp, backend_tests, lock_key, metric, ms_until, random_token, samples};
+use support::{
+    TestApp, assert_lease_ms, backend_tests, lock_key, metric, ms_until, random_token, samples,
+};
 
 backend_tests!(
     bad_lock_names_are_refused_with_a_problem_and_write_nothing,
@@ -290,7 +292,7 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
     let a = app.acquire_ttl(&longest, 3_600_000).await;
     a.expect_status(201);
     assert_eq!(a.str("name"), longest);
-    assert_eq!(a.u64("ttl_ms"), 3_600_000);
+    assert_lease_ms(Some(a.u64("ttl_ms")), 3_600_000);
     let (holder, pttl) = app.holder(&longest).await.expect("held");
     assert_eq!(holder, a.token());
     assert!(pttl > 3_599_000 && pttl <= 3_600_000, "PTTL {pttl}");
@@ -308,7 +310,7 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
         )
         .await;
     q.expect_status(201);
-    assert_eq!(q.u64("ttl_ms"), 1500);
+    assert_lease_ms(Some(q.u64("ttl_ms")), 1500);
     let (_, pttl) = app.holder("q:1").await.expect("held");
     assert!(pttl > 1400 && pttl <= 1500, "PTTL {pttl}");
     assert_eq!(app.inspect("q:1").await.str("owner"), "cli-1");
@@ -321,19 +323,19 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
         )
         .await;
     e.expect_status(200);
-    assert_eq!(e.u64("ttl_ms"), 2500);
+    assert_lease_ms(Some(e.u64("ttl_ms")), 2500);
     let (_, pttl) = app.holder("q:1").await.expect("held");
     assert!(pttl > 2400 && pttl <= 2500, "PTTL {pttl}");
 
     // No body at all: the default TTL (30 s).
     let d = app.acquire("q:default", None).await;
     d.expect_status(201);
-    assert_eq!(d.u64("ttl_ms"), 30_000);
+    assert_lease_ms(Some(d.u64("ttl_ms")), 30_000);
     let (_, pttl) = app.holder("q:default").await.expect("held");
     assert!(pttl > 29_000 && pttl <= 30_000, "PTTL {pttl}");
     let e = app.extend("q:default", &d.token(), None).await;
     e.expect_status(200);
-    assert_eq!(e.u64("ttl_ms"), 30_000);
+    assert_lease_ms(Some(e.u64("ttl_ms")), 30_000);
 
     // A JSON body is read whatever its Content-Type (curl -d).
     let f = app
@@ -345,7 +347,7 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
         )
         .await;
     f.expect_status(201);
-    assert_eq!(f.u64("ttl_ms"), 4000);
+    assert_lease_ms(Some(f.u64("ttl_ms")), 4000);
 
     // A client-chosen token of 16 and of 128 characters.
     for len in [16, 128] {
@@ -383,7 +385,7 @@ async fn reacquire_with_own_token_renews_with_same_fence_and_resets_ttl(app: &Te
     again.expect_status(200);
     assert_eq!(again.token(), token);
     assert_eq!(again.fence(), fence, "a renewal must keep the fence");
-    assert_eq!(again.u64("ttl_ms"), 5000);
+    assert_lease_ms(Some(again.u64("ttl_ms")), 5000);
     let (holder, pttl) = app.holder(name).await.expect("held");
     assert_eq!(holder, token);
     assert!(pttl > 4900 && pttl <= 5000, "PTTL {pttl}: not reset");
@@ -434,11 +436,11 @@ async fn fences_grow_across_grants_releases_and_expiries(app: &TestApp) {
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences not strictly increasing: {fences:?}"
     );
-    // Each lock has its own counter.
+    // Each lock has its own counter; every fence stays below 2^53.
     let other = app.acquire_ttl("fence:other", 5000).await;
     other.expect_status(201);
     assert!(other.fence() >= 1);
-    assert!(other.fence() < fences[fences.len() - 1]);
+    assert!(fences.iter().chain([&other.fence()]).all(|f| *f < 1 << 53));
 }
 
 async fn inspect_shows_owner_and_fence_but_never_the_token(app: &TestApp) {
@@ -713,7 +715,8 @@ async fn healthz_and_readyz_answer_while_the_store_is_up(app: &TestApp) {
 }
 
 /// The Redis keys of a lock are exactly the documented three, with the
-/// documented values and TTLs, and only the fence counter outlives the lock.
+/// documented values and TTLs, and only the fence counter outlives the lock,
+/// for the fence retention after the last grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_keys_follow_the_documented_data_model() {
     let app = TestApp::redis().await;
@@ -740,9 +743,15 @@ async fn redis_keys_follow_the_documented_data_model() {
         (meta_pttl - pttl).abs() <= 2,
         "meta PTTL {meta_pttl}, lock {pttl}"
     );
-    assert_eq!(redis.pttl(&fence).await, -1, "the fence counter has a TTL");
+    let retention = i64::try_from(app.settings.fence_retention_ms).unwrap();
+    let counter_pttl = redis.pttl(&fence).await;
+    assert!(
+        counter_pttl > retention - 1000 && counter_pttl <= retention,
+        "fence counter PTTL {counter_pttl}"
+    );
     let counter: u64 = redis.cmd(::redis::cmd("GET").arg(&fence)).await;
     assert_eq!(counter, grant.fence());
+    assert_eq!(hash_ttl_ms(redis, &meta).await, Some(5000));
     let hash: std::collections::HashMap<String, String> =
         redis.cmd(::redis::cmd("HGETALL").arg(&meta)).await;
     assert_eq!(hash.get("fence"), Some(&grant.fence().to_string()));
@@ -766,19 +775,32 @@ async fn redis_keys_follow_the_documented_data_model() {
     );
     assert!((meta_pttl - lock_pttl).abs() <= 2, "meta PTTL {meta_pttl}");
 
-    // A release leaves the fence counter only.
+    assert_eq!(
+        hash_ttl_ms(redis, &meta).await,
+        Some(9000),
+        "the lock's own TTL"
+    );
+
+    // A release leaves the fence counter only, which runs out on its own.
     app.release(name, &token).await.expect_status(204);
     assert_eq!(redis.keys().await, vec![fence.clone()]);
-    assert_eq!(redis.pttl(&fence).await, -1);
+    assert!(redis.pttl(&fence).await > 0);
 
     // An expiry too: the meta hash expires with the lock.
     let short = app.acquire_ttl(name, 50).await;
     short.expect_status(201);
-    assert_eq!(short.fence(), grant.fence() + 1);
+    assert!(short.fence() > grant.fence());
     tokio::time::sleep(Duration::from_millis(120)).await;
     assert_eq!(redis.keys().await, vec![fence.clone()]);
     let counter: u64 = redis.cmd(::redis::cmd("GET").arg(&fence)).await;
     assert_eq!(counter, short.fence());
+}
+
+/// The `ttl_ms` field of a lock's metadata hash.
+async fn hash_ttl_ms(redis: &support::RedisServer, meta: &str) -> Option<u64> {
+    redis
+        .cmd(::redis::cmd("HGET").arg(meta).arg("ttl_ms"))
+        .await
 }
 
 async fn a_token_given_twice_is_refused_and_changes_nothing(app: &TestApp) {
@@ -876,7 +898,7 @@ async fn a_json_null_body_is_an_empty_body(app: &TestApp) {
             .await;
         taken.expect_status(201);
         let token = taken.token();
-        assert_eq!(taken.u64("ttl_ms"), app.settings.default_ttl_ms);
+        assert_lease_ms(Some(taken.u64("ttl_ms")), app.settings.default_ttl_ms);
         let holder = [json, ("Lock-Token", token.as_str())];
         // A retry with the header and a null body renews, like an empty one.
         let again = app

@@ -16,7 +16,7 @@ use lockd::config::Settings;
 use lockd::lock::Ttl;
 use reqwest::Method;
 use serde_json::json;
-use support::{Reply, TestApp, backend_tests, ms_until, random_token};
+use support::{Reply, TestApp, assert_lease_ms, backend_tests, ms_until, random_token};
 
 backend_tests!(
     c01_extend_after_expiry_fails,
@@ -116,8 +116,16 @@ async fn c02_stress_late_releases_never_delete_the_next_grant(app: &TestApp) {
     let started = Instant::now();
     for round in 0..ROUNDS {
         let ttl = 5 + round % 6;
-        let a_sent = Instant::now();
-        let a = app.acquire_ttl(name, ttl).await;
+        // A lease of a few ms can be over before its answer arrives on a
+        // loaded machine: then it is deleted and answered 503; try again.
+        let (a_sent, a) = loop {
+            let a_sent = Instant::now();
+            let a = app.acquire_ttl(name, ttl).await;
+            if a.status != 503 {
+                break (a_sent, a);
+            }
+            a.expect_problem(503, "backend-unavailable");
+        };
         a.expect_status(201);
         let (tok_a, fence_a) = (a.token(), a.fence());
         assert!(fence_a > last_fence, "round {round}: fence went backwards");
@@ -436,7 +444,7 @@ async fn c04_ttl_milliseconds_stay_milliseconds(app: &TestApp) {
     a.expect_status(201);
     let (_, pttl) = app.holder(name).await.expect("A holds");
     let elapsed = i64::try_from(sent.elapsed().as_millis()).expect("fits");
-    assert_eq!(a.u64("ttl_ms"), 1500);
+    assert_lease_ms(Some(a.u64("ttl_ms")), 1500);
     assert!(pttl > 1400 && pttl <= 1500, "PTTL {pttl} for ttl 1500");
     assert!(
         1500 - pttl <= elapsed + 3,
@@ -469,9 +477,14 @@ async fn c04_ttl_milliseconds_stay_milliseconds(app: &TestApp) {
 
 async fn c04_tiny_ttls_are_neither_zero_nor_a_second(app: &TestApp) {
     // ttl 1: granted (not refused as 0), and free again well before a second.
+    // A 1 ms lease may be over before its answer arrives; it is then not
+    // answered as a lease (503, and deleted), never stretched.
     let one = app.acquire_ttl("c04:one", 1).await;
-    one.expect_status(201);
-    assert_eq!(one.u64("ttl_ms"), 1);
+    if one.status == 201 {
+        assert_eq!(one.u64("ttl_ms"), 1);
+    } else {
+        one.expect_problem(503, "backend-unavailable");
+    }
     if let Some((_, pttl)) = app.holder("c04:one").await {
         assert!(pttl <= 1, "PTTL {pttl} for ttl 1");
     }
@@ -483,7 +496,7 @@ async fn c04_tiny_ttls_are_neither_zero_nor_a_second(app: &TestApp) {
     let sent = Instant::now();
     let a = app.acquire_ttl("c04:999", 999).await;
     a.expect_status(201);
-    assert_eq!(a.u64("ttl_ms"), 999);
+    assert_lease_ms(Some(a.u64("ttl_ms")), 999);
     let (_, pttl) = app.holder("c04:999").await.expect("held");
     assert!(pttl > 900 && pttl <= 999, "PTTL {pttl} for ttl 999");
     let b = app.acquire_ttl("c04:999", 999).await;
@@ -524,7 +537,7 @@ async fn c04_every_duration_field_names_its_unit(app: &TestApp) {
     let token = grant.token();
     let extended = app.extend_ttl(name, &token, 6000).await;
     extended.expect_status(200);
-    assert_eq!(extended.u64("ttl_ms"), 6000);
+    assert_lease_ms(Some(extended.u64("ttl_ms")), 6000);
     assert_eq!(
         members(&extended),
         set(&["name", "fence", "ttl_ms", "expires_at"])

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, getpgid, getpgrp};
 use serde_json::Value;
-use support::{TestApp, eventually, free_port, metric};
+use support::{TestApp, assert_lease_ms, eventually, free_port, metric};
 
 /// The binary under test.
 const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
@@ -620,7 +620,7 @@ async fn the_child_sees_a_fence_that_grows_across_runs() {
         let extended: Value = serde_json::from_str(&dir.read(&format!("extend-{fence}")))
             .expect("lockd extend printed JSON");
         assert_eq!(extended["fence"], fence);
-        assert_eq!(extended["ttl_ms"], 20000);
+        assert_lease_ms(extended["ttl_ms"].as_u64(), 20000);
         fences.push(fence);
         tokens.push(run[2].clone());
     }
@@ -1307,7 +1307,7 @@ async fn shell_subcommands_print_json_and_exit_by_status() {
     let grant = acquired.json();
     let token = grant["token"].as_str().expect("a token").to_owned();
     assert_eq!(grant["name"], name);
-    assert_eq!(grant["ttl_ms"], 30000);
+    assert_lease_ms(grant["ttl_ms"].as_u64(), 30000);
     assert!(grant["fence"].as_u64().is_some(), "{grant}");
     assert!(acquired.stderr.is_empty(), "{}", acquired.stderr);
     assert_eq!(
@@ -1334,7 +1334,7 @@ async fn shell_subcommands_print_json_and_exit_by_status() {
     extend.env("LOCKD_TOKEN", &token).env("LOCKD_NAME", name);
     let extended = run(extend).await;
     extended.expect(0);
-    assert_eq!(extended.json()["ttl_ms"], 40000);
+    assert_lease_ms(extended.json()["ttl_ms"].as_u64(), 40000);
     assert_eq!(extended.json()["fence"], grant["fence"]);
 
     // A wrong token is someone else's problem: 409.

@@ -220,6 +220,59 @@ fn a_bad_setting_exits_2_with_a_clear_message() {
     assert!(stderr.contains("default_ttl_ms"), "{stderr}");
 }
 
+/// One bad start of `lockd serve`: flags, environment, and the flag the
+/// message must name.
+struct BadStart {
+    args: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+    names: &'static str,
+}
+
+#[test]
+fn a_bad_fence_retention_or_restart_delay_exits_2_naming_the_flag() {
+    let retention = "--fence-retention-ms";
+    let delay = "--redlock-restart-delay-ms";
+    let cases = [
+        BadStart {
+            args: &["--fence-retention-ms", "999"],
+            env: &[],
+            names: retention,
+        },
+        BadStart {
+            args: &["--fence-retention-ms", "an hour"],
+            env: &[],
+            names: retention,
+        },
+        BadStart {
+            args: &[],
+            env: &[("LOCKD_FENCE_RETENTION_MS", "10")],
+            names: retention,
+        },
+        BadStart {
+            args: &["--redlock-restart-delay-ms", "-5"],
+            env: &[],
+            names: delay,
+        },
+        BadStart {
+            args: &["--redlock-restart-delay-ms", "1.5"],
+            env: &[],
+            names: delay,
+        },
+    ];
+    for case in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .arg("serve")
+            .args(case.args)
+            .envs(case.env.iter().copied())
+            .output()
+            .expect("run lockd");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let shown = format!("{:?} {:?}: {stderr}", case.args, case.env);
+        assert_eq!(out.status.code(), Some(2), "{shown}");
+        assert!(stderr.contains(case.names), "{shown}");
+    }
+}
+
 /// A Redis password given in other forms than the URL's userinfo never
 /// reaches stderr either: as a `?password=` query, or in a TOML file whose
 /// syntax error quotes the line. A Redis that refuses the password makes

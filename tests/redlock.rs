@@ -812,20 +812,24 @@ async fn release_succeeds_when_any_node_deletes_and_otherwise_answers_as_the_maj
         .expect_problem(404, "lock-not-held");
 }
 
+/// A fence far above Redis's clock in µs, and below 2^53.
+const OTHER_FENCE: u64 = 9_000_000_000_000_000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_shows_the_holder_a_majority_agrees_on_with_its_fence() {
     let app = redlock(3).await;
     warm_up(&app).await;
-    // Node 2 has another lockd-compatible holder, with fence 777.
+    // Node 2 has another lockd-compatible holder, with a fence above any
+    // that Redis's clock gives.
     let other = random_token();
     app.node(2)
-        .set_lock_with_meta("k", &other, 777, "other", 30_000)
+        .set_lock_with_meta("k", &other, OTHER_FENCE, "other", 30_000)
         .await;
     let grant = app
         .acquire("k", Some(json!({ "ttl_ms": 30_000, "owner": "mine" })))
         .await;
     grant.expect_status(201);
-    assert!(grant.fence() < 777);
+    assert!(grant.fence() < OTHER_FENCE);
 
     let status = app.inspect("k").await;
     status.expect_status(200);
@@ -836,11 +840,11 @@ async fn get_shows_the_holder_a_majority_agrees_on_with_its_fence() {
 
     // Now the other holder has the majority: nodes 1 and 2.
     app.node(1)
-        .set_lock_with_meta("k", &other, 777, "other", 20_000)
+        .set_lock_with_meta("k", &other, OTHER_FENCE, "other", 20_000)
         .await;
     let status = app.inspect("k").await;
     status.expect_status(200);
-    assert_eq!(status.fence(), 777, "{}", status.text);
+    assert_eq!(status.fence(), OTHER_FENCE, "{}", status.text);
     assert_eq!(status.str("owner"), "other");
     let ttl = status.u64("ttl_ms");
     assert!(ttl <= 20_000, "the shortest lease of the majority: {ttl}");

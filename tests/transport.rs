@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::Value;
-use support::{RedisServer, free_port};
+use support::{RedisServer, assert_lease_ms, free_port};
 
 /// The binary under test.
 const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
@@ -352,7 +352,7 @@ async fn https_serves_the_lock_api_and_plain_http_gets_nothing() {
     assert_eq!(grant.status(), StatusCode::CREATED);
     let grant: Value = grant.json().await.unwrap();
     let token = grant["token"].as_str().unwrap().to_owned();
-    assert_eq!(grant["fence"], 1);
+    let fence = grant["fence"].as_u64().expect("a fence");
 
     let extended = https
         .patch(lockd.url("/locks/tls:a"))
@@ -363,14 +363,14 @@ async fn https_serves_the_lock_api_and_plain_http_gets_nothing() {
         .unwrap();
     assert_eq!(extended.status(), StatusCode::OK);
     let extended: Value = extended.json().await.unwrap();
-    assert_eq!(extended["fence"], 1);
-    assert_eq!(extended["ttl_ms"], 20000);
+    assert_eq!(extended["fence"], fence);
+    assert_lease_ms(extended["ttl_ms"].as_u64(), 20000);
 
     let held = https.get(lockd.url("/locks/tls:a")).send().await.unwrap();
     assert_eq!(held.status(), StatusCode::OK);
     let held: Value = held.json().await.unwrap();
     assert_eq!(held["held"], true);
-    assert_eq!(held["fence"], 1);
+    assert_eq!(held["fence"], fence);
     assert_eq!(redis.lock_token("tls:a").await.as_deref(), Some(&*token));
 
     let released = https
@@ -387,7 +387,8 @@ async fn https_serves_the_lock_api_and_plain_http_gets_nothing() {
         .await
         .unwrap();
     assert_eq!(again.status(), StatusCode::CREATED);
-    assert_eq!(again.json::<Value>().await.unwrap()["fence"], 2);
+    let again_fence = again.json::<Value>().await.unwrap()["fence"].as_u64();
+    assert!(again_fence > Some(fence), "{again_fence:?} after {fence}");
 
     // A client that trusts only the system's CAs refuses the certificate.
     let untrusting = reqwest::Client::builder()
@@ -845,12 +846,12 @@ async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let fence = std::fs::read_to_string(dir.path().join("fence")).unwrap();
-    assert_eq!(fence.trim(), "1");
+    let fence: u64 = fence.trim().parse().expect("LOCKD_FENCE is a number");
     let status: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("status")).unwrap())
             .expect("lockd status in the command printed JSON");
     assert_eq!(status["held"], true, "{status}");
-    assert_eq!(status["fence"], 1, "{status}");
+    assert_eq!(status["fence"], fence, "{status}");
 
     // Released at the end; the shell subcommands read LOCKD_CA_CERT.
     let mut free = client_command(dir.path(), &["status", "tls:exec", "--server", &server]);

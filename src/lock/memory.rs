@@ -13,9 +13,10 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::fence::{self, DEFAULT_RETENTION, unix_micros};
 use super::{
-    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
-    Released, Token, Ttl,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
+    ReleaseListener, Released, Token, Ttl,
 };
 
 struct Holder {
@@ -23,15 +24,26 @@ struct Holder {
     fence: u64,
     owner: Option<String>,
     granted_at: SystemTime,
+    /// The lock's own TTL, for an extend that names none.
+    ttl: Ttl,
     expires: Instant,
+}
+
+/// A fencing counter: the last fence, kept until `forget_at`.
+struct Counter {
+    fence: u64,
+    forget_at: Instant,
 }
 
 #[derive(Default)]
 struct State {
     holders: HashMap<String, Holder>,
-    /// Fencing counters. Like Redis's `:fence` keys they outlive the locks,
-    /// so fences never go backwards.
-    fences: HashMap<String, u64>,
+    /// Grants made, to sweep every [`SWEEP_EVERY`] of them.
+    grants: u64,
+    /// Fencing counters. Like Redis's `:fence` keys they are kept for the
+    /// fence retention after a lock's last grant; the process's wall clock
+    /// keeps fences growing after that (see [`fence`]).
+    fences: HashMap<String, Counter>,
 }
 
 impl State {
@@ -47,24 +59,73 @@ impl State {
         self.holders.get_mut(name.as_str())
     }
 
-    /// Drops every expired holder, so that names used once do not pile up.
+    /// Drops every expired holder and forgotten counter, so that names used
+    /// once do not pile up.
     fn sweep(&mut self, now: Instant) {
         self.holders.retain(|_, h| h.expires > now);
+        self.fences.retain(|_, c| c.forget_at > now);
+    }
+
+    /// The next fence of `name` by the rule of [`fence::next_fence`], kept
+    /// for `retention`.
+    fn next_fence(&mut self, name: &LockName, now: Instant, retention: Duration) -> u64 {
+        let stored = self
+            .fences
+            .get(name.as_str())
+            .filter(|c| c.forget_at > now)
+            .map(|c| c.fence);
+        // The clock alone never passes 2^53 - 1, and lockd's own counters
+        // stay below it, so there is no foreign counter to refuse here.
+        let fence =
+            fence::next_fence(stored, unix_micros(SystemTime::now())).unwrap_or(fence::MAX_FENCE);
+        self.fences.insert(
+            name.as_str().to_owned(),
+            Counter {
+                fence,
+                forget_at: now + retention,
+            },
+        );
+        fence
     }
 }
 
 /// Locks in this process's memory.
-#[derive(Default)]
 pub struct MemoryBackend {
     state: Mutex<State>,
     /// Told about every release, so that waiters wake at once.
     listener: OnceLock<Arc<dyn ReleaseListener>>,
+    fence_retention: Duration,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl MemoryBackend {
-    /// An empty store.
+    /// An empty store, keeping fencing counters for the default retention
+    /// (one hour).
     pub fn new() -> Self {
-        Self::default()
+        Self::with_fence_retention(DEFAULT_RETENTION)
+    }
+
+    /// An empty store, keeping each fencing counter for `retention` after
+    /// its lock's last grant.
+    pub fn with_fence_retention(retention: Duration) -> Self {
+        Self {
+            state: Mutex::default(),
+            listener: OnceLock::new(),
+            fence_retention: retention,
+        }
+    }
+
+    /// How many fencing counters are kept now. For tests that check names
+    /// used once leave nothing behind.
+    pub fn fence_count(&self) -> usize {
+        let mut state = self.state();
+        state.sweep(Instant::now());
+        state.fences.len()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -107,8 +168,9 @@ impl MemoryBackend {
 
 fn lease(fence: u64, ttl: Ttl) -> Lease {
     Lease {
-        fence: Some(fence),
+        fence,
         ttl,
+        set_to: ttl,
         expires_at: SystemTime::now() + ttl.as_duration(),
     }
 }
@@ -128,18 +190,15 @@ impl LockBackend for MemoryBackend {
                 });
             }
             holder.expires = now + req.ttl.as_duration();
+            holder.ttl = req.ttl;
             if let Some(owner) = &req.owner {
                 holder.owner = Some(owner.as_str().to_owned());
             }
             return Ok(Acquired::Renewed(lease(holder.fence, req.ttl)));
         }
-        let counter = state
-            .fences
-            .entry(req.name.as_str().to_owned())
-            .or_default();
-        *counter += 1;
-        let fence = *counter;
-        if fence.is_multiple_of(SWEEP_EVERY) {
+        let fence = state.next_fence(&req.name, now, self.fence_retention);
+        state.grants += 1;
+        if state.grants.is_multiple_of(SWEEP_EVERY) {
             state.sweep(now);
         }
         state.holders.insert(
@@ -149,19 +208,30 @@ impl LockBackend for MemoryBackend {
                 fence,
                 owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
                 granted_at: SystemTime::now(),
+                ttl: req.ttl,
                 expires: now + req.ttl.as_duration(),
             },
         );
         Ok(Acquired::Granted(lease(fence, req.ttl)))
     }
 
-    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
+    async fn extend(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Lease, LockError> {
         let now = Instant::now();
         let mut state = self.state();
         let holder = state.live(name, now).ok_or(LockError::NotHeld)?;
         if &holder.token != token {
             return Err(LockError::NotOwner);
         }
+        let ttl = match ttl {
+            ExtendTtl::To(ttl) => ttl,
+            ExtendTtl::Own { .. } => holder.ttl,
+        };
+        holder.ttl = ttl;
         holder.expires = now + ttl.as_duration();
         let fence = holder.fence;
         drop(state);
@@ -208,8 +278,19 @@ impl LockBackend for MemoryBackend {
     ) -> Result<bool, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let counter = state.fences.entry(name.as_str().to_owned()).or_default();
-        *counter = (*counter).max(fence);
+        let retention = self.fence_retention;
+        let counter = state
+            .fences
+            .entry(name.as_str().to_owned())
+            .or_insert(Counter {
+                fence: 0,
+                forget_at: now,
+            });
+        if counter.forget_at <= now {
+            counter.fence = 0;
+        }
+        counter.fence = counter.fence.max(fence);
+        counter.forget_at = now + retention;
         let Some(holder) = state.live(name, now).filter(|h| &h.token == token) else {
             return Ok(false);
         };
@@ -289,7 +370,7 @@ mod tests {
         let name = LockName::parse("k").expect("valid");
         let ttl = Ttl::from_millis(5000, u64::MAX, "ttl_ms").expect("valid");
         assert!(matches!(
-            store.extend(&name, &a, ttl).await,
+            store.extend(&name, &a, ExtendTtl::To(ttl)).await,
             Err(LockError::NotHeld)
         ));
         assert_eq!(store.held_count(), 0);

@@ -4,27 +4,34 @@
 //! - [`types`]: [`LockName`], [`Ttl`], [`Token`] and [`Owner`], parsed at
 //!   the edge so the backends only ever see valid values.
 //! - [`error`]: [`LockError`], the one error type of every operation.
+//! - [`fence`]: the fencing-token rule, max(counter + 1, clock in µs),
+//!   which every backend follows.
 //! - [`redis`]: the single-instance Redis backend (Lua scripts in
 //!   `scripts/`), over the connection [`pool`].
 //! - [`redlock`]: Redlock over several independent Redis masters, each a
-//!   [`redis`] backend.
+//!   [`redis`] backend; [`restart`] keeps a node that restarted out of
+//!   quorums for the restart delay.
 //! - [`memory`]: an in-process backend with the same semantics, for
 //!   `lockd serve --dev` and tests.
 //! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
 //!   a backend; [`queue`] holds the per-instance wait queues.
 
 pub mod error;
+pub mod fence;
 pub mod memory;
 pub mod pool;
 pub mod queue;
 pub mod redis;
 pub mod redlock;
+pub mod restart;
 pub mod service;
 pub mod types;
 
 use std::time::{Duration, SystemTime};
 
 use std::sync::Arc;
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
@@ -55,15 +62,67 @@ pub struct AcquireRequest {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The fencing token of this grant: larger than every earlier grant of
-    /// the same lock. `None` only when the lock was written by a foreign
-    /// client that recorded no fence.
-    pub fence: Option<u64>,
-    /// The lease length granted.
+    /// the same lock, and unique to this grant (see [`fence`]).
+    pub fence: u64,
+    /// What is left of the lease when the answer arrived: the TTL the store
+    /// was given, less the time since the request was sent (and, for
+    /// Redlock, less the clock drift allowance). Never zero: a lease with
+    /// nothing left is not answered as a lease.
     pub ttl: Ttl,
-    /// When the lease ends at the latest, by this process's wall clock. It is
-    /// counted from the moment the request was sent to the backend, so it
-    /// errs on the early side.
+    /// The TTL the store set the lease to (for Redlock, which computes its
+    /// validity from it).
+    pub set_to: Ttl,
+    /// When the lease ends at the earliest, by this process's wall clock:
+    /// the moment the request was sent to the store plus `set_to`. The store
+    /// started the lease after that, so the true end is at or slightly
+    /// after this time.
     pub expires_at: SystemTime,
+}
+
+impl Lease {
+    /// The lease a store call set to `set_to`, the call sent at `sent`
+    /// (monotonic clock) and `sent_wall` (wall clock): what is left of it
+    /// now, counted in whole milliseconds elapsed; `None` when nothing is
+    /// left.
+    pub fn left(fence: u64, set_to: Ttl, sent: Instant, sent_wall: SystemTime) -> Option<Self> {
+        let elapsed_ms = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let left = set_to.as_millis().checked_sub(elapsed_ms)?;
+        let ttl = Ttl::from_millis(left, set_to.as_millis(), "ttl_ms").ok()?;
+        Some(Self {
+            fence,
+            ttl,
+            set_to,
+            expires_at: sent_wall + set_to.as_duration(),
+        })
+    }
+}
+
+impl Lease {
+    /// A lease with nothing left (its `ttl` the least there is, 1 ms), for a
+    /// Redlock node's late answer: Redlock computes the validity itself, and
+    /// sees that none is left.
+    pub fn spent(fence: u64, set_to: Ttl, sent_wall: SystemTime) -> Self {
+        Self {
+            fence,
+            ttl: Ttl::MIN,
+            set_to,
+            expires_at: sent_wall,
+        }
+    }
+}
+
+/// The lease length an extend asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtendTtl {
+    /// This TTL, which also becomes the lock's own TTL for later extends.
+    To(Ttl),
+    /// The lock's own TTL: the one it was granted with, or last extended
+    /// to. `fallback` serves for a lock granted by an older lockd, which did
+    /// not record it.
+    Own {
+        /// The TTL when the lock records none.
+        fallback: Ttl,
+    },
 }
 
 /// The outcome of a successful acquire.
@@ -121,14 +180,19 @@ pub trait LockBackend: Send + Sync + 'static {
     /// token holds it; [`LockError::Unavailable`] when the backend fails.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError>;
 
-    /// Resets the lease of a lock held by `token` to `ttl`. Never creates a
-    /// lock.
+    /// Resets the lease of a lock held by `token` to `ttl` (the given one,
+    /// or the lock's own). Never creates a lock.
     ///
     /// # Errors
     /// [`LockError::NotHeld`] when nobody holds it, [`LockError::NotOwner`]
     /// when another token does, [`LockError::Unavailable`] when the backend
     /// fails.
-    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError>;
+    async fn extend(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Lease, LockError>;
 
     /// Releases a lock held by `token` (compare-and-delete), and tells when
     /// it was granted.
@@ -166,6 +230,12 @@ pub trait LockBackend: Send + Sync + 'static {
         token: &Token,
         fence: u64,
     ) -> Result<bool, LockError>;
+
+    /// Whether this store's grants may count toward a Redlock quorum now:
+    /// false while a Redis node is in its delayed restart (see [`restart`]).
+    fn counts_for_quorum(&self) -> bool {
+        true
+    }
 
     /// Checks that the backend answers, for `/readyz`.
     ///

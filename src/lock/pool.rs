@@ -10,21 +10,37 @@
 //! connection and tries once more on a fresh one (see
 //! [`super::redis::RedisBackend`]).
 
+use std::sync::Arc;
+
 use deadpool::managed::{self, Metrics, RecycleResult};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError};
+
+use super::restart::RestartWatch;
 
 /// Opens connections to one Redis server.
 pub struct Connector {
     client: Client,
     config: AsyncConnectionConfig,
+    /// Told the server's `run_id` and uptime at every new connection, when
+    /// restarts are watched (Redlock's delayed restart).
+    restarts: Option<Arc<RestartWatch>>,
 }
 
 impl Connector {
     /// A connector for `client`, with `config`'s connect and response
-    /// timeouts.
-    pub fn new(client: Client, config: AsyncConnectionConfig) -> Self {
-        Self { client, config }
+    /// timeouts. With `restarts`, every new connection first reads
+    /// `INFO server` and tells the watch what it found.
+    pub fn new(
+        client: Client,
+        config: AsyncConnectionConfig,
+        restarts: Option<Arc<RestartWatch>>,
+    ) -> Self {
+        Self {
+            client,
+            config,
+            restarts,
+        }
     }
 }
 
@@ -33,9 +49,18 @@ impl managed::Manager for Connector {
     type Error = RedisError;
 
     async fn create(&self) -> Result<MultiplexedConnection, RedisError> {
-        self.client
+        let mut conn = self
+            .client
             .get_multiplexed_async_connection_with_config(&self.config)
-            .await
+            .await?;
+        if let Some(restarts) = &self.restarts {
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut conn)
+                .await?;
+            restarts.observe(&info);
+        }
+        Ok(conn)
     }
 
     async fn recycle(

@@ -4,10 +4,13 @@
 //! for lock name `N` and key prefix `P` (default `lockd:`):
 //! - `P{N}`: the lock. Its value is exactly the holder's token and its TTL is
 //!   the lease.
-//! - `P{N}:fence`: the fencing counter, incremented by every grant. It has no
-//!   TTL, so fences never go backwards while Redis keeps its data.
-//! - `P{N}:meta`: a hash with `fence`, `owner` and `granted_at_ms`, written
-//!   with the lock, with the same TTL, and deleted with it.
+//! - `P{N}:fence`: the fencing counter: the last fence granted. Each grant
+//!   sets it to max(counter + 1, Redis's clock in µs) and gives it a TTL of
+//!   `fence_retention_ms`, so a lock name used once leaves nothing behind
+//!   once that time has passed (see [`super::fence`]).
+//! - `P{N}:meta`: a hash with `fence`, `owner`, `granted_at_ms` and
+//!   `ttl_ms` (the lock's own TTL, used by an extend that names none),
+//!   written with the lock, with the same TTL, and deleted with it.
 //! - The channel `P{N}:released` gets an empty message at every release
 //!   and every extend (which may shorten the lease).
 //!   Each lockd instance listens with one `PSUBSCRIBE P{*}:released`
@@ -33,16 +36,31 @@ use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::restart::RestartWatch;
 use super::{
-    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
-    Released, Token, Ttl, unix_millis,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
+    ReleaseListener, Released, Token, Ttl, unix_millis,
 };
+use redis::aio::MultiplexedConnection;
 
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
+/// The fencing rule (`next_fence`), put in front of the scripts that give
+/// fences.
+const FENCE_LUA: &str = include_str!("scripts/fence.lua");
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FENCE_LUA}{}",
+        include_str!("scripts/acquire.lua")
+    ))
+});
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
-static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/extend.lua")));
+static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FENCE_LUA}{}",
+        include_str!("scripts/extend.lua")
+    ))
+});
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 static INSPECT: LazyLock<Script> =
@@ -61,6 +79,20 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// The most pooled connections.
     pub pool_size: usize,
+    /// How long a fencing counter is kept after a lock's last grant.
+    pub fence_retention: Duration,
+    /// Redlock: how long this node counts toward no quorum after it
+    /// restarted (see [`super::restart`]); `None` outside Redlock, where
+    /// restarts are not watched.
+    pub restart_delay: Option<Duration>,
+    /// Whether this server is the whole store (single-Redis mode), rather
+    /// than a Redlock node. The whole store compare-and-deletes, in the
+    /// background, an acquire that timed out with a token lockd generated,
+    /// once it has surely run or failed, and answers no lease that arrived
+    /// with nothing left (it deletes such a grant at once). Redlock, whose
+    /// waiters may retry the same token on a node and which computes its
+    /// own validity, cleans up its nodes itself.
+    pub standalone: bool,
 }
 
 /// The Redis keys of one lock.
@@ -84,12 +116,17 @@ impl Keys {
 }
 
 /// Locks held in one Redis server, through a deadpool connection pool.
+/// Cloning it shares the pool.
+#[derive(Clone)]
 pub struct RedisBackend {
     pool: Pool,
     /// For the release-event connection, which is not pooled.
     client: redis::Client,
     prefix: String,
     timeout: Duration,
+    fence_retention_ms: u64,
+    restarts: Option<Arc<RestartWatch>>,
+    standalone: bool,
 }
 
 impl RedisBackend {
@@ -110,7 +147,11 @@ impl RedisBackend {
             ))
         };
         let client = redis::Client::open(config.url.as_str()).map_err(bad_url)?;
-        let pool = Pool::builder(Connector::new(client.clone(), connection))
+        let restarts = config.restart_delay.map(|delay| {
+            let node = client.get_connection_info().addr().to_string();
+            Arc::new(RestartWatch::new(node, delay))
+        });
+        let pool = Pool::builder(Connector::new(client.clone(), connection, restarts.clone()))
             .max_size(config.pool_size)
             .wait_timeout(Some(config.timeout))
             .create_timeout(Some(config.timeout))
@@ -123,7 +164,16 @@ impl RedisBackend {
             client,
             prefix: config.key_prefix.clone(),
             timeout: config.timeout,
+            fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
+                .unwrap_or(u64::MAX),
+            restarts,
+            standalone: config.standalone,
         })
+    }
+
+    /// Whether this node is in its restart delay (Redlock), for the gauge.
+    pub fn in_restart_delay(&self) -> bool {
+        self.restarts.as_ref().is_some_and(|r| r.delayed())
     }
 
     /// The pool, for gauges read at scrape time.
@@ -135,13 +185,28 @@ impl RedisBackend {
     /// (Redis restarted) is thrown away and the script is sent once more on a
     /// fresh one; every script here is safe to repeat.
     async fn run<T: FromRedisValue>(&self, call: &ScriptInvocation<'_>) -> Result<T, LockError> {
+        self.run_on(call, &mut None).await
+    }
+
+    /// [`Self::run`], leaving in `sent_on` the connection that carried the
+    /// script last, so that a call that timed out can be followed on the
+    /// same connection: Redis runs one connection's commands in order.
+    async fn run_on<T: FromRedisValue>(
+        &self,
+        call: &ScriptInvocation<'_>,
+        sent_on: &mut Option<MultiplexedConnection>,
+    ) -> Result<T, LockError> {
         let attempt = async {
             let mut retried = false;
             loop {
                 let mut conn = self.pool.get().await.map_err(pool_error)?;
+                *sent_on = Some((*conn).clone());
                 match call.invoke_async(&mut *conn).await {
                     Ok(value) => return Ok(value),
                     Err(e) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
+                        if e.is_timeout() {
+                            return Err(redis_error(&e));
+                        }
                         // Redis went away: the idle connections are as dead
                         // as this one. Throw them all out, so that the retry
                         // connects afresh.
@@ -159,6 +224,64 @@ impl RedisBackend {
                 LockError::Unavailable(format!("no answer from Redis in {:?}", self.timeout))
             })?
     }
+
+    /// The release script for `token` on `name`.
+    fn release_call<'a>(keys: &Keys, token: &'a Token) -> ScriptInvocation<'a> {
+        let mut call = RELEASE.prepare_invoke();
+        call.key(&keys.lock)
+            .key(&keys.meta)
+            .arg(token.expose())
+            .arg(&keys.released);
+        call
+    }
+
+    /// After an acquire of `req` that timed out, removes the grant it may
+    /// still make. The compare-and-delete is sent on the connection that
+    /// carried the acquire, so Redis runs it after the acquire, however long
+    /// Redis stalls: it waits for that answer for as long as the connection
+    /// lives. Once any answer arrived, the acquire has run (or never will),
+    /// and its lease ends within one TTL. When the connection breaks
+    /// instead, a script Redis ran before that also ends within one TTL, so
+    /// the delete is retried on fresh connections for that long.
+    async fn reap_timed_out(&self, req: AcquireRequest, mut conn: MultiplexedConnection) {
+        let keys = Keys::new(&self.prefix, &req.name);
+        let call = Self::release_call(&keys, &req.token);
+        // As long as a stalled Redis takes: the answer must come after the
+        // acquire's.
+        conn.set_response_timeout(REAP_PATIENCE);
+        let give_up = match call.invoke_async::<(i64, String)>(&mut conn).await {
+            Ok((1, _)) => return released_timed_out(&req.name),
+            // Nobody or another token holds it: the acquire did not grant,
+            // or its lease already ran out.
+            Ok(_) => return,
+            // Redis answered with an error (a script was busy): the acquire
+            // has run by now; retry the delete while its lease may last.
+            Err(e) if !(e.is_io_error() || e.is_connection_dropped()) => {
+                Instant::now() + req.ttl.as_duration()
+            }
+            // The connection broke.
+            Err(_) => Instant::now() + req.ttl.as_duration(),
+        };
+        let mut backoff = Duration::from_millis(50);
+        while Instant::now() < give_up {
+            tokio::time::sleep(backoff).await;
+            match self.run::<(i64, String)>(&call).await {
+                Ok((1, _)) => return released_timed_out(&req.name),
+                Ok(_) => return,
+                Err(_) => backoff = (backoff * 2).min(Duration::from_secs(1)),
+            }
+        }
+        tracing::warn!(lock = %req.name, "could not delete a lock whose grant timed out; it runs out with its TTL");
+    }
+}
+
+/// How long the background delete of a grant that timed out waits for
+/// Redis's answer on the connection that carried the grant: as long as a
+/// stalled Redis may take, short of for ever.
+const REAP_PATIENCE: Duration = Duration::from_secs(24 * 3600);
+
+fn released_timed_out(name: &LockName) {
+    tracing::info!(lock = %name, "released a lock whose grant timed out");
 }
 
 /// Sorts a Redis error: could not reach or hear from Redis (retry may cure
@@ -186,16 +309,6 @@ fn pool_error(e: PoolError) -> LockError {
     }
 }
 
-/// The lease from a grant whose script was sent at `sent` (wall clock
-/// `sent_wall`): the lease began after that, so counting from it errs early.
-fn lease(fence: i64, ttl: Ttl, sent_wall: SystemTime) -> Lease {
-    Lease {
-        fence: u64::try_from(fence).ok(),
-        ttl,
-        expires_at: sent_wall + ttl.as_duration(),
-    }
-}
-
 fn positive_ms(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1))
 }
@@ -204,7 +317,7 @@ fn positive_ms(ms: i64) -> Duration {
 impl LockBackend for RedisBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let keys = Keys::new(&self.prefix, &req.name);
-        let sent_wall = SystemTime::now();
+        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
         let mut call = ACQUIRE.prepare_invoke();
         call.key(&keys.lock)
             .key(&keys.fence)
@@ -212,11 +325,48 @@ impl LockBackend for RedisBackend {
             .arg(req.token.expose())
             .arg(req.ttl.as_millis())
             .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
-            .arg(unix_millis(sent_wall));
-        let (status, value): (i64, i64) = self.run(&call).await?;
+            .arg(unix_millis(sent_wall))
+            .arg(self.fence_retention_ms);
+        let mut sent_on = None;
+        let (status, value): (i64, i64) = match self.run_on(&call, &mut sent_on).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                // A script held up in a stalled Redis may still grant.
+                if let (LockError::Unavailable(_), Some(conn), true) =
+                    (&e, sent_on, self.standalone && req.token_generated)
+                {
+                    let (this, req) = (self.clone(), req.clone());
+                    tokio::spawn(async move { this.reap_timed_out(req, conn).await });
+                }
+                return Err(e);
+            }
+        };
+        let fence = u64::try_from(value).unwrap_or(0);
+        let lease = || {
+            Lease::left(fence, req.ttl, sent, sent_wall)
+                .or_else(|| (!self.standalone).then(|| Lease::spent(fence, req.ttl, sent_wall)))
+        };
         match status {
-            1 => Ok(Acquired::Granted(lease(value, req.ttl, sent_wall))),
-            2 => Ok(Acquired::Renewed(lease(value, req.ttl, sent_wall))),
+            1 => match lease() {
+                Some(lease) => Ok(Acquired::Granted(lease)),
+                None => {
+                    // Redis answered after the lease it set had run out:
+                    // nothing is left to hand over.
+                    let _ = self
+                        .run::<(i64, String)>(&Self::release_call(&keys, &req.token))
+                        .await;
+                    Err(LockError::Unavailable(format!(
+                        "Redis granted the lock after its {} ms lease had passed",
+                        req.ttl.as_millis()
+                    )))
+                }
+            },
+            2 => lease().map(Acquired::Renewed).ok_or_else(|| {
+                LockError::Unavailable(format!(
+                    "Redis renewed the lease after its {} ms had passed",
+                    req.ttl.as_millis()
+                ))
+            }),
             // PTTL is -1 only for a key a foreign client set without a TTL:
             // there is no expiry to wait for, so suggest one second.
             _ if value < 0 => Err(LockError::Held {
@@ -228,18 +378,44 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
+    async fn extend(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Lease, LockError> {
         let keys = Keys::new(&self.prefix, name);
-        let sent_wall = SystemTime::now();
+        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
+        let (given, fallback) = match ttl {
+            ExtendTtl::To(ttl) => (ttl.as_millis().to_string(), ttl),
+            ExtendTtl::Own { fallback } => (String::new(), fallback),
+        };
         let mut call = EXTEND.prepare_invoke();
         call.key(&keys.lock)
             .key(&keys.meta)
+            .key(&keys.fence)
             .arg(token.expose())
-            .arg(ttl.as_millis())
-            .arg(&keys.released);
-        let (status, fence): (i64, i64) = self.run(&call).await?;
+            .arg(given)
+            .arg(&keys.released)
+            .arg(fallback.as_millis())
+            .arg(self.fence_retention_ms);
+        let (status, fence, ttl_ms): (i64, i64, i64) = self.run(&call).await?;
         match status {
-            1 => Ok(lease(fence, ttl, sent_wall)),
+            1 => {
+                let set_to = u64::try_from(ttl_ms)
+                    .ok()
+                    .and_then(|ms| Ttl::from_millis(ms, Ttl::CEILING_MS, "ttl_ms").ok())
+                    .unwrap_or(fallback);
+                let fence = u64::try_from(fence).unwrap_or(0);
+                Lease::left(fence, set_to, sent, sent_wall)
+                    .or_else(|| (!self.standalone).then(|| Lease::spent(fence, set_to, sent_wall)))
+                    .ok_or_else(|| {
+                        LockError::Unavailable(format!(
+                            "Redis extended the lease after its {} ms had passed",
+                            set_to.as_millis()
+                        ))
+                    })
+            }
             0 => Err(LockError::NotHeld),
             _ => Err(LockError::NotOwner),
         }
@@ -247,12 +423,8 @@ impl LockBackend for RedisBackend {
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         let keys = Keys::new(&self.prefix, name);
-        let mut call = RELEASE.prepare_invoke();
-        call.key(&keys.lock)
-            .key(&keys.meta)
-            .arg(token.expose())
-            .arg(&keys.released);
-        let (verdict, granted_at): (i64, String) = self.run(&call).await?;
+        let (verdict, granted_at): (i64, String) =
+            self.run(&Self::release_call(&keys, token)).await?;
         match verdict {
             1 => Ok(Released {
                 granted_at: parse_unix_millis(&granted_at),
@@ -303,8 +475,13 @@ impl LockBackend for RedisBackend {
             .key(&keys.fence)
             .key(&keys.meta)
             .arg(token.expose())
-            .arg(fence);
+            .arg(fence)
+            .arg(self.fence_retention_ms);
         Ok(self.run::<i64>(&call).await? == 1)
+    }
+
+    fn counts_for_quorum(&self) -> bool {
+        !self.in_restart_delay()
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -45,8 +45,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
-    Released, Token, Ttl,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
+    ReleaseListener, Released, Token, Ttl,
 };
 
 /// The clock drift allowance added to every validity computation, on top
@@ -94,6 +94,12 @@ impl RedlockBackend {
         let left = ttl.as_duration().checked_sub(elapsed)?.checked_sub(drift)?;
         let ms = u64::try_from(left.as_millis()).ok()?;
         Ttl::from_millis(ms, ttl.as_millis(), "validity").ok()
+    }
+
+    /// Which nodes count toward a quorum now: all but those in their
+    /// delayed restart.
+    fn counting(&self) -> Vec<bool> {
+        self.nodes.iter().map(|n| n.counts_for_quorum()).collect()
     }
 
     fn quorum_unavailable(&self, answered: usize) -> LockError {
@@ -244,49 +250,61 @@ impl LockBackend for RedlockBackend {
         let started = Instant::now();
         let sent_wall = SystemTime::now();
         let answers = join_all(self.nodes.iter().map(|n| n.acquire(req))).await;
+        // Read after the answers: a node's restart is seen when lockd
+        // reconnects to it, which may have been during this call.
+        let counts = self.counting();
 
         let mut granted = Vec::new();
+        let mut counted_grants = 0;
         let mut held = Vec::new();
         let mut renewed = false;
         for (node, answer) in answers.iter().enumerate() {
             match answer {
                 Ok(acquired) => {
                     renewed |= matches!(acquired, Acquired::Renewed(_));
-                    granted.push((node, acquired.lease().fence));
+                    granted.push(acquired.lease().fence);
+                    counted_grants += usize::from(counts[node]);
                 }
-                Err(LockError::Held { retry_after }) => held.push(*retry_after),
+                Err(LockError::Held { retry_after }) if counts[node] => held.push(*retry_after),
                 Err(_) => {}
             }
         }
-        let answered_count = answers.iter().filter(|a| answered(a)).count();
+        let answered_count = (0..answers.len())
+            .filter(|i| counts[*i] && answered(&answers[*i]))
+            .count();
 
-        if granted.len() >= self.quorum {
-            let fence = granted.iter().filter_map(|(_, f)| *f).max();
+        if counted_grants >= self.quorum {
+            // The largest fence any node gave, a node in its restart delay
+            // included: a larger fence is never wrong.
+            let fence = granted.iter().copied().max().unwrap_or(0);
             // When every node answered and granted the same fence, all
             // counters already stand at it. Otherwise the fence is written
             // back to every node that answered, granting or not, so that
             // any later quorum meets a node at or above it.
-            let consistent = fence.is_some()
-                && granted.len() == self.nodes.len()
-                && granted.iter().all(|(_, f)| *f == fence);
-            let fence_ok = match fence {
-                Some(fence) if !consistent => {
-                    let answering: Vec<usize> = (0..answers.len())
-                        .filter(|i| answered(&answers[*i]))
-                        .collect();
-                    let raised =
-                        join_all(answering.iter().map(|node| {
-                            self.nodes[*node].raise_fence(&req.name, &req.token, fence)
-                        }))
-                        .await;
-                    raised.iter().filter(|r| matches!(r, Ok(true))).count() >= self.quorum
-                }
-                _ => true,
+            let consistent =
+                granted.len() == self.nodes.len() && granted.iter().all(|f| *f == fence);
+            let fence_ok = consistent || {
+                let answering: Vec<usize> = (0..answers.len())
+                    .filter(|i| answered(&answers[*i]))
+                    .collect();
+                let raised = join_all(
+                    answering
+                        .iter()
+                        .map(|node| self.nodes[*node].raise_fence(&req.name, &req.token, fence)),
+                )
+                .await;
+                answering
+                    .iter()
+                    .zip(&raised)
+                    .filter(|(node, r)| counts[**node] && matches!(r, Ok(true)))
+                    .count()
+                    >= self.quorum
             };
             if fence_ok && let Some(validity) = self.validity(req.ttl, started.elapsed()) {
                 let lease = Lease {
                     fence,
                     ttl: validity,
+                    set_to: req.ttl,
                     expires_at: sent_wall + validity.as_duration(),
                 };
                 return Ok(if renewed {
@@ -307,23 +325,40 @@ impl LockBackend for RedlockBackend {
         })
     }
 
-    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
+    async fn extend(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Lease, LockError> {
         let started = Instant::now();
         let sent_wall = SystemTime::now();
         let answers = join_all(self.nodes.iter().map(|n| n.extend(name, token, ttl))).await;
-        let extended: Vec<&Lease> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        let counts = self.counting();
+        let extended: Vec<&Lease> = (0..answers.len())
+            .filter(|i| counts[*i])
+            .filter_map(|i| answers[i].as_ref().ok())
+            .collect();
         if extended.len() >= self.quorum {
-            if let Some(validity) = self.validity(ttl, started.elapsed()) {
+            // The nodes set the TTL they were given, or the lock's own,
+            // which they recorded alike at the grant: the shortest counts.
+            let set_to = extended.iter().map(|l| l.set_to).min();
+            if let Some(set_to) = set_to
+                && let Some(validity) = self.validity(set_to, started.elapsed())
+            {
                 return Ok(Lease {
-                    fence: extended.iter().filter_map(|l| l.fence).max(),
+                    fence: extended.iter().map(|l| l.fence).max().unwrap_or(0),
                     ttl: validity,
+                    set_to,
                     expires_at: sent_wall + validity.as_duration(),
                 });
             }
             // The extension took longer than the lease: it is gone.
             return Err(LockError::NotHeld);
         }
-        let answered_count = answers.iter().filter(|a| answered(a)).count();
+        let answered_count = (0..answers.len())
+            .filter(|i| counts[*i] && answered(&answers[*i]))
+            .count();
         if answered_count < self.quorum {
             return Err(self.quorum_unavailable(answered_count));
         }
@@ -400,7 +435,10 @@ impl LockBackend for RedlockBackend {
 
     async fn ping(&self) -> Result<(), LockError> {
         let answers = join_all(self.nodes.iter().map(|n| n.ping())).await;
-        let up = answers.iter().filter(|a| a.is_ok()).count();
+        let counts = self.counting();
+        let up = (0..answers.len())
+            .filter(|i| counts[*i] && answers[*i].is_ok())
+            .count();
         if up >= self.quorum {
             Ok(())
         } else {
@@ -506,7 +544,7 @@ mod tests {
                 .acquire(&request("k", &token))
                 .await
                 .expect("quorum");
-            let fence = granted.lease().fence.expect("a fence");
+            let fence = granted.lease().fence;
             assert!(fence > last, "round {round}: fence {fence} after {last}");
             last = fence;
             redlock.release(&name, &token).await.expect("held");

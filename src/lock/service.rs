@@ -9,10 +9,10 @@
 //! and if that call granted the lock, releases it with a compare-and-delete:
 //! a lock is never left set for a caller who will not see its token (field
 //! case C08). When the backend call itself timed out, its outcome is unknown;
-//! for a token lockd generated (nobody else can hold it) the task keeps
-//! compare-and-deleting it for a while, since a stalled Redis may still run
-//! the script. A client-chosen token is left alone: the client may retry
-//! with it, and its retry must not be undone.
+//! for a token lockd generated (nobody else can hold it) the Redis store
+//! compare-and-deletes it once the stalled call has surely run or failed
+//! (see [`super::redis`]). A client-chosen token is left alone: the client
+//! may retry with it, and its retry must not be undone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::queue::WaitQueues;
 use super::{
-    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, Released, Token,
-    Ttl,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
+    Released, Token,
 };
 
 /// The most random delay added to a retry at the holder's lease end, so that
@@ -117,15 +117,8 @@ impl Locks {
         let (this, task_req) = (self.clone(), req.clone());
         tokio::spawn(async move {
             let result = this.acquire_or_wait(&task_req, wait, &caller_gone).await;
-            // A timeout may have hit after Redis ran the script: the lock may
-            // be set under a token nobody will see.
-            let unconfirmed =
-                matches!(result, Err(LockError::Unavailable(_))) && task_req.token_generated;
             if let Err(Ok(Acquired::Granted(_))) = answer.send(result) {
                 this.release_orphan(&task_req).await;
-            }
-            if unconfirmed {
-                this.release_unconfirmed(&task_req).await;
             }
         });
         let mut pending = Pending {
@@ -149,23 +142,6 @@ impl Locks {
                 error = %e,
                 "could not release a lock granted after its caller left; it runs out with its TTL"
             ),
-        }
-    }
-
-    /// After an acquire whose outcome is unknown (the backend timed out),
-    /// compare-and-deletes its token until that succeeds, or until the lease
-    /// would have run out anyway (at most [`UNCONFIRMED_CLEANUP`]): a script
-    /// held up in a stalled Redis may still run after the timeout.
-    async fn release_unconfirmed(&self, req: &AcquireRequest) {
-        let give_up = Instant::now() + req.ttl.as_duration().min(UNCONFIRMED_CLEANUP);
-        let mut pause = Duration::from_millis(50);
-        while Instant::now() < give_up {
-            if self.release(&req.name, &req.token).await.is_ok() {
-                tracing::info!(lock = %req.name, "released a lock whose grant timed out");
-                return;
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -250,7 +226,7 @@ impl Locks {
         &self,
         name: &LockName,
         token: &Token,
-        ttl: Ttl,
+        ttl: ExtendTtl,
     ) -> Result<Lease, LockError> {
         self.backend.extend(name, token, ttl).await
     }
@@ -279,10 +255,6 @@ impl Locks {
         self.backend.ping().await
     }
 }
-
-/// The longest time lockd keeps trying to delete a lock whose grant timed
-/// out.
-const UNCONFIRMED_CLEANUP: Duration = Duration::from_secs(60);
 
 /// The caller's end of an acquire. If the caller goes away after the task
 /// sent a grant but before it was read, the grant is released here.

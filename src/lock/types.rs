@@ -102,6 +102,9 @@ impl Ttl {
     /// Redis and RFC 3339 timestamps can hold.
     pub const CEILING_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
+    /// The shortest TTL: 1 ms.
+    pub const MIN: Self = Self(1);
+
     /// Parses a TTL in milliseconds, accepting `1..=max_ms` (and never more
     /// than [`Self::CEILING_MS`]).
     ///

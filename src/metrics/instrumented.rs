@@ -10,8 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
 use crate::lock::{
-    AcquireRequest, Acquired, Lease, LockBackend, LockError, LockInfo, LockName, ReleaseListener,
-    Released, Token, Ttl,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
+    ReleaseListener, Released, Token,
 };
 
 /// The `op` labels of `lockd_backend_duration_seconds`.
@@ -88,7 +88,12 @@ impl LockBackend for Instrumented {
         self.time("acquire", self.inner.acquire(req)).await
     }
 
-    async fn extend(&self, name: &LockName, token: &Token, ttl: Ttl) -> Result<Lease, LockError> {
+    async fn extend(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Lease, LockError> {
         self.time("extend", self.inner.extend(name, token, ttl))
             .await
     }
@@ -117,6 +122,10 @@ impl LockBackend for Instrumented {
 
     async fn ping(&self) -> Result<(), LockError> {
         self.time("ping", self.inner.ping()).await
+    }
+
+    fn counts_for_quorum(&self) -> bool {
+        self.inner.counts_for_quorum()
     }
 
     fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {

@@ -113,6 +113,9 @@ pub struct PoolStatus {
     pub available: usize,
     /// Calls waiting for a connection.
     pub waiting: usize,
+    /// Redlock: whether the node is in its delayed restart, counting toward
+    /// no quorum.
+    pub in_restart_delay: bool,
 }
 
 /// Reads one node's pool.
@@ -159,6 +162,9 @@ pub struct Metrics {
     pool_size: IntGaugeVec,
     pool_available: IntGaugeVec,
     pool_waiting: IntGaugeVec,
+    /// `lockd_redlock_nodes_in_restart_delay`: Redlock nodes that restarted
+    /// and count toward no quorum yet, read at scrape time.
+    nodes_in_restart_delay: IntGauge,
     pools: Mutex<Vec<(String, PoolReader)>>,
     /// `lockd_http_requests_in_flight`.
     pub http_in_flight: IntGauge,
@@ -229,6 +235,11 @@ impl Metrics {
             "HTTP requests being served now, waiting ones included.",
         )?;
         registry.register(Box::new(http_in_flight.clone()))?;
+        let nodes_in_restart_delay = IntGauge::new(
+            "lockd_redlock_nodes_in_restart_delay",
+            "Redlock nodes that restarted less than the restart delay ago: written to, but counted toward no quorum.",
+        )?;
+        registry.register(Box::new(nodes_in_restart_delay.clone()))?;
         let metrics = Self {
             acquire_total: b.counter("lockd_acquire_total", "Acquire requests by namespace and result.", ns_result)?,
             acquire_contended: b.counter(
@@ -284,6 +295,7 @@ impl Metrics {
                 &["node"],
             )?,
             pools: Mutex::new(Vec::new()),
+            nodes_in_restart_delay,
             http_in_flight,
             http_requests: b.counter(
                 "lockd_http_requests_total",
@@ -505,8 +517,10 @@ impl Metrics {
 
     fn update_pools(&self) {
         let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let mut delayed = 0;
         for (node, read) in pools.iter() {
             let status = read();
+            delayed += i64::from(status.in_restart_delay);
             let labels = [node.as_str()];
             let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
             self.pool_size
@@ -519,5 +533,6 @@ impl Metrics {
                 .with_label_values(&labels)
                 .set(count(status.waiting));
         }
+        self.nodes_in_restart_delay.set(delayed);
     }
 }

@@ -452,6 +452,16 @@ impl RedisServer {
             .await
     }
 
+    /// The fence the holder of `name` was granted, from its metadata hash.
+    pub async fn holder_fence(&self, name: &str) -> Option<u64> {
+        self.cmd(
+            redis::cmd("HGET")
+                .arg(format!("{}:meta", lock_key(name)))
+                .arg("fence"),
+        )
+        .await
+    }
+
     /// Deletes every key (`FLUSHALL`): the server loses its data but keeps
     /// running.
     pub async fn flushall(&self) {
@@ -794,8 +804,27 @@ fn test_settings(redis_url: String) -> Settings {
     Settings {
         listen: "127.0.0.1:0".parse().expect("valid address"),
         redis_url: vec![redis_url],
+        // Tests that restart Redlock nodes test other things than the
+        // delayed restart, which has tests of its own that turn it on.
+        redlock_restart_delay_ms: Some(0),
         ..Settings::default()
     }
+}
+
+/// How much of a lease the time on the wire may take in these tests: a
+/// grant or an extend reports the TTL less the time since lockd sent the
+/// script, in whole milliseconds.
+pub const WIRE_SLACK_MS: u64 = 50;
+
+/// Checks that `ttl_ms` is what is left of a lease of `asked` ms just
+/// granted or extended: at most `asked`, and within [`WIRE_SLACK_MS`].
+#[track_caller]
+pub fn assert_lease_ms(ttl_ms: Option<u64>, asked: u64) {
+    let ttl_ms = ttl_ms.expect("a ttl_ms");
+    assert!(
+        ttl_ms <= asked && ttl_ms + WIRE_SLACK_MS >= asked,
+        "ttl_ms {ttl_ms} for a lease of {asked} ms"
+    );
 }
 
 impl TestApp {

@@ -11,8 +11,9 @@ use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Problem};
 use crate::http::state::AppState;
 
-/// Reset the lease of a lock you hold to `ttl_ms` from now. Never creates a
-/// lock: an expired lease stays expired.
+/// Reset the lease of a lock you hold to `ttl_ms` from now; without
+/// `ttl_ms`, to the lock's own TTL (the one it was granted with, or last
+/// extended to). Never creates a lock: an expired lease stays expired.
 #[utoipa::path(
     patch,
     path = "/locks/{name}",
@@ -45,7 +46,9 @@ pub async fn extend(
     JsonBody(body): JsonBody<ExtendBody>,
 ) -> Result<Json<Extended>, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
-    let ttl = state.ttl.resolve(query.ttl_ms.as_deref(), body.ttl_ms)?;
+    let ttl = state
+        .ttl
+        .resolve_extend(query.ttl_ms.as_deref(), body.ttl_ms)?;
     let outcome = within(deadline, state.locks.extend(&name, &token, ttl)).await;
     state.metrics.observe_extend(&name, &outcome);
     let lease = outcome.map_err(timeout_or)?;

@@ -8,7 +8,7 @@ use axum::http::HeaderMap;
 
 use super::model::{AcquireBody, AcquireQuery};
 use crate::http::problem::ApiError;
-use crate::lock::{AcquireRequest, LockName, Owner, Token, Ttl};
+use crate::lock::{AcquireRequest, ExtendTtl, LockName, Owner, Token, Ttl};
 
 /// The header that carries a lock token on PATCH and DELETE.
 pub const LOCK_TOKEN: &str = "lock-token";
@@ -29,11 +29,34 @@ impl TtlPolicy {
     /// # Errors
     /// 400 when both are given or the value is out of range.
     pub fn resolve(&self, query: Option<&str>, body: Option<u64>) -> Result<Ttl, ApiError> {
+        Ok(self.given(query, body)?.unwrap_or(self.default))
+    }
+
+    /// The TTL an extend asks for: the one given in the query or the body
+    /// (at most one of them), or else the lock's own TTL, with the default
+    /// for a lock that records none.
+    ///
+    /// # Errors
+    /// As for [`Self::resolve`].
+    pub fn resolve_extend(
+        &self,
+        query: Option<&str>,
+        body: Option<u64>,
+    ) -> Result<ExtendTtl, ApiError> {
+        Ok(match self.given(query, body)? {
+            Some(ttl) => ExtendTtl::To(ttl),
+            None => ExtendTtl::Own {
+                fallback: self.default,
+            },
+        })
+    }
+
+    fn given(&self, query: Option<&str>, body: Option<u64>) -> Result<Option<Ttl>, ApiError> {
         match (query, body) {
             (Some(_), Some(_)) => Err(given_twice("ttl_ms")),
-            (Some(text), None) => Ok(Ttl::parse_text(text, self.max_ms, "ttl_ms")?),
-            (None, Some(ms)) => Ok(Ttl::from_millis(ms, self.max_ms, "ttl_ms")?),
-            (None, None) => Ok(self.default),
+            (Some(text), None) => Ok(Some(Ttl::parse_text(text, self.max_ms, "ttl_ms")?)),
+            (None, Some(ms)) => Ok(Some(Ttl::from_millis(ms, self.max_ms, "ttl_ms")?)),
+            (None, None) => Ok(None),
         }
     }
 }

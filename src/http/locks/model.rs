@@ -153,8 +153,9 @@ pub struct ExtendBody {
     /// The holder's token, unless it is sent in the `Lock-Token` header.
     #[schema(value_type = Option<LockTokenSchema>)]
     pub token: Option<String>,
-    /// The new lease length in milliseconds, counted from now. Default: the
-    /// server's default TTL (30000).
+    /// The new lease length in milliseconds, counted from now; it also
+    /// becomes the lock's own TTL. Default: the lock's own TTL (the one it
+    /// was granted with, or last extended to).
     #[schema(minimum = 1, example = 30000)]
     pub ttl_ms: Option<u64>,
 }
@@ -174,7 +175,8 @@ pub struct ReleaseBody {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ExtendQuery {
-    /// The new lease length in milliseconds, as decimal digits.
+    /// The new lease length in milliseconds, as decimal digits; it also
+    /// becomes the lock's own TTL. Default: the lock's own TTL.
     #[param(value_type = Option<u64>, minimum = 1)]
     pub ttl_ms: Option<String>,
 }
@@ -194,13 +196,19 @@ pub struct Grant {
     /// out of URLs and logs.
     #[schema(value_type = LockTokenSchema)]
     pub token: String,
-    /// The fencing token: larger than every earlier grant of this lock. Pass
-    /// it to the storage you write to, so it can refuse a stale holder.
-    /// `null` only for a lock written by a foreign client.
-    pub fence: Option<u64>,
-    /// The lease granted, in milliseconds.
+    /// The fencing token: larger than every earlier grant of this lock, and
+    /// unique to this grant (a renewal keeps it). Below 2^53. Pass it to the
+    /// storage you write to, so it can refuse a stale holder.
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    /// What is left of the lease, in milliseconds: the TTL asked for, less
+    /// the time since lockd sent the request to Redis (and, with Redlock,
+    /// less the clock drift allowance).
     pub ttl_ms: u64,
-    /// When the lease ends at the latest (RFC 3339, UTC).
+    /// When the lease ends at the earliest (RFC 3339, UTC): the moment lockd
+    /// sent the request to Redis, plus the TTL (with Redlock, plus
+    /// `ttl_ms`). Redis started the lease after that, so the true expiry is
+    /// at or slightly after this time: finish your work before it.
     pub expires_at: String,
 }
 
@@ -211,10 +219,13 @@ pub struct Extended {
     #[schema(value_type = LockNameSchema)]
     pub name: String,
     /// The holder's fencing token (unchanged by an extend).
-    pub fence: Option<u64>,
-    /// The new lease, in milliseconds from now.
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    /// What is left of the new lease, in milliseconds, counted as for a
+    /// grant.
     pub ttl_ms: u64,
-    /// When the lease ends at the latest (RFC 3339, UTC).
+    /// When the new lease ends at the earliest (RFC 3339, UTC), counted as
+    /// for a grant: the true expiry is at or slightly after it.
     pub expires_at: String,
 }
 

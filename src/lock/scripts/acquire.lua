@@ -1,23 +1,31 @@
--- Acquire a lock: SET NX PX and the fencing counter's INCR in one script,
--- so a grant and its fence can never be separated.
+-- Acquire a lock: SET NX PX and the next fence in one script, so a grant
+-- and its fence can never be separated.
 -- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] holder metadata hash
 -- ARGV[1] token, ARGV[2] TTL in ms (>= 1), ARGV[3] owner label ('' = none),
--- ARGV[4] grant time in Unix ms
+-- ARGV[4] grant time in Unix ms, ARGV[5] fence retention in ms (>= 1000)
 -- Returns {1, fence} for a new grant, {2, fence} when this token already
 -- held the lock (its lease is reset to the TTL, the fence is unchanged, the
--- owner label replaced when one is given; -1 when no fence is recorded),
--- {0, pttl} when another token holds it.
+-- owner label replaced when one is given), {0, pttl} when another token
+-- holds it.
+--
+-- The fence comes from next_fence (fence.lua, put in front of this
+-- script): max(counter + 1, this server's clock in microseconds), the
+-- counter kept for the fence retention after the last grant.
+-- A lock that a foreign client set without a fence gets one when its
+-- holder renews it, so every lease has a fence.
+--
 -- Redis does not roll a script back, so when the counter or the hash cannot
 -- be written (a foreign client left a key of another type there), the lock
 -- is deleted again before the error is returned: no half-written grant.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = redis.pcall('INCR', KEYS[2])
-  if type(fence) == 'table' and fence.err then
+  local fence, err = next_fence(KEYS[2], ARGV[5])
+  if not fence then
     redis.call('DEL', KEYS[1])
-    return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. fence.err)
+    return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
   end
   redis.pcall('DEL', KEYS[3])
-  local meta = redis.pcall('HSET', KEYS[3], 'fence', fence, 'owner', ARGV[3], 'granted_at_ms', ARGV[4])
+  local meta = redis.pcall('HSET', KEYS[3], 'fence', string.format('%.0f', fence),
+    'owner', ARGV[3], 'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2])
   if type(meta) == 'table' and meta.err then
     redis.call('DEL', KEYS[1])
     return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. meta.err)
@@ -27,14 +35,26 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if ARGV[3] ~= '' then
-    redis.pcall('HSET', KEYS[3], 'owner', ARGV[3])
-  end
-  redis.pcall('PEXPIRE', KEYS[3], ARGV[2])
   local fence = redis.pcall('HGET', KEYS[3], 'fence')
-  if type(fence) == 'string' then
-    return {2, tonumber(fence)}
+  if type(fence) == 'table' and fence.err then
+    return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. fence.err)
   end
-  return {2, -1}
+  if fence then
+    fence = tonumber(fence)
+  end
+  if not fence then
+    local err
+    fence, err = next_fence(KEYS[2], ARGV[5])
+    if not fence then
+      return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
+    end
+    redis.call('HSET', KEYS[3], 'fence', string.format('%.0f', fence), 'granted_at_ms', ARGV[4])
+  end
+  if ARGV[3] ~= '' then
+    redis.call('HSET', KEYS[3], 'owner', ARGV[3])
+  end
+  redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  return {2, fence}
 end
 return {0, redis.call('PTTL', KEYS[1])}

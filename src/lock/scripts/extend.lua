@@ -1,23 +1,45 @@
--- Extend a lock: compare the token, then PEXPIRE. Never creates a key.
+-- Extend a lock: compare the token, then PEXPIRE. Never creates a lock.
 -- Publishes on the release channel too, so that waiters learn the new lease
 -- end (an extend may shorten the lease).
--- KEYS[1] lock key, KEYS[2] holder metadata hash
--- ARGV[1] token, ARGV[2] new TTL in ms (>= 1; PEXPIRE with 0 would delete),
--- ARGV[3] release channel (KEYS[1] .. ':released')
--- Returns {1, fence} when extended (fence -1 when none is recorded),
--- {0, 0} when nobody holds the lock, {-1, 0} when another token holds it.
+-- KEYS[1] lock key, KEYS[2] holder metadata hash, KEYS[3] fencing counter
+-- ARGV[1] token, ARGV[2] new TTL in ms ('' = the lock's own TTL, recorded
+-- in the hash at its grant or last extend), ARGV[3] release channel
+-- (KEYS[1] .. ':released'), ARGV[4] the TTL in ms when ARGV[2] is '' and
+-- the hash records none (a lock granted by an older lockd), ARGV[5] fence
+-- retention in ms
+-- Returns {1, fence, ttl_ms} when extended, {0, 0, 0} when nobody holds the
+-- lock, {-1, 0, 0} when another token holds it. A lock that a foreign
+-- client set without a fence gets one (next_fence, from fence.lua in front
+-- of this script), so every lease has a fence.
 local current = redis.call('GET', KEYS[1])
 if not current then
-  return {0, 0}
+  return {0, 0, 0}
 end
 if current ~= ARGV[1] then
-  return {-1, 0}
+  return {-1, 0, 0}
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.pcall('PEXPIRE', KEYS[2], ARGV[2])
+local meta = redis.pcall('HMGET', KEYS[2], 'fence', 'ttl_ms')
+if type(meta) ~= 'table' or meta.err then
+  return redis.error_reply('holder metadata ' .. KEYS[2] .. ': ' .. (meta.err or 'unreadable'))
+end
+local ttl = ARGV[2]
+if ttl == '' then
+  ttl = meta[2]
+  if not tonumber(ttl or '') then
+    ttl = ARGV[4]
+  end
+end
+local fence = tonumber(meta[1] or '')
+if not fence then
+  local err
+  fence, err = next_fence(KEYS[3], ARGV[5])
+  if not fence then
+    return redis.error_reply('fence counter ' .. KEYS[3] .. ': ' .. err)
+  end
+  redis.call('HSET', KEYS[2], 'fence', string.format('%.0f', fence))
+end
+redis.call('HSET', KEYS[2], 'ttl_ms', ttl)
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('PUBLISH', ARGV[3], '')
-local fence = redis.pcall('HGET', KEYS[2], 'fence')
-if type(fence) == 'string' then
-  return {1, tonumber(fence)}
-end
-return {1, -1}
+return {1, fence, tonumber(ttl)}

@@ -1,0 +1,32 @@
+-- The fencing rule, put in front of the scripts that give fences
+-- (acquire.lua, extend.lua); src/lock/fence.rs states the same rule.
+-- next_fence(counter_key, retention_ms) returns the next fence of a lock,
+-- max(counter + 1, this server's clock in microseconds), after storing it
+-- in counter_key for retention_ms; or nil and the reason when the counter
+-- is not an integer or the fence would reach 2^53 - 1. Fences strictly
+-- increase, and stay above earlier ones after the counter is lost, as long
+-- as this server's clock has not stepped back. A counter an older lockd
+-- left without a TTL gets one here.
+local function next_fence(counter_key, retention_ms)
+  local stored = redis.pcall('GET', counter_key)
+  if type(stored) == 'table' and stored.err then
+    return nil, stored.err
+  end
+  local now = redis.call('TIME')
+  local fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if stored then
+    local counter = tonumber(stored)
+    if not counter or counter ~= math.floor(counter) then
+      return nil, 'not an integer'
+    end
+    if counter + 1 > fence then
+      fence = counter + 1
+    end
+  end
+  if fence > 9007199254740991 then
+    return nil, 'at or above 2^53 - 1'
+  end
+  redis.call('SET', counter_key, string.format('%.0f', fence), 'PX', retention_ms)
+  return fence
+end
+
