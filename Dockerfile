@@ -3,7 +3,10 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
-RUN cargo build --release --locked --bin lockd
+# Cargo.toml keeps line tables in release builds (for profiling local
+# builds); the image's binary needs none: strip it (77 MB -> 11 MB).
+RUN cargo build --release --locked --bin lockd \
+ && strip target/release/lockd
 
 FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 --no-create-home lockd

@@ -222,6 +222,11 @@ impl KeyRing {
         Self::parse(&text, path)
     }
 
+    /// Whether a key has the id `id`.
+    pub fn has_id(&self, id: &str) -> bool {
+        self.keys.iter().any(|k| &*k.id == id)
+    }
+
     /// How many keys there are.
     pub fn len(&self) -> usize {
         self.keys.len()

@@ -366,13 +366,103 @@ pub enum ConfigError {
         /// Why.
         source: std::io::Error,
     },
-    /// A value has the wrong type, or a key is unknown. The message never
-    /// shows a Redis password, even when it quotes the line at fault.
-    #[error("invalid settings: {}", redact_urls_in(&.0.to_string()))]
+    /// A value has the wrong type, or a key is unknown. The message names
+    /// the key as the file spells it, and the file; it never shows a Redis
+    /// password, even when it quotes the line at fault.
+    #[error("{}", redact_urls_in(&describe_figment(.0)))]
     Parse(#[from] Box<figment::Error>),
     /// The values do not fit together.
     #[error("invalid settings: {0}")]
     Invalid(String),
+}
+
+/// Every error in `error`, one per line, each naming the file and the key
+/// as the user wrote it (figment's own message prefixes the key with its
+/// profile, `default.`, which no file ever mentions).
+fn describe_figment(error: &figment::Error) -> String {
+    let lines: Vec<String> = error
+        .clone()
+        .into_iter()
+        .map(|e| describe_one(&e))
+        .collect();
+    lines.join("\n")
+}
+
+/// One figment error in the user's words.
+fn describe_one(e: &figment::Error) -> String {
+    use figment::error::Kind;
+    let source = match e.metadata.as_ref() {
+        Some(m) => match &m.source {
+            Some(figment::Source::File(path)) => format!("config file {}", path.display()),
+            _ => m.name.to_string(),
+        },
+        None => "settings".to_owned(),
+    };
+    let key = e.path.join(".");
+    let problem = match &e.kind {
+        Kind::UnknownField(found, expected) => {
+            let hint = closest(found, expected)
+                .map(|k| format!("; did you mean `{k}`?"))
+                .unwrap_or_default();
+            return format!(
+                "invalid settings in {source}: unknown key `{found}`{hint} \
+                 (config/lockd.example.toml lists every key)"
+            );
+        }
+        Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => {
+            format!("expected {}, found {actual}", plain_type(expected))
+        }
+        Kind::Message(message) if key == "listen" || key == "metrics_listen" => {
+            format!("{message}: give an IP address and port, such as \"127.0.0.1:8080\"")
+        }
+        other => other.to_string(),
+    };
+    if key.is_empty() {
+        format!("invalid settings in {source}: {problem}")
+    } else {
+        format!("invalid settings in {source}: `{key}`: {problem}")
+    }
+}
+
+/// A Rust type name as a user would say it.
+fn plain_type(expected: &str) -> String {
+    match expected {
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number (such as 5000)".to_owned(),
+        "f32" | "f64" => "a number (such as 0.01)".to_owned(),
+        "a boolean" | "bool" => "true or false".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
+/// The known key closest to `found` (a typo's likely intent), if one is
+/// close enough.
+fn closest<'a>(found: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(found, k), *k))
+        .filter(|(d, k)| *d <= 3.max(k.len() / 4))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                diagonal
+            } else {
+                1 + diagonal.min(above).min(row[j])
+            };
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 /// The `host:port` a Redis URL points at (the URL itself when unparsable).
@@ -391,7 +481,12 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
         One(String),
         Many(Vec<String>),
     }
-    Ok(match OneOrMany::deserialize(d)? {
+    // The untagged enum's own error ("data did not match any variant of
+    // untagged enum OneOrMany") tells a user nothing.
+    let urls = OneOrMany::deserialize(d).map_err(|_| {
+        serde::de::Error::custom("expected a Redis URL (a string) or a list of them")
+    })?;
+    Ok(match urls {
         OneOrMany::One(url) => vec![url],
         OneOrMany::Many(urls) => urls,
     })

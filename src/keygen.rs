@@ -64,7 +64,7 @@ fn mint(args: &KeygenArgs) -> Result<String, String> {
     let text = entry.to_toml();
     match &args.keys_file {
         Some(path) => {
-            append(path, &text)?;
+            append(path, &entry.id, &text)?;
             eprintln!(
                 "lockd keygen: added key {:?} to {}; send SIGHUP to a running lockd to load it. \
                  The secret (on stdout) is shown once: give it to the client.",
@@ -81,14 +81,25 @@ fn mint(args: &KeygenArgs) -> Result<String, String> {
     Ok(secret)
 }
 
-/// Appends `text` to the keys file at `path` after checking that the file
-/// with it still loads (so a repeated id is refused and nothing written).
-fn append(path: &Path, text: &str) -> Result<(), String> {
+/// Appends the entry `text` of the key `id` to the keys file at `path`
+/// after checking that the file loads, has no key `id` yet, and still
+/// loads with the entry (so nothing is written when one fails).
+fn append(path: &Path, id: &str, text: &str) -> Result<(), String> {
     let existing = match std::fs::read_to_string(path) {
         Ok(existing) => existing,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
+    let ring = KeyRing::parse(&existing, path)
+        .map_err(|e| format!("{e}; fix the file first, nothing was written"))?;
+    if ring.has_id(id) {
+        return Err(format!(
+            "a key with id {id:?} is already in {}; nothing was written. Pick another \
+             --id, or, to replace that key, first delete its [[keys]] entry \
+             (id = {id:?}) from the file",
+            path.display()
+        ));
+    }
     KeyRing::parse(&format!("{existing}{text}"), path).map_err(|e| e.to_string())?;
     let mut file = std::fs::OpenOptions::new()
         .create(true)

@@ -26,6 +26,7 @@ backend_tests!(
     unknown_routes_and_methods_are_problems,
     boundary_values_and_query_forms_are_accepted,
     reacquire_with_own_token_renews_with_same_fence_and_resets_ttl,
+    reacquire_with_own_token_and_an_owner_replaces_the_owner_keeps_granted_at,
     fences_grow_across_grants_releases_and_expiries,
     inspect_shows_owner_and_fence_but_never_the_token,
     extend_and_release_take_the_token_from_the_body_too,
@@ -403,6 +404,32 @@ async fn reacquire_with_own_token_renews_with_same_fence_and_resets_ttl(app: &Te
         .await;
     next.expect_status(201);
     assert!(next.fence() > fence, "a new grant needs a new fence");
+}
+
+/// The README's promise for a 200 renewal: `owner` is replaced when the
+/// request gives one; the fence and `granted_at` stay the first grant's.
+async fn reacquire_with_own_token_and_an_owner_replaces_the_owner_keeps_granted_at(app: &TestApp) {
+    let name = "re:owner";
+    let token = random_token();
+    app.acquire(
+        name,
+        Some(json!({ "token": token, "ttl_ms": 5000, "owner": "w1" })),
+    )
+    .await
+    .expect_status(201);
+    let before = app.inspect(name).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    app.acquire(
+        name,
+        Some(json!({ "token": token, "ttl_ms": 5000, "owner": "w2" })),
+    )
+    .await
+    .expect_status(200);
+    let after = app.inspect(name).await;
+    assert_eq!(after.str("owner"), "w2");
+    assert_eq!(after.fence(), before.fence());
+    assert_eq!(after.str("granted_at"), before.str("granted_at"));
+    app.release(name, &token).await.expect_status(204);
 }
 
 async fn fences_grow_across_grants_releases_and_expiries(app: &TestApp) {

@@ -1279,6 +1279,37 @@ async fn a_refused_request_exits_64() {
     assert!(!dir.exists("ran"));
 }
 
+/// `--server 127.0.0.1:8080` (no scheme; `localhost:8080` parses with the
+/// scheme `localhost`) is refused with 64, saying that the URL needs
+/// `http://` or `https://` and suggesting it, not "relative URL without a
+/// base"; the command is not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_a_scheme_is_refused_suggesting_http() {
+    let dir = Scratch::new();
+    for server in ["127.0.0.1:8080", "localhost:8080"] {
+        let suggestion = format!("http://{server}");
+        let exit = run(exec(
+            &dir,
+            server,
+            &[],
+            "exec:url",
+            &sh(r#"touch "$DIR/ran""#),
+        ))
+        .await;
+        exit.expect(64);
+        assert!(!dir.exists("ran"), "{server}: the command ran");
+        let status = run(shell(&dir, server, &["status", "exec:url"])).await;
+        status.expect(64);
+        for stderr in [&exit.stderr, &status.stderr] {
+            assert!(
+                stderr.contains("needs http:// or https://") && stderr.contains(&suggestion),
+                "{server}: {stderr}"
+            );
+            assert!(!stderr.contains("relative URL"), "{server}: {stderr}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The shell subcommands
 // ---------------------------------------------------------------------------

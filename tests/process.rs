@@ -271,6 +271,104 @@ fn a_bad_fence_retention_or_restart_delay_exits_2_naming_the_flag() {
         assert_eq!(out.status.code(), Some(2), "{shown}");
         assert!(stderr.contains(case.names), "{shown}");
     }
+
+/// `lockd serve --dev --config FILE` with `toml` in the file: its exit code
+/// and stderr.
+fn serve_with_config(toml: &str) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lockd.toml");
+    std::fs::write(&path, toml).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .env_remove("LOCKD_DEFAULT_TTL_MS")
+        .env_remove("LOCKD_REDIS_URL")
+        .env_remove("LOCKD_LISTEN")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lockd");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (
+        out.status.code(),
+        stderr,
+        path.to_string_lossy().into_owned(),
+    )
+}
+
+/// A mistyped key, or a value of the wrong type, in the config file is
+/// reported with the key as the file spells it (not figment's
+/// `default.`-prefixed path), the file, and the real problem: the key it
+/// probably meant, or the type it needs.
+#[test]
+fn a_config_file_typo_names_the_key_as_written_and_the_real_problem() {
+    let (code, stderr, path) = serve_with_config("default_tll_ms = 5\n");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("unknown key `default_tll_ms`")
+            && stderr.contains("did you mean `default_ttl_ms`?")
+            && stderr.contains(&path),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("default."), "a profile prefix: {stderr}");
+
+    let (code, stderr, path) = serve_with_config("default_ttl_ms = \"5s\"\n");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`default_ttl_ms`")
+            && stderr.contains("whole number")
+            && stderr.contains("\"5s\"")
+            && stderr.contains(&path),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("default."), "a profile prefix: {stderr}");
+
+    let (code, stderr, _) = serve_with_config("redis_url = 5\n");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`redis_url`") && stderr.contains("a Redis URL (a string) or a list"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("untagged enum"), "{stderr}");
+}
+
+/// `lockd keygen --id X` when the keys file has a key `X` already says that
+/// the id exists and how to go on (another `--id`, or delete the old
+/// entry), not that the keys file is invalid; the file is left as it was.
+#[test]
+fn keygen_with_an_id_already_in_the_keys_file_says_so_and_how_to_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let keygen = |prefix: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lockd"))
+            .args([
+                "keygen",
+                "--id",
+                "billing",
+                "--prefix",
+                prefix,
+                "--keys-file",
+            ])
+            .arg(&keys)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lockd keygen")
+    };
+    assert!(keygen("billing:").status.success());
+    let before = std::fs::read_to_string(&keys).unwrap();
+    let again = keygen("other:");
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(2), "{stderr}");
+    assert!(again.stdout.is_empty(), "a secret was printed for no key");
+    assert!(
+        stderr.contains("\"billing\" is already in") && stderr.contains(&*keys.to_string_lossy()),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("another --id") && stderr.contains("delete its [[keys]] entry"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("invalid keys file"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&keys).unwrap(), before);
 }
 
 /// A Redis password given in other forms than the URL's userinfo never

@@ -1,6 +1,8 @@
-//! The client-side retry snippets in README.md (bash, Python, JavaScript),
-//! run as written against a live lockd: each must retry past a held lock and
-//! come back with the grant.
+//! The client-side snippets in README.md, run as written against a live
+//! lockd: each retry snippet (bash, Python, JavaScript) must retry past a
+//! held lock and come back with the grant; the cron job in `sh` must run
+//! the job only with the lock, say "another host runs the job" only for a
+//! 409, and fail (exit non-zero) when lockd or Redis is down.
 
 #![allow(clippy::unwrap_used)]
 
@@ -99,4 +101,80 @@ async fn readme_python_retry_snippet_gets_the_lock_after_backing_off() {
 #[tokio::test]
 async fn readme_javascript_retry_snippet_gets_the_lock_after_backing_off() {
     snippet_retries_until_granted("retry-js", "node", "mjs").await;
+}
+
+/// Runs the README's cron snippet with `sh` against `url`: its exit code,
+/// stdout and stderr.
+async fn run_cron_snippet(url: &str) -> (Option<i32>, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cron.sh");
+    std::fs::write(&path, snippet("cron-sh")).unwrap();
+    let run = tokio::process::Command::new("sh")
+        .arg(&path)
+        .env("LOCKD_URL", url)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the cron snippet ran over 30 s")
+        .expect("cannot run sh");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The lock free: the job runs and the lock is released after it. The
+/// lock held: "another host runs the job", exit 0 (nothing to report).
+#[tokio::test]
+async fn readme_cron_snippet_runs_the_job_with_the_lock_and_defers_only_on_409() {
+    let app = TestApp::redis().await;
+    let (code, stdout, stderr) = run_cron_snippet(&app.url("")).await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("running the job"), "{stdout}{stderr}");
+    assert_eq!(
+        app.holder_token("nightly-report").await,
+        None,
+        "not released"
+    );
+
+    let held = app.acquire_ttl("nightly-report", 30_000).await;
+    held.expect_status(201);
+    let (code, stdout, stderr) = run_cron_snippet(&app.url("")).await;
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("another host runs the job"),
+        "{stdout}{stderr}"
+    );
+    assert!(!stdout.contains("running the job"), "{stdout}{stderr}");
+    assert_eq!(app.holder_token("nightly-report").await, Some(held.token()));
+}
+
+/// Nothing listening at `LOCKD_URL` (lockd stopped): the snippet exits
+/// non-zero and does not claim that another host runs the job.
+#[tokio::test]
+async fn readme_cron_snippet_fails_and_claims_no_other_host_when_lockd_is_stopped() {
+    let nowhere = format!("http://127.0.0.1:{}", support::free_port());
+    let (code, stdout, stderr) = run_cron_snippet(&nowhere).await;
+    assert_ne!(code, Some(0), "exit 0 with lockd stopped: {stdout}{stderr}");
+    assert!(code.is_some(), "killed by a signal: {stdout}{stderr}");
+    let all = format!("{stdout}{stderr}");
+    assert!(!all.contains("another host"), "{all}");
+    assert!(!all.contains("running the job"), "{all}");
+}
+
+/// Redis down (lockd answers 503): the snippet exits non-zero and does not
+/// claim that another host runs the job.
+#[tokio::test]
+async fn readme_cron_snippet_fails_and_claims_no_other_host_when_redis_is_down() {
+    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 200).await;
+    app.redis_server().stop();
+    let (code, stdout, stderr) = run_cron_snippet(&app.url("")).await;
+    assert_ne!(code, Some(0), "exit 0 with Redis down: {stdout}{stderr}");
+    assert!(code.is_some(), "killed by a signal: {stdout}{stderr}");
+    let all = format!("{stdout}{stderr}");
+    assert!(all.contains("503"), "{all}");
+    assert!(!all.contains("another host"), "{all}");
+    assert!(!all.contains("running the job"), "{all}");
 }

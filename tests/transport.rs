@@ -897,6 +897,75 @@ async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
     assert!(stderr.contains("--ca-cert"), "{stderr}");
 }
 
+/// Against a server whose certificate the client does not trust (a
+/// self-signed one, no `--ca-cert`), `lockd status` and `lockd exec` say
+/// that the server answered but its certificate could not be verified, and
+/// point at `--ca-cert` and `LOCKD_CA_CERT`: not "no answer from", and no
+/// raw Debug value of the TLS error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_certificate_is_named_as_the_problem_and_ca_cert_suggested() {
+    let cert = TestCert::new();
+    let lockd = Lockd::start(
+        "https",
+        &["--dev", "--tls-cert", cert.cert(), "--tls-key", cert.key()],
+        &[],
+        &cert.client(),
+    )
+    .await;
+    let server = lockd.url("");
+    let dir = tempfile::tempdir().unwrap();
+    let status = run_to_exit(client_command(
+        dir.path(),
+        &["status", "tls:untrusted", "--server", &server],
+    ))
+    .await;
+    let exec = run_to_exit(client_command(
+        dir.path(),
+        &[
+            "exec",
+            "--server",
+            &server,
+            "tls:untrusted",
+            "--",
+            "sh",
+            "-c",
+            r#"touch "$DIR/ran""#,
+        ],
+    ))
+    .await;
+    assert!(!dir.path().join("ran").exists(), "the command ran");
+    for out in [&status, &exec] {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(69), "{stderr}");
+        assert!(
+            stderr.contains(&format!("{server} answered"))
+                && stderr.contains("certificate could not be verified"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("--ca-cert") && stderr.contains("LOCKD_CA_CERT"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("no answer"), "{stderr}");
+        assert!(!stderr.contains('{'), "a Debug value: {stderr}");
+    }
+
+    // A plain-HTTP server asked over https:// is named as such.
+    let plain = Lockd::start("http", &["--dev"], &[], &reqwest::Client::new()).await;
+    let https = plain.url("").replacen("http://", "https://", 1);
+    let out = run_to_exit(client_command(
+        dir.path(),
+        &["status", "tls:plain", "--server", &https],
+    ))
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains("not in TLS") && stderr.contains("http://"),
+        "{stderr}"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Logs of a hostile run
 // ---------------------------------------------------------------------------

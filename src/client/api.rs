@@ -17,6 +17,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct LockClient {
     http: reqwest::Client,
     base: url::Url,
+    /// The server URL as the user gave it, for messages.
+    server: String,
 }
 
 /// The server's answer: its status and body, as sent.
@@ -69,12 +71,27 @@ impl Answer {
     }
 }
 
-/// Why a call got no answer.
+/// Why a call got no answer. The message names the server and says what
+/// failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
     /// The server could not be reached, or did not answer in time.
-    #[error("{0}")]
-    Unreachable(String),
+    #[error("no answer from {server}: {why}")]
+    Unreachable {
+        /// The server URL.
+        server: String,
+        /// What happened ("Connection refused (os error 111)", "timed out").
+        why: String,
+    },
+    /// The server answered, but the TLS handshake failed: most often its
+    /// certificate could not be verified.
+    #[error("{server} answered, but {why}")]
+    Tls {
+        /// The server URL.
+        server: String,
+        /// What failed, and what to do about it.
+        why: String,
+    },
 }
 
 /// The server URL, or the CA certificates to trust, are not usable.
@@ -136,8 +153,24 @@ impl LockClient {
             url: server.to_owned(),
             why: why.to_owned(),
         };
-        let base = url::Url::parse(server).map_err(|e| bad(&e.to_string()))?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+        let base = match url::Url::parse(server) {
+            // `127.0.0.1:8080` does not parse; `localhost:8080` parses with
+            // the scheme `localhost`. Either way the scheme is missing.
+            Ok(url) if server.contains("://") || matches!(url.scheme(), "http" | "https") => url,
+            Ok(_) | Err(url::ParseError::RelativeUrlWithoutBase) => {
+                return Err(bad(&format!(
+                    "it needs http:// or https:// in front, as in http://{server}"
+                )));
+            }
+            Err(e) => return Err(bad(&e.to_string())),
+        };
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err(bad(&format!(
+                "lockd speaks http:// or https://, not {}://",
+                base.scheme()
+            )));
+        }
+        if base.cannot_be_a_base() || base.host_str().is_none_or(str::is_empty) {
             return Err(bad("use http://host:port or https://host:port"));
         }
         let mut headers = reqwest::header::HeaderMap::new();
@@ -159,7 +192,11 @@ impl LockClient {
             }
         }
         let http = builder.build().map_err(|e| bad(&e.to_string()))?;
-        Ok(Self { http, base })
+        Ok(Self {
+            http,
+            base,
+            server: server.to_owned(),
+        })
     }
 
     /// The URL of the lock `name`: the server's path, then `locks/<name>`
@@ -198,7 +235,7 @@ impl LockClient {
         if let Some(token) = params.token {
             request = request.header("Lock-Token", token);
         }
-        send(request, timeout).await
+        self.send(request, timeout).await
     }
 
     /// `PATCH /locks/{name}`: resets the lease to `ttl_ms` (the server's
@@ -219,7 +256,7 @@ impl LockClient {
             .patch(self.lock_url(name))
             .header("Lock-Token", token)
             .json(&body);
-        send(request, timeout).await
+        self.send(request, timeout).await
     }
 
     /// `DELETE /locks/{name}`.
@@ -236,7 +273,7 @@ impl LockClient {
             .http
             .delete(self.lock_url(name))
             .header("Lock-Token", token);
-        send(request, timeout).await
+        self.send(request, timeout).await
     }
 
     /// `GET /locks/{name}`.
@@ -244,7 +281,7 @@ impl LockClient {
     /// # Errors
     /// [`CallError`] when no answer came within `timeout`.
     pub async fn status(&self, name: &str, timeout: Duration) -> Result<Answer, CallError> {
-        send(self.http.get(self.lock_url(name)), timeout).await
+        self.send(self.http.get(self.lock_url(name)), timeout).await
     }
 }
 
@@ -264,25 +301,105 @@ fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, BadServer> 
     Ok(certs)
 }
 
-async fn send(request: reqwest::RequestBuilder, timeout: Duration) -> Result<Answer, CallError> {
-    let unreachable = |e: reqwest::Error| {
-        // The innermost cause says what happened ("Connection refused");
-        // reqwest's own message adds only the URL.
-        let mut cause: &dyn std::error::Error = &e;
-        while let Some(inner) = cause.source() {
-            cause = inner;
+impl LockClient {
+    /// Sends `request`, bounded by `timeout`, and reads the answer.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<Answer, CallError> {
+        let failed = |e: reqwest::Error| call_error(&self.server, &e);
+        let response = request.timeout(timeout).send().await.map_err(failed)?;
+        let status = response.status();
+        let body = response.text().await.map_err(failed)?;
+        Ok(Answer { status, body })
+    }
+}
+
+/// What a failed call means for the user: a TLS failure (the server
+/// answered, its certificate could not be verified) or no answer.
+fn call_error(server: &str, e: &reqwest::Error) -> CallError {
+    let mut innermost: &(dyn std::error::Error + 'static) = e;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(tls) = as_rustls(c) {
+            return CallError::Tls {
+                server: server.to_owned(),
+                why: explain_tls(tls),
+            };
         }
-        let why = if e.is_timeout() {
-            "timed out".to_owned()
-        } else {
-            cause.to_string()
-        };
-        CallError::Unreachable(why)
+        innermost = c;
+        cause = c.source();
+    }
+    // The innermost cause says what happened ("Connection refused");
+    // reqwest's own message adds only the URL.
+    let why = if e.is_timeout() {
+        "timed out".to_owned()
+    } else {
+        innermost.to_string()
     };
-    let response = request.timeout(timeout).send().await.map_err(unreachable)?;
-    let status = response.status();
-    let body = response.text().await.map_err(unreachable)?;
-    Ok(Answer { status, body })
+    CallError::Unreachable {
+        server: server.to_owned(),
+        why,
+    }
+}
+
+/// The rustls error in `e`: itself, or wrapped in `io::Error`s (whose
+/// `source()` skips the error they wrap; the TLS connector wraps it twice).
+fn as_rustls<'a>(mut e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    loop {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        let inner = e.downcast_ref::<std::io::Error>()?.get_ref()?;
+        e = inner;
+    }
+}
+
+/// What to tell the user, in words, for a failed TLS handshake.
+fn explain_tls(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    const TRUST: &str = "if it is self-signed or from a private CA, \
+        give that certificate (or the CA's) with --ca-cert PATH or LOCKD_CA_CERT";
+    let not_verified = "its certificate could not be verified";
+    match e {
+        rustls::Error::InvalidCertificate(cert) => match cert {
+            C::UnknownIssuer
+            | C::BadSignature
+            | C::UnsupportedSignatureAlgorithmContext { .. }
+            | C::UnsupportedSignatureAlgorithmForPublicKeyContext { .. } => {
+                format!("{not_verified}: it is not signed by a CA this client trusts; {TRUST}")
+            }
+            C::Expired | C::ExpiredContext { .. } => {
+                format!("{not_verified}: it has expired; the server needs a renewed one")
+            }
+            C::NotValidYet | C::NotValidYetContext { .. } => {
+                format!("{not_verified}: it is not valid yet (check the clocks of both hosts)")
+            }
+            C::NotValidForName => {
+                format!("{not_verified}: it is not valid for the host name in --server")
+            }
+            C::NotValidForNameContext {
+                expected,
+                presented,
+            } if !presented.is_empty() => format!(
+                "{not_verified}: it is not valid for {}, only for {}; use one of those \
+                 names in --server, or a certificate that lists this one",
+                expected.to_str(),
+                presented.join(", ")
+            ),
+            other if format!("{other:?}").contains("CaUsedAsEndEntity") => format!(
+                "{not_verified}: it says it is a CA (CA:TRUE), which a server's \
+                 certificate must not; make it with basicConstraints=critical,CA:FALSE \
+                 (see TLS in README.md)"
+            ),
+            other => format!("{not_verified} ({other}); {TRUST}"),
+        },
+        rustls::Error::InvalidMessage(_) => "not in TLS: if it serves plain HTTP, use an \
+             http:// URL"
+            .to_owned(),
+        other => format!("the TLS handshake failed: {other}"),
+    }
 }
 
 #[cfg(test)]

@@ -218,10 +218,7 @@ async fn take_grant(
         Err(e) => {
             // The lock may have been granted just before the answer was lost.
             holder.release_quietly().await;
-            say(&format!(
-                "no answer from {}: {e}; the command was not run",
-                args.server.server
-            ));
+            say(&format!("{e}; the command was not run"));
             return Err(exit::UNAVAILABLE);
         }
     };
@@ -453,8 +450,7 @@ async fn keep_renewing(
                 failing = Some(report_failure(failing, why));
             }
             Err(e) => {
-                let why = format!("no answer: {e}");
-                failing = Some(report_failure(failing, why));
+                failing = Some(report_failure(failing, e.to_string()));
             }
         }
         next = Instant::now() + retry;

@@ -97,7 +97,7 @@ where
             exit_code(answer.status, answer.problem().slug())
         }
         Err(e) => {
-            eprintln!("lockd: no answer from {}: {e}", server.server);
+            eprintln!("lockd: {e}");
             exit::UNAVAILABLE
         }
     }

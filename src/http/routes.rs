@@ -19,6 +19,11 @@ use super::problem::ApiError;
 use super::state::AppState;
 use super::{admission, auth, deadline, ops, telemetry};
 
+/// The `/docs` page: the OpenAPI document (utoipa-scalar puts it in place
+/// of `$spec`) rendered by Scalar's script, loaded from jsDelivr at a pinned
+/// version with its Subresource Integrity hash.
+const DOCS_HTML: &str = include_str!("docs.html");
+
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
 
@@ -91,7 +96,9 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
         );
     }
     let ops = ops
-        .merge(Router::from(Scalar::with_url("/docs", ApiDoc::openapi())))
+        .merge(Router::from(
+            Scalar::with_url("/docs", ApiDoc::openapi()).custom_html(DOCS_HTML),
+        ))
         .layer(short);
     for (method, route, status) in ROUTES {
         if with_metrics || *route != "/metrics" {
