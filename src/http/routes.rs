@@ -3,10 +3,9 @@
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::middleware;
 use axum::routing::get;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -15,9 +14,8 @@ use utoipa_scalar::{Scalar, Servable as _};
 
 use super::locks::{acquire, extend, inspect, release};
 use super::openapi::ApiDoc;
-use super::problem::ApiError;
 use super::state::AppState;
-use super::{admission, auth, deadline, ops, telemetry};
+use super::{admission, auth, deadline, ops, target, telemetry};
 
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -105,7 +103,7 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
         // (and before `100 Continue`); DefaultBodyLimit catches chunked
         // bodies as they are read.
         .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
-        .layer(middleware::from_fn(refuse_token_in_url));
+        .layer(middleware::from_fn(target::refuse_malformed));
     telemetry::wrap(app, state)
 }
 
@@ -121,21 +119,6 @@ pub fn metrics_router(state: AppState, request_timeout: Duration) -> Router {
             StatusCode::SERVICE_UNAVAILABLE,
             request_timeout,
         ))
-        .layer(middleware::from_fn(refuse_token_in_url));
+        .layer(middleware::from_fn(target::refuse_malformed));
     telemetry::wrap(app, state)
-}
-
-/// Refuses, on every route, a query string with a `token` parameter
-/// (percent-encoded or not): URLs end up in access logs, proxies and
-/// browser history.
-async fn refuse_token_in_url(request: Request, next: Next) -> Response {
-    let query = request.uri().query().unwrap_or("");
-    if url::form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == "token") {
-        return ApiError::invalid(
-            "a token must never be sent in the URL (URLs end up in logs); \
-             send it in the Lock-Token header or in the JSON body",
-        )
-        .into_response();
-    }
-    next.run(request).await
 }
