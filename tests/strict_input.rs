@@ -215,3 +215,63 @@ async fn a_fragment_in_the_request_target_is_refused() {
     assert_eq!(released.status, 204, "{released:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_key_given_twice_is_refused_naming_the_key() {
+    let app = TestApp::redis().await;
+    let json = [("Content-Type", "application/json")];
+    for body in [
+        r#"{"ttl_ms":1000,"ttl_ms":2000}"#,
+        r#"{"owner":"a","ttl_ms":1000,"owner":"b"}"#,
+    ] {
+        let r = app
+            .send(Method::POST, "/locks/dup:a", &json, Some(body.into()))
+            .await;
+        let problem = r.expect_problem(400, "invalid-request");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains("duplicate key `"), "{body}: {detail}");
+        let key = if body.contains("owner\":\"b") {
+            "owner"
+        } else {
+            "ttl_ms"
+        };
+        assert!(detail.contains(&format!("`{key}`")), "{body}: {detail}");
+    }
+    assert_eq!(app.lock_key_count().await, 0, "a refused acquire wrote");
+
+    // Extend and release bodies too, even with the same value twice.
+    let grant = app.acquire_ttl("dup:b", 30_000).await;
+    grant.expect_status(201);
+    let token = grant.token();
+    let lock_token = [("Lock-Token", token.as_str()), json[0]];
+    let r = app
+        .send(
+            Method::PATCH,
+            "/locks/dup:b",
+            &lock_token,
+            Some(br#"{"ttl_ms":1000,"ttl_ms":1000}"#.to_vec()),
+        )
+        .await;
+    assert!(
+        r.expect_problem(400, "invalid-request")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate key `ttl_ms`"),
+        "{}",
+        r.text
+    );
+    let (_, pttl) = app.holder("dup:b").await.unwrap();
+    assert!(pttl > 20_000, "a refused extend wrote: PTTL {pttl}");
+    let twice = format!(r#"{{"token":"{token}","token":"{token}"}}"#);
+    let r = app
+        .send(Method::DELETE, "/locks/dup:b", &json, Some(twice.into()))
+        .await;
+    assert!(
+        r.expect_problem(400, "invalid-request")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate key `token`"),
+        "{}",
+        r.text
+    );
+    assert_eq!(app.holder_token("dup:b").await, Some(token));
+}
