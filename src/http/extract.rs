@@ -24,7 +24,8 @@ impl<S: Send + Sync> FromRequestParts<S> for LockPath {
             .map_err(|e| {
                 ApiError::invalid(format!("invalid lock name in path: {}", e.body_text()))
             })?;
-        // The request's span already names the lock, from the path.
+        // The request's span already names the lock, from the path,
+        // percent-decoded as here.
         Ok(Self(LockName::parse(&raw)?))
     }
 }
