@@ -63,3 +63,56 @@ async fn served_openapi_matches_the_committed_spec() {
     let _ = stop.send(());
     server.await.expect("server task").expect("server ran");
 }
+
+/// The served document states this server's own limits: the maxima of
+/// `ttl_ms` and `wait_ms` are `--max-ttl-ms` and `--max-wait-ms` (examples
+/// above them lowered), and PATCH and DELETE require the `Lock-Token`
+/// header, so that a request valid per the document is one lockd takes.
+#[tokio::test]
+async fn served_openapi_states_this_servers_maxima_and_required_token() {
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        default_ttl_ms: 10_000,
+        max_ttl_ms: 20_000,
+        max_wait_ms: 200,
+        ..Settings::default()
+    };
+    let app = Application::with_backend(&settings, Arc::new(MemoryBackend::new()))
+        .await
+        .expect("app builds");
+    let addr = app.local_addr().expect("bound");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+
+    let served: serde_json::Value = reqwest::get(format!("http://{addr}/openapi.json"))
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("JSON");
+    let schemas = &served["components"]["schemas"];
+    for (body, field, max) in [
+        ("AcquireBody", "ttl_ms", 20_000),
+        ("AcquireBody", "wait_ms", 200),
+        ("ExtendBody", "ttl_ms", 20_000),
+    ] {
+        let schema = &schemas[body]["properties"][field];
+        assert_eq!(schema["maximum"], max, "{body}.{field}: {schema}");
+        // The examples (30000 and 5000 by default) are lowered to fit.
+        assert_eq!(schema["example"], max, "{body}.{field}: {schema}");
+    }
+    let lock_ops = &served["paths"]["/locks/{name}"];
+    for method in ["patch", "delete"] {
+        let parameters = lock_ops[method]["parameters"].as_array().expect("params");
+        let header = parameters
+            .iter()
+            .find(|p| p["name"] == "Lock-Token")
+            .unwrap_or_else(|| panic!("{method} has no Lock-Token"));
+        assert_eq!(header["required"], true, "{method}: {header}");
+    }
+
+    let _ = stop.send(());
+    server.await.expect("server task").expect("server ran");
+}

@@ -9,13 +9,11 @@ use axum::middleware;
 use axum::routing::get;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
-use utoipa::OpenApi as _;
 use utoipa_scalar::{Scalar, Servable as _};
 
 use super::locks::{acquire, extend, inspect, release};
-use super::openapi::ApiDoc;
 use super::state::AppState;
-use super::{admission, auth, deadline, ops, target, telemetry};
+use super::{admission, auth, deadline, openapi, ops, target, telemetry};
 
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 64 * 1024;
@@ -89,7 +87,10 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
         );
     }
     let ops = ops
-        .merge(Router::from(Scalar::with_url("/docs", ApiDoc::openapi())))
+        .merge(Router::from(Scalar::with_url(
+            "/docs",
+            openapi::document(state.ttl.max_ms, state.wait.max_ms),
+        )))
         .layer(short);
     for (method, route, status) in ROUTES {
         if with_metrics || *route != "/metrics" {

@@ -17,14 +17,18 @@ use crate::lock::{Acquired, LockError};
 /// holds it. When another holder has it, fail at once with 409, or, with
 /// `wait_ms`, wait up to that long for it (in arrival order, woken by the
 /// release or the lease's end).
+///
+/// `ttl_ms`, `owner` and `wait_ms` may come in the query string instead of
+/// the body (`?ttl_ms=30000&owner=cron`), and a token of your choosing as
+/// `token` in the body instead of the `Lock-Token` header. This document
+/// shows each in one place only, since a value given in both is refused.
 #[utoipa::path(
     post,
     path = "/locks/{name}",
     tag = "locks",
     params(
         ("name" = LockNameSchema, Path, description = "Lock name: 1 to 200 of `A-Za-z0-9._-:@`, other than `.` and `..`"),
-        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "A token of your choosing (or `token` in the body); without one, lockd generates one"),
-        AcquireQuery,
+        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "A token of your choosing; without one, lockd generates one. Sending the same token again while it holds the lock renews the lease (200) instead of failing: safe retries after a lost response"),
     ),
     request_body(content = Option<AcquireBody>, description = "Optional; an empty body takes the defaults"),
     security((), ("bearer" = [])),

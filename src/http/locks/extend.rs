@@ -13,14 +13,18 @@ use crate::http::state::AppState;
 
 /// Reset the lease of a lock you hold to `ttl_ms` from now. Never creates a
 /// lock: an expired lease stays expired.
+///
+/// `ttl_ms` may come in the query string instead of the body
+/// (`?ttl_ms=30000`), and the token as `token` in the body instead of the
+/// `Lock-Token` header. This document shows each in one place only, since a
+/// value given in both is refused.
 #[utoipa::path(
     patch,
     path = "/locks/{name}",
     tag = "locks",
     params(
         ("name" = LockNameSchema, Path, description = "Lock name"),
-        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "The holder's token (or `token` in the body)"),
-        ExtendQuery,
+        ("Lock-Token" = LockTokenSchema, Header, description = "The holder's token"),
     ),
     request_body(content = Option<ExtendBody>),
     security((), ("bearer" = [])),

@@ -11,13 +11,17 @@ use crate::http::problem::{ApiError, Problem};
 use crate::http::state::AppState;
 
 /// Release a lock you hold (compare-and-delete on the token).
+///
+/// The token may come as `token` in the body instead of the `Lock-Token`
+/// header. This document shows the header only, since a token given in
+/// both is refused.
 #[utoipa::path(
     delete,
     path = "/locks/{name}",
     tag = "locks",
     params(
         ("name" = LockNameSchema, Path, description = "Lock name"),
-        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "The holder's token (or `token` in the body)"),
+        ("Lock-Token" = LockTokenSchema, Header, description = "The holder's token"),
     ),
     request_body(content = Option<ReleaseBody>),
     security((), ("bearer" = [])),
