@@ -274,6 +274,9 @@ struct Watch<A>(A);
 /// What [`Watch`] makes of an accepted connection.
 type Watching<I, S> = (Watched<I>, Flagged<S>);
 
+/// How [`Watch`] makes it.
+type WatchFn<I, S> = fn((I, S)) -> Watching<I, S>;
+
 impl<A, S> Accept<TcpStream, S> for Watch<A>
 where
     A: Accept<TcpStream, S>,
@@ -283,7 +286,7 @@ where
     type Future = MapOk<A::Future, fn((A::Stream, A::Service)) -> Watching<A::Stream, A::Service>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        let watch: fn((A::Stream, A::Service)) -> Watching<A::Stream, A::Service> =
+        let watch: WatchFn<A::Stream, A::Service> =
             |(stream, service)| framing::watch(stream, service);
         self.0.accept(stream, service).map_ok(watch)
     }

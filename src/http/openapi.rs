@@ -104,10 +104,12 @@ fn cap(schema: &mut RefOr<Schema>, max: u64) {
     };
     object.maximum = Some(Number::UInt(usize::try_from(max).unwrap_or(usize::MAX)));
     #[allow(deprecated)] // utoipa writes `#[schema(example = ...)]` here.
-    if let Some(example) = object.example.as_mut() {
-        if example.as_u64().is_some_and(|e| e > max) {
-            *example = max.into();
-        }
+    if let Some(example) = object
+        .example
+        .as_mut()
+        .filter(|e| e.as_u64().is_some_and(|e| e > max))
+    {
+        *example = max.into();
     }
 }
 
