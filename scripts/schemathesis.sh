@@ -92,18 +92,17 @@ while IFS= read -r line; do
 done <<<"${LOCKD_SCHEMATHESIS_HEADER:-}"
 
 # Every check except positive_data_acceptance, which wants a 2xx for every
-# request that is valid per the document, and so fails on rules that lockd
-# keeps on purpose and that OpenAPI cannot state:
-# - cross-field rules: a token goes in the Lock-Token header or in the body's
-#   `token`, never both, and PATCH and DELETE need one of them; `ttl_ms`,
-#   `owner` and `wait_ms` go in the query string or in the body, never both.
-#   The document can only mark each of them optional, so a request with both
-#   (or a PATCH or DELETE with no token) is valid by it, and a 400 from lockd.
-# - a whole-number float such as 2829.0 is an "integer" to JSON Schema, but
-#   lockd refuses any JSON number with a fraction part or an exponent where it
-#   wants milliseconds (the document says "a JSON integer").
-# - the maxima of ttl_ms and wait_ms are server settings (--max-ttl-ms,
-#   default 3600000; --max-wait-ms, here 200), not part of the document.
+# request that is valid per the document. The document is written so that
+# such a request is one lockd takes: it shows each value in one place only (a
+# token in the Lock-Token header, required on PATCH and DELETE; ttl_ms, owner
+# and wait_ms in the body), though lockd also takes them elsewhere (a token
+# as the body's `token`, the others in the query string) and refuses a value
+# given in both; and the maxima of ttl_ms and wait_ms are this server's own
+# (--max-ttl-ms, --max-wait-ms, here 200). One rule is left that JSON Schema
+# cannot state: a whole-number float such as 118.0 is an "integer" to JSON
+# Schema, but lockd refuses any JSON number with a fraction part or an
+# exponent where it wants milliseconds (the document says "a JSON integer"),
+# and Schemathesis does generate them.
 # What the run still proves: no 5xx, every answer conforms to the document
 # (status, content type, headers, body schema), requests that break the
 # document are refused, and lockd does not crash.

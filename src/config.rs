@@ -145,8 +145,10 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_MAX_WAITERS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_waiters: Option<usize>,
-    /// Most /locks requests served at once besides the max_waiters waiting
-    /// ones; beyond, 503 overloaded [default: 1024].
+    /// Most /locks acquires and inspects served at once besides the
+    /// max_waiters waiting ones; extends and releases get as many again of
+    /// their own, which acquires cannot take; beyond, 503 overloaded
+    /// [default: 1024].
     #[arg(long, env = "LOCKD_MAX_REQUESTS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_requests: Option<usize>,
@@ -254,7 +256,8 @@ pub struct Settings {
     pub max_wait_ms: u64,
     /// Most requests waiting for locks at once.
     pub max_waiters: usize,
-    /// Most `/locks` requests at once besides the waiting ones.
+    /// Most `/locks` acquires and inspects at once besides the waiting
+    /// ones; also the room of extends and releases, kept apart.
     pub max_requests: usize,
     /// Use the in-memory backend instead of Redis.
     pub dev: bool,

@@ -14,13 +14,15 @@
 //! - [`app`]: builds and runs the application; `main` only calls it.
 //! - [`keygen`]: `lockd keygen`, which mints API keys.
 //! - [`transport`]: how connections are served: HTTP/1.1 over TCP or TLS,
-//!   with limits on request heads.
+//!   with limits on request heads; [`framing`] follows each connection's
+//!   requests to see what hyper drops (a `#fragment`).
 //! - [`client`]: `lockd exec` and the shell subcommands, over the HTTP API.
 
 pub mod app;
 pub mod auth;
 pub mod client;
 pub mod config;
+pub mod framing;
 pub mod http;
 pub mod keygen;
 pub mod lock;

@@ -19,6 +19,9 @@
 //! - `TCP_NODELAY` on every accepted connection: answers are small and
 //!   each is written whole, so they go out at once, as Redis does, rather
 //!   than wait for Nagle's algorithm.
+//! - Every connection (over TLS: its decrypted bytes) is read through
+//!   [`framing::watch`], which marks the requests whose target had a
+//!   `#fragment`, which hyper would otherwise drop without a trace.
 
 use std::fmt;
 use std::future::{Ready, ready};
@@ -32,12 +35,15 @@ use axum::Router;
 use axum_server::Handle;
 use axum_server::accept::Accept;
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
+use futures_util::TryFutureExt as _;
+use futures_util::future::MapOk;
 use hyper_util::rt::TokioTimer;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::config::{MIN_HEADER_BYTES, Settings};
+use crate::framing::{self, Flagged, Watched};
 
 /// Why the TLS certificate or key cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -148,7 +154,7 @@ impl Transport {
         let service = router.into_make_service();
         match &self.tls {
             None => {
-                self.configure(server.acceptor(NoDelay), handle)
+                self.configure(server.acceptor(Watch(NoDelay)), handle)
                     .serve(service)
                     .await
             }
@@ -156,7 +162,7 @@ impl Transport {
                 let acceptor = RustlsAcceptor::new(tls.clone())
                     .handshake_timeout(self.header_read_timeout)
                     .acceptor(NoDelay);
-                self.configure(server.acceptor(acceptor), handle)
+                self.configure(server.acceptor(Watch(acceptor)), handle)
                     .serve(service)
                     .await
             }
@@ -257,5 +263,31 @@ impl<S> Accept<TcpStream, S> for NoDelay {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
         ready(Ok((stream, service)))
+    }
+}
+
+/// An acceptor that reads each connection `A` accepted through
+/// [`framing::watch`].
+#[derive(Debug, Clone, Copy)]
+struct Watch<A>(A);
+
+/// What [`Watch`] makes of an accepted connection.
+type Watching<I, S> = (Watched<I>, Flagged<S>);
+
+/// How [`Watch`] makes it.
+type WatchFn<I, S> = fn((I, S)) -> Watching<I, S>;
+
+impl<A, S> Accept<TcpStream, S> for Watch<A>
+where
+    A: Accept<TcpStream, S>,
+{
+    type Stream = Watched<A::Stream>;
+    type Service = Flagged<A::Service>;
+    type Future = MapOk<A::Future, fn((A::Stream, A::Service)) -> Watching<A::Stream, A::Service>>;
+
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        let watch: WatchFn<A::Stream, A::Service> =
+            |(stream, service)| framing::watch(stream, service);
+        self.0.accept(stream, service).map_ok(watch)
     }
 }

@@ -1,6 +1,6 @@
-//! Limits against abuse, seen as clients would: the cap on `/locks`
-//! requests in flight (503 `overloaded`, with room kept for waiters and
-//! probes still answered).
+//! Limits against abuse, seen as clients would: the caps on `/locks`
+//! requests in flight (503 `overloaded`, with room kept for waiters and for
+//! holders' extends and releases, and probes still answered).
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,8 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use reqwest::Method;
-use support::{TestApp, random_token};
+use support::TestApp;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 
@@ -59,16 +58,8 @@ async fn requests_over_the_cap_get_503_overloaded_and_probes_still_answer() {
         None,
         "an overloaded request wrote"
     );
-    // Every /locks method is capped; probes and scrapes are not.
-    let token = random_token();
-    app.send(
-        Method::DELETE,
-        "/locks/cap:c",
-        &[("Lock-Token", &token)],
-        None,
-    )
-    .await
-    .expect_problem(503, "overloaded");
+    // Inspects share the acquires' room; probes and scrapes are not capped.
+    app.inspect("cap:c").await.expect_problem(503, "overloaded");
     app.get("/healthz").await.expect_status(200);
     app.get("/readyz").await.expect_status(200);
     assert!(app.metrics().await.contains("lockd_http_requests_total"));
@@ -103,4 +94,70 @@ async fn c11_parked_waiters_cannot_take_the_room_of_other_requests() {
     for waiter in parked {
         waiter.abort();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_extend_and_release_while_acquires_and_waiters_fill_the_cap() {
+    // The acquires' room: 1 request + 1 waiter.
+    let app = TestApp::redis_with(|s| {
+        s.max_requests = 1;
+        s.max_waiters = 1;
+        s.request_timeout_ms = 20_000;
+    })
+    .await;
+    let grant = app.acquire_ttl("cap:held", 30_000).await;
+    grant.expect_status(201);
+    let token = grant.token();
+    // A waiter parked on the held lock, and an acquire in flight.
+    let client = app.client.clone();
+    let url = app.url("/locks/cap:held?wait_ms=10000&ttl_ms=5000");
+    let waiter = tokio::spawn(async move { client.post(url).send().await });
+    let stalled = stalled_request(&app, "cap:stalled").await;
+    until_in_flight(&app, 2.0).await;
+    app.acquire("cap:other", None)
+        .await
+        .expect_problem(503, "overloaded");
+
+    // The holder still extends and releases.
+    let extended = app.extend_ttl("cap:held", &token, 60_000).await;
+    extended.expect_status(200);
+    assert_eq!(extended.u64("ttl_ms"), 60_000);
+    let (_, pttl) = app.holder("cap:held").await.expect("still held");
+    assert!(pttl > 30_000, "the extend did not reach Redis: PTTL {pttl}");
+    app.release("cap:held", &token).await.expect_status(204);
+    // ... and the lock goes to the waiter, not to a lapsed lease.
+    let handed = waiter.await.unwrap().unwrap();
+    assert_eq!(handed.status(), 201);
+    drop(stalled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_cannot_take_the_room_of_extends_and_releases() {
+    // The acquires' room is one request and one waiter; a flood of
+    // acquires that fills it leaves the holders' room whole.
+    let app = TestApp::redis_with(|s| {
+        s.max_requests = 1;
+        s.max_waiters = 1;
+        s.request_timeout_ms = 20_000;
+    })
+    .await;
+    let grant = app.acquire_ttl("cap:mine", 30_000).await;
+    grant.expect_status(201);
+    let token = grant.token();
+    let first = stalled_request(&app, "cap:a").await;
+    let second = stalled_request(&app, "cap:b").await;
+    until_in_flight(&app, 2.0).await;
+    app.acquire("cap:c", None)
+        .await
+        .expect_problem(503, "overloaded");
+    app.extend_ttl("cap:mine", &token, 10_000)
+        .await
+        .expect_status(200);
+    app.release("cap:mine", &token).await.expect_status(204);
+    assert_eq!(
+        app.holder("cap:mine").await,
+        None,
+        "the release did not write"
+    );
+    drop((first, second));
 }

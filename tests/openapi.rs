@@ -40,18 +40,77 @@ async fn served_openapi_matches_the_committed_spec() {
         "openapi/openapi.json is stale: run `cargo run -- openapi > openapi/openapi.json`"
     );
 
-    // Every operation documents its error answers with the problem schema.
+    // Every operation documents its error answers with the problem schema:
+    // those that take a body, 415 for a compressed one; all of them, 500
+    // when Redis refuses the operation.
     let problem = "#/components/schemas/Problem";
     let paths = served["paths"].as_object().expect("paths");
     let lock_ops = paths["/locks/{name}"].as_object().expect("lock route");
     assert_eq!(lock_ops.len(), 4, "GET, POST, PATCH, DELETE");
     for (method, op) in lock_ops {
         let responses = op["responses"].as_object().expect("responses");
-        for status in ["400", "503"] {
-            let schema =
-                &responses[status]["content"]["application/problem+json"]["schema"]["$ref"];
+        let with_body = method != "get";
+        let statuses = ["400", "415", "500", "503"];
+        for status in statuses.iter().filter(|s| with_body || **s != "415") {
+            let schema = &responses
+                .get(*status)
+                .unwrap_or_else(|| panic!("{method} does not document {status}"))["content"]["application/problem+json"]
+                ["schema"]["$ref"];
             assert_eq!(schema, problem, "{method} {status}");
         }
+    }
+
+    let _ = stop.send(());
+    server.await.expect("server task").expect("server ran");
+}
+
+/// The served document states this server's own limits: the maxima of
+/// `ttl_ms` and `wait_ms` are `--max-ttl-ms` and `--max-wait-ms` (examples
+/// above them lowered), and PATCH and DELETE require the `Lock-Token`
+/// header, so that a request valid per the document is one lockd takes.
+#[tokio::test]
+async fn served_openapi_states_this_servers_maxima_and_required_token() {
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        default_ttl_ms: 10_000,
+        max_ttl_ms: 20_000,
+        max_wait_ms: 200,
+        ..Settings::default()
+    };
+    let app = Application::with_backend(&settings, Arc::new(MemoryBackend::new()))
+        .await
+        .expect("app builds");
+    let addr = app.local_addr().expect("bound");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+
+    let served: serde_json::Value = reqwest::get(format!("http://{addr}/openapi.json"))
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("JSON");
+    let schemas = &served["components"]["schemas"];
+    for (body, field, max) in [
+        ("AcquireBody", "ttl_ms", 20_000),
+        ("AcquireBody", "wait_ms", 200),
+        ("ExtendBody", "ttl_ms", 20_000),
+    ] {
+        let schema = &schemas[body]["properties"][field];
+        assert_eq!(schema["maximum"], max, "{body}.{field}: {schema}");
+        // The examples (30000 and 5000 by default) are lowered to fit.
+        assert_eq!(schema["example"], max, "{body}.{field}: {schema}");
+    }
+    let lock_ops = &served["paths"]["/locks/{name}"];
+    for method in ["patch", "delete"] {
+        let parameters = lock_ops[method]["parameters"].as_array().expect("params");
+        let header = parameters
+            .iter()
+            .find(|p| p["name"] == "Lock-Token")
+            .unwrap_or_else(|| panic!("{method} has no Lock-Token"));
+        assert_eq!(header["required"], true, "{method}: {header}");
     }
 
     let _ = stop.send(());

@@ -271,6 +271,7 @@ fn a_bad_fence_retention_or_restart_delay_exits_2_naming_the_flag() {
         assert_eq!(out.status.code(), Some(2), "{shown}");
         assert!(stderr.contains(case.names), "{shown}");
     }
+}
 
 /// `lockd serve --dev --config FILE` with `toml` in the file: its exit code
 /// and stderr.

@@ -1193,6 +1193,71 @@ async fn logs_of_a_full_workload_name_no_token() {
     assert!(generated > 10);
 }
 
+/// The access log names a lock by its name as parsed: `logs%3Apct` and
+/// `logs:pct` are the same lock, and both lines say `logs:pct`, in either
+/// log format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_names_a_percent_encoded_lock_by_its_decoded_name() {
+    let redis = RedisServer::spawn().await;
+    for format in ["json", "pretty"] {
+        let mut lockd = Lockd::start(
+            &["--redis-url", &redis.url(), "--log-format", format],
+            "info",
+        )
+        .await;
+        let client = http_client(Duration::from_secs(5));
+        let grant = client
+            .post(lockd.url("/locks/logs%3Apct"))
+            .header("x-request-id", "pct-acquire")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(grant.status(), StatusCode::CREATED);
+        let token = grant.json::<Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let released = client
+            .delete(lockd.url("/locks/logs:pct"))
+            .header("x-request-id", "pct-release")
+            .header("Lock-Token", &token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(released.status(), StatusCode::NO_CONTENT);
+        // Refused before its handler runs: still named as parsed.
+        let refused = client
+            .get(lockd.url("/locks/logs%3apct?token=x"))
+            .header("x-request-id", "pct-refused")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+        let logs = stop(&mut lockd).await;
+        for id in ["pct-acquire", "pct-release", "pct-refused"] {
+            let line = logs
+                .lines()
+                .find(|l| l.contains(id) && l.contains("lockd::access"))
+                .unwrap_or_else(|| panic!("{format}: no access line for {id}:\n{logs}"));
+            let lock = if format == "json" {
+                let line: Value = serde_json::from_str(line).unwrap();
+                line["span"]["lock"].as_str().unwrap_or_default().to_owned()
+            } else {
+                line.split("lock=\"")
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            assert_eq!(lock, "logs:pct", "{format}, {id}: {line}");
+        }
+        assert!(
+            !logs.contains("%3"),
+            "{format}: a raw name was logged:\n{logs}"
+        );
+    }
+}
+
 /// The same with the default (pretty) format: no token is logged, and the
 /// access lines name the request ID.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

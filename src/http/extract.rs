@@ -5,7 +5,9 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
 
 use super::problem::{ApiError, Kind};
 use crate::lock::LockName;
@@ -22,7 +24,8 @@ impl<S: Send + Sync> FromRequestParts<S> for LockPath {
             .map_err(|e| {
                 ApiError::invalid(format!("invalid lock name in path: {}", e.body_text()))
             })?;
-        // The request's span already names the lock, from the path.
+        // The request's span already names the lock, from the path,
+        // percent-decoded as here.
         Ok(Self(LockName::parse(&raw)?))
     }
 }
@@ -32,7 +35,9 @@ impl<S: Send + Sync> FromRequestParts<S> for LockPath {
 /// other body must be a JSON object of `T`, whatever its `Content-Type`, so
 /// that `curl -d '{"ttl_ms":1500}'` works without `-H`. Arrays are refused
 /// (serde would otherwise fill the fields by position), and so are
-/// compressed bodies (415).
+/// compressed bodies (415), and so is a key given twice in any object of
+/// the body (400), as a query parameter given twice is: serde would
+/// otherwise keep the last.
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonBody<T> {
@@ -59,7 +64,7 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonBody<
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self(T::default()));
         }
-        let value: serde_json::Value = serde_json::from_slice(&bytes)
+        let Unique(value) = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))?;
         if value.is_null() {
             return Ok(Self(T::default()));
@@ -85,5 +90,79 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for StrictQuery<T>
             .await
             .map(|Query(q)| Self(q))
             .map_err(|e| ApiError::invalid(format!("invalid query string: {}", e.body_text())))
+    }
+}
+
+/// A JSON value in which no object has a key twice: deserializing one with
+/// a duplicate key fails with ``duplicate key `<key>` ``.
+struct Unique(Value);
+
+impl<'de> Deserialize<'de> for Unique {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(UniqueVisitor)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> Visitor<'de> for UniqueVisitor {
+    type Value = Unique;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Unique, E> {
+        Ok(Unique(Value::Bool(v)))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Unique, E> {
+        Ok(Unique(Value::from(v)))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Unique, E> {
+        Ok(Unique(Value::from(v)))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Unique, E> {
+        Ok(Unique(Value::from(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Unique, E> {
+        Ok(Unique(Value::String(v.to_owned())))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Unique, E> {
+        Ok(Unique(Value::String(v)))
+    }
+
+    fn visit_unit<E>(self) -> Result<Unique, E> {
+        Ok(Unique(Value::Null))
+    }
+
+    fn visit_none<E>(self) -> Result<Unique, E> {
+        Ok(Unique(Value::Null))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Unique(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Unique(Value::Array(items)))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(de::Error::custom(format_args!(
+                    "duplicate key `{key}`; give each key once"
+                )));
+            }
+            let Unique(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(Unique(Value::Object(object)))
     }
 }

@@ -11,4 +11,5 @@ pub mod ops;
 pub mod problem;
 pub mod routes;
 pub mod state;
+pub mod target;
 pub mod telemetry;

@@ -5,9 +5,9 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use serde::Serialize;
-use utoipa::{OpenApi, ToSchema};
+use utoipa::ToSchema;
 
-use super::openapi::ApiDoc;
+use super::openapi;
 use super::problem::{ApiError, Problem};
 use super::state::AppState;
 use crate::lock::LockError;
@@ -74,6 +74,6 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 /// This API's OpenAPI 3.1 document.
 #[utoipa::path(get, path = "/openapi.json", tag = "ops",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
-pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+pub async fn openapi(State(state): State<AppState>) -> Json<utoipa::openapi::OpenApi> {
+    Json(openapi::document(state.ttl.max_ms, state.wait.max_ms))
 }

@@ -116,7 +116,7 @@ pub enum Kind {
     TooManyWaiters,
     /// 503: the service is shutting down.
     ShuttingDown,
-    /// 503: this instance serves as many requests as it allows.
+    /// 503: this instance serves as many requests of the kind as it allows.
     Overloaded,
     /// 500: the lock store refused the operation (see the server log).
     BackendError,

@@ -3,21 +3,17 @@
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::middleware;
 use axum::routing::get;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
-use utoipa::OpenApi as _;
 use utoipa_scalar::{Scalar, Servable as _};
 
 use super::locks::{acquire, extend, inspect, release};
-use super::openapi::ApiDoc;
-use super::problem::ApiError;
 use super::state::AppState;
-use super::{admission, auth, deadline, ops, telemetry};
+use super::{admission, auth, deadline, openapi, ops, target, telemetry};
 
 /// The `/docs` page: the OpenAPI document (utoipa-scalar puts it in place
 /// of `$spec`) rendered by Scalar's script, loaded from jsDelivr at a pinned
@@ -97,7 +93,11 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
     }
     let ops = ops
         .merge(Router::from(
-            Scalar::with_url("/docs", ApiDoc::openapi()).custom_html(DOCS_HTML),
+            Scalar::with_url(
+                "/docs",
+                openapi::document(state.ttl.max_ms, state.wait.max_ms),
+            )
+            .custom_html(DOCS_HTML),
         ))
         .layer(short);
     for (method, route, status) in ROUTES {
@@ -112,7 +112,7 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
         // (and before `100 Continue`); DefaultBodyLimit catches chunked
         // bodies as they are read.
         .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
-        .layer(middleware::from_fn(refuse_token_in_url));
+        .layer(middleware::from_fn(target::refuse_malformed));
     telemetry::wrap(app, state)
 }
 
@@ -128,21 +128,6 @@ pub fn metrics_router(state: AppState, request_timeout: Duration) -> Router {
             StatusCode::SERVICE_UNAVAILABLE,
             request_timeout,
         ))
-        .layer(middleware::from_fn(refuse_token_in_url));
+        .layer(middleware::from_fn(target::refuse_malformed));
     telemetry::wrap(app, state)
-}
-
-/// Refuses, on every route, a query string with a `token` parameter
-/// (percent-encoded or not): URLs end up in access logs, proxies and
-/// browser history.
-async fn refuse_token_in_url(request: Request, next: Next) -> Response {
-    let query = request.uri().query().unwrap_or("");
-    if url::form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == "token") {
-        return ApiError::invalid(
-            "a token must never be sent in the URL (URLs end up in logs); \
-             send it in the Lock-Token header or in the JSON body",
-        )
-        .into_response();
-    }
-    next.run(request).await
 }

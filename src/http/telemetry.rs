@@ -14,6 +14,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderName, Method};
 use axum::middleware::{self, Next};
 use axum::response::Response;
+use percent_encoding::percent_decode_str;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 use tracing::Span;
@@ -26,7 +27,7 @@ use crate::metrics::Metrics;
 /// The request ID header.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The most bytes of a raw lock name from the path put in the span.
+/// The most characters of a lock name from the path put in the span.
 const MAX_LOGGED_NAME: usize = 200;
 
 /// The longest client-chosen request ID kept.
@@ -76,18 +77,19 @@ async fn drop_unusable_request_id(mut request: Request, next: Next) -> Response 
 /// latency. It never names the query string, a lock token or a secret.
 fn request_span(request: &Request) -> Span {
     let route = route_of(request);
-    // The raw name from the path, so that a request refused before its
-    // handler ran (a token in the URL, a body over the limit) is still
-    // found by lock name; the handler records the parsed name over it.
+    // The name from the path, percent-decoded as the handler parses it (so
+    // `x%3Ay` is logged as `x:y`, the lock it is), here so that a request
+    // refused before its handler ran (a token in the URL, a body over the
+    // limit) is still found by lock name.
     let lock = (route == "/locks/{name}")
         .then(|| request.uri().path().rsplit('/').next())
         .flatten()
-        .map(|raw| raw.get(..MAX_LOGGED_NAME).unwrap_or(raw));
+        .map(logged_name);
     tracing::info_span!(
         "request",
         method = %request.method(),
         route,
-        lock,
+        lock = lock.as_deref(),
         request_id = request_id(request).unwrap_or(""),
         key = Empty,
         status = Empty,
@@ -95,6 +97,18 @@ fn request_span(request: &Request) -> Span {
         detail = Empty,
         latency_ms = Empty,
     )
+}
+
+/// A raw path segment as the lock name it stands for: percent-decoded
+/// (left raw when that is not UTF-8, which is refused anyway), and cut to
+/// [`MAX_LOGGED_NAME`] characters.
+fn logged_name(raw: &str) -> String {
+    let decoded = percent_decode_str(raw).decode_utf8();
+    let name = decoded.as_deref().unwrap_or(raw);
+    match name.char_indices().nth(MAX_LOGGED_NAME) {
+        Some((end, _)) => name[..end].to_owned(),
+        None => name.to_owned(),
+    }
 }
 
 fn route_of(request: &Request) -> &str {
@@ -227,6 +241,15 @@ fn method_label(method: &Method) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_names_are_logged_percent_decoded_and_cut() {
+        assert_eq!(logged_name("x%3Ay"), "x:y");
+        assert_eq!(logged_name("x:y"), "x:y");
+        assert_eq!(logged_name("bad%FF"), "bad%FF");
+        let long = "é".repeat(MAX_LOGGED_NAME + 5);
+        assert_eq!(logged_name(&long).chars().count(), MAX_LOGGED_NAME);
+    }
 
     #[test]
     fn quoted_values_are_masked() {

@@ -17,14 +17,18 @@ use crate::lock::{Acquired, LockError};
 /// holds it. When another holder has it, fail at once with 409, or, with
 /// `wait_ms`, wait up to that long for it (in arrival order, woken by the
 /// release or the lease's end).
+///
+/// `ttl_ms`, `owner` and `wait_ms` may come in the query string instead of
+/// the body (`?ttl_ms=30000&owner=cron`), and a token of your choosing as
+/// `token` in the body instead of the `Lock-Token` header. This document
+/// shows each in one place only, since a value given in both is refused.
 #[utoipa::path(
     post,
     path = "/locks/{name}",
     tag = "locks",
     params(
         ("name" = LockNameSchema, Path, description = "Lock name: 1 to 200 of `A-Za-z0-9._-:@`, other than `.` and `..`"),
-        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "A token of your choosing (or `token` in the body); without one, lockd generates one"),
-        AcquireQuery,
+        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "A token of your choosing; without one, lockd generates one. Sending the same token again while it holds the lock renews the lease (200) instead of failing: safe retries after a lost response"),
     ),
     request_body(content = Option<AcquireBody>, description = "Optional; an empty body takes the defaults"),
     security((), ("bearer" = [])),
@@ -37,7 +41,9 @@ use crate::lock::{Acquired, LockError};
         (status = 429, description = "With API keys on: the key is over its `requests_per_second`; `retry_after_ms` and `Retry-After` say when to retry", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Another holder has the lock (after `wait_ms`, if given); `retry_after_ms` and `Retry-After` say when it frees at the latest", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is compressed (`Content-Encoding`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis did not answer in time, too many requests are waiting, or the service is shutting down; see `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why", body = Problem, content_type = "application/problem+json"),
     ),
 )]
 pub async fn acquire(

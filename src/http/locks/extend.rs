@@ -14,14 +14,18 @@ use crate::http::state::AppState;
 /// Reset the lease of a lock you hold to `ttl_ms` from now; without
 /// `ttl_ms`, to the lock's own TTL (the one it was granted with, or last
 /// extended to). Never creates a lock: an expired lease stays expired.
+///
+/// `ttl_ms` may come in the query string instead of the body
+/// (`?ttl_ms=30000`), and the token as `token` in the body instead of the
+/// `Lock-Token` header. This document shows each in one place only, since a
+/// value given in both is refused.
 #[utoipa::path(
     patch,
     path = "/locks/{name}",
     tag = "locks",
     params(
         ("name" = LockNameSchema, Path, description = "Lock name"),
-        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "The holder's token (or `token` in the body)"),
-        ExtendQuery,
+        ("Lock-Token" = LockTokenSchema, Header, description = "The holder's token"),
     ),
     request_body(content = Option<ExtendBody>),
     security((), ("bearer" = [])),
@@ -34,7 +38,9 @@ use crate::http::state::AppState;
         (status = 404, description = "Nobody holds the lock: the lease ran out or it was released", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Another token holds the lock; nothing was changed", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is compressed (`Content-Encoding`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why", body = Problem, content_type = "application/problem+json"),
     ),
 )]
 pub async fn extend(

@@ -24,6 +24,7 @@ use crate::http::state::AppState;
         (status = 429, description = "With API keys on: the key is over its `requests_per_second`; `retry_after_ms` and `Retry-After` say when to retry", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "The lock is free", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why", body = Problem, content_type = "application/problem+json"),
     ),
 )]
 pub async fn inspect(

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
-use utoipa::{IntoParams, PartialSchema, ToSchema};
+use utoipa::{PartialSchema, ToSchema};
 
 use crate::lock::{Lease, LockInfo, LockName, Owner, Token};
 
@@ -102,6 +102,9 @@ impl ToSchema for OwnerLabelSchema {
 }
 
 /// Body of `POST /locks/{name}`. Every field is optional, and so is the body.
+/// lockd also takes a token of your choosing here, as `token`, in place of
+/// the `Lock-Token` header; this document shows only the header, since a
+/// token given in both is refused.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireBody {
@@ -110,10 +113,9 @@ pub struct AcquireBody {
     /// server's default TTL (30000).
     #[schema(minimum = 1, example = 30000)]
     pub ttl_ms: Option<u64>,
-    /// A token of your choosing, 16 to 128 characters of `[A-Za-z0-9_-]`.
-    /// Sending the same token again while it holds the lock renews the lease
-    /// (200) instead of failing: safe retries after a lost response.
-    #[schema(value_type = Option<LockTokenSchema>)]
+    /// A token of your choosing, 16 to 128 characters of `[A-Za-z0-9_-]`,
+    /// as the `Lock-Token` header (out of the document; see above).
+    #[schema(ignore)]
     pub token: Option<String>,
     /// A label for the holder, up to 256 characters with no control
     /// characters, shown by GET.
@@ -128,30 +130,30 @@ pub struct AcquireBody {
 }
 
 /// Query parameters of `POST /locks/{name}`, for curl and webhook configs. A
-/// parameter may not be given both here and in the body.
-#[derive(Debug, Default, Deserialize, IntoParams)]
+/// parameter may not be given both here and in the body. Out of the OpenAPI
+/// document, which shows the body's fields only (the operation's
+/// description says so).
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
 pub struct AcquireQuery {
     /// Lease length in milliseconds, as decimal digits.
-    #[param(value_type = Option<u64>, minimum = 1)]
     pub ttl_ms: Option<String>,
     /// A label for the holder, up to 256 characters with no control
     /// characters.
-    #[param(value_type = Option<OwnerLabelSchema>)]
     pub owner: Option<String>,
     /// How long to wait for a held lock, in milliseconds, as decimal digits.
-    #[param(value_type = Option<u64>, minimum = 0)]
     pub wait_ms: Option<String>,
 }
 
-/// Body of `PATCH /locks/{name}`. Optional when the token comes in the
-/// `Lock-Token` header.
+/// Body of `PATCH /locks/{name}`; optional. lockd also takes the holder's
+/// token here, as `token`, in place of the `Lock-Token` header; this
+/// document shows only the header, since a token given in both is refused.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExtendBody {
-    /// The holder's token, unless it is sent in the `Lock-Token` header.
-    #[schema(value_type = Option<LockTokenSchema>)]
+    /// The holder's token, when it is not sent in the `Lock-Token` header
+    /// (out of the document; see above).
+    #[schema(ignore)]
     pub token: Option<String>,
     /// The new lease length in milliseconds, counted from now; it also
     /// becomes the lock's own TTL. Default: the lock's own TTL (the one it
@@ -160,24 +162,26 @@ pub struct ExtendBody {
     pub ttl_ms: Option<u64>,
 }
 
-/// Body of `DELETE /locks/{name}`. Optional when the token comes in the
-/// `Lock-Token` header.
+/// Body of `DELETE /locks/{name}`; optional, and an empty object when
+/// sent. lockd also takes the holder's token here, as `token`, in place of
+/// the `Lock-Token` header; this document shows only the header, since a
+/// token given in both is refused.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseBody {
-    /// The holder's token, unless it is sent in the `Lock-Token` header.
-    #[schema(value_type = Option<LockTokenSchema>)]
+    /// The holder's token, when it is not sent in the `Lock-Token` header
+    /// (out of the document; see above).
+    #[schema(ignore)]
     pub token: Option<String>,
 }
 
-/// Query parameters of `PATCH /locks/{name}`.
-#[derive(Debug, Default, Deserialize, IntoParams)]
+/// Query parameters of `PATCH /locks/{name}`; out of the OpenAPI document,
+/// as for [`AcquireQuery`].
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
 pub struct ExtendQuery {
     /// The new lease length in milliseconds, as decimal digits; it also
     /// becomes the lock's own TTL. Default: the lock's own TTL.
-    #[param(value_type = Option<u64>, minimum = 1)]
     pub ttl_ms: Option<String>,
 }
 

@@ -11,13 +11,17 @@ use crate::http::problem::{ApiError, Problem};
 use crate::http::state::AppState;
 
 /// Release a lock you hold (compare-and-delete on the token).
+///
+/// The token may come as `token` in the body instead of the `Lock-Token`
+/// header. This document shows the header only, since a token given in
+/// both is refused.
 #[utoipa::path(
     delete,
     path = "/locks/{name}",
     tag = "locks",
     params(
         ("name" = LockNameSchema, Path, description = "Lock name"),
-        ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "The holder's token (or `token` in the body)"),
+        ("Lock-Token" = LockTokenSchema, Header, description = "The holder's token"),
     ),
     request_body(content = Option<ReleaseBody>),
     security((), ("bearer" = [])),
@@ -30,7 +34,9 @@ use crate::http::state::AppState;
         (status = 404, description = "Nobody holds the lock: the lease ran out or it was released", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Another token holds the lock; nothing was changed", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "The body is compressed (`Content-Encoding`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why", body = Problem, content_type = "application/problem+json"),
     ),
 )]
 pub async fn release(
