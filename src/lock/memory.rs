@@ -346,6 +346,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn counters_are_forgotten_after_the_retention_and_fences_still_grow() {
+        let store = MemoryBackend::with_fence_retention(Duration::from_secs(1));
+        let name = LockName::parse("k").expect("valid");
+        let a = Token::generate();
+        let first = store.acquire(&request("k", &a, 100)).await.expect("free");
+        store.release(&name, &a).await.expect("held");
+        assert_eq!(store.fence_count(), 1, "kept for the retention");
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        assert_eq!(store.fence_count(), 0, "forgotten after it");
+        let b = Token::generate();
+        let second = store.acquire(&request("k", &b, 100)).await.expect("free");
+        assert!(
+            second.lease().fence > first.lease().fence,
+            "the process clock keeps fences growing"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn held_reports_the_remaining_lease() {
         let store = MemoryBackend::new();
         store

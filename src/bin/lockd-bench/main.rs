@@ -17,6 +17,10 @@
 //!   them one by one (each releases at once) and checks that grants never
 //!   overlapped and fences grew in grant order.
 //!
+//! - `names`: takes and releases `--count` distinct names, then reports
+//!   Redis's `used_memory` and `DBSIZE` before, right after, and once the
+//!   fence retention has passed.
+//!
 //! - `null-server`: serves the acquire and release routes with fixed
 //!   answers and nothing behind them, so that `cycle` against it measures
 //!   the HTTP exchange alone: the ceiling for any HTTP service here. With
@@ -34,6 +38,7 @@ mod client;
 mod contended;
 mod cycle;
 mod handoff;
+mod names;
 mod null_server;
 mod raw;
 mod stats;
@@ -126,6 +131,23 @@ enum Scenario {
         #[arg(long, default_value = "redis://127.0.0.1:6379")]
         redis_url: String,
     },
+    /// What locks used once leave in Redis: memory and keys before, right
+    /// after, and after the fence retention.
+    Names {
+        /// Distinct names to take and release, once each.
+        #[arg(long, default_value_t = 100_000)]
+        count: usize,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// How long to wait before the last reading, in seconds: longer
+        /// than lockd's --fence-retention-ms.
+        #[arg(long, default_value_t = 5)]
+        settle_seconds: u64,
+        /// The Redis lockd uses.
+        #[arg(long, default_value = "redis://127.0.0.1:6379")]
+        redis_url: String,
+    },
     /// A bare HTTP server with fixed answers: `cycle` against it measures
     /// the cost of HTTP alone on this machine.
     NullServer {
@@ -190,6 +212,21 @@ async fn main() -> std::process::ExitCode {
             pid,
             redis_url,
         } => waiters::run(&lockd, count, pid, &redis_url).await,
+        Scenario::Names {
+            count,
+            clients,
+            settle_seconds,
+            redis_url,
+        } => {
+            names::run(
+                &lockd,
+                count,
+                clients,
+                Duration::from_secs(settle_seconds),
+                &redis_url,
+            )
+            .await
+        }
         Scenario::NullServer { listen, redis_url } => {
             null_server::run(listen, redis_url.as_deref()).await
         }
