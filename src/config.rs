@@ -540,8 +540,9 @@ impl Settings {
         }
         if !(1..=self.max_ttl_ms).contains(&self.default_ttl_ms) {
             return invalid(format!(
-                "default_ttl_ms must be from 1 to max_ttl_ms ({})",
-                self.max_ttl_ms
+                "default_ttl_ms (--default-ttl-ms, {}) must be from 1 to max_ttl_ms ({}); \
+                 a lower --max-ttl-ms needs a --default-ttl-ms at most as long",
+                self.default_ttl_ms, self.max_ttl_ms
             ));
         }
         if self.redis_timeout_ms == 0 {
@@ -570,10 +571,20 @@ impl Settings {
         if !(0.0..0.5).contains(&self.drift_factor) {
             return invalid("drift_factor must be from 0 to below 0.5".into());
         }
-        if self.fence_retention_ms < 1000 {
-            return invalid(
-                "fence_retention_ms (--fence-retention-ms) must be at least 1000 (1 s)".into(),
-            );
+        if !(1000..=Ttl::CEILING_MS).contains(&self.fence_retention_ms) {
+            return invalid(format!(
+                "fence_retention_ms (--fence-retention-ms) must be from 1000 (1 s) to {} (365 days)",
+                Ttl::CEILING_MS
+            ));
+        }
+        if self
+            .redlock_restart_delay_ms
+            .is_some_and(|ms| ms > Ttl::CEILING_MS)
+        {
+            return invalid(format!(
+                "redlock_restart_delay_ms (--redlock-restart-delay-ms) must be at most {} (365 days)",
+                Ttl::CEILING_MS
+            ));
         }
         if self.max_waiters == 0 {
             return invalid("max_waiters must be at least 1".into());

@@ -249,6 +249,16 @@ fn a_bad_fence_retention_or_restart_delay_exits_2_naming_the_flag() {
             names: retention,
         },
         BadStart {
+            args: &["--fence-retention-ms", "9223372036854775807"],
+            env: &[],
+            names: retention,
+        },
+        BadStart {
+            args: &["--redlock-restart-delay-ms", "9223372036854775807"],
+            env: &[],
+            names: delay,
+        },
+        BadStart {
             args: &["--redlock-restart-delay-ms", "-5"],
             env: &[],
             names: delay,

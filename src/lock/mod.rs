@@ -82,11 +82,15 @@ pub struct Lease {
 impl Lease {
     /// The lease a store call set to `set_to`, the call sent at `sent`
     /// (monotonic clock) and `sent_wall` (wall clock): what is left of it
-    /// now, counted in whole milliseconds elapsed; `None` when nothing is
-    /// left.
+    /// now, in whole milliseconds rounded down (so it never overstates the
+    /// lease); `None` when less than a millisecond is left.
     pub fn left(fence: u64, set_to: Ttl, sent: Instant, sent_wall: SystemTime) -> Option<Self> {
-        let elapsed_ms = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let left = set_to.as_millis().checked_sub(elapsed_ms)?;
+        let elapsed_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let left_us = set_to
+            .as_millis()
+            .saturating_mul(1000)
+            .checked_sub(elapsed_us)?;
+        let left = left_us / 1000;
         let ttl = Ttl::from_millis(left, set_to.as_millis(), "ttl_ms").ok()?;
         Some(Self {
             fence,

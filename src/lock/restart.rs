@@ -11,8 +11,9 @@
 //!
 //! A restart is seen on every new connection, which lockd opens after the
 //! old ones broke: the server's `run_id` (`INFO server`) changed. The node's
-//! `uptime_in_seconds` tells when it started, so the delay ends at
-//! start + delay, not at the moment lockd noticed.
+//! `uptime_in_seconds` tells when it started (less one second, since Redis
+//! may round it up by that much), so the delay ends at start + delay, not
+//! at the moment lockd noticed.
 //!
 //! Every restart is delayed, even one that loaded an AOF: `INFO` cannot
 //! show that the last acknowledged writes reached the disk (`appendfsync
@@ -57,9 +58,12 @@ impl RestartWatch {
         let Some(run_id) = info_field(info, "run_id") else {
             return;
         };
+        // Redis counts whole seconds between two clock readings each cut to
+        // the second, so it may report up to a second more than the node
+        // has run: count a second less, so the delay never ends early.
         let uptime = info_field(info, "uptime_in_seconds")
             .and_then(|u| u.parse::<u64>().ok())
-            .map_or(Duration::ZERO, Duration::from_secs);
+            .map_or(Duration::ZERO, |s| Duration::from_secs(s.saturating_sub(1)));
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let restarted = state.run_id.as_deref().is_some_and(|old| old != run_id);
         state.run_id = Some(run_id.to_owned());
@@ -118,7 +122,8 @@ mod tests {
         assert!(!watch.delayed(), "same run_id: no restart");
         watch.observe(&info("b", 10));
         assert!(watch.delayed());
-        tokio::time::advance(Duration::from_secs(49)).await;
+        // Up 10 s by Redis's count, which may be a second too many: 9 s.
+        tokio::time::advance(Duration::from_secs(50)).await;
         assert!(watch.delayed());
         tokio::time::advance(Duration::from_secs(2)).await;
         assert!(!watch.delayed(), "60 s after the node started");
@@ -128,7 +133,7 @@ mod tests {
     async fn a_restart_longer_ago_than_the_delay_counts_at_once() {
         let watch = RestartWatch::new("n:1".into(), Duration::from_secs(60));
         watch.observe(&info("a", 5));
-        watch.observe(&info("b", 61));
+        watch.observe(&info("b", 62));
         assert!(!watch.delayed());
     }
 

@@ -26,7 +26,10 @@ local function next_fence(counter_key, retention_ms)
   if fence > 9007199254740991 then
     return nil, 'at or above 2^53 - 1'
   end
-  redis.call('SET', counter_key, string.format('%.0f', fence), 'PX', retention_ms)
+  local stored_ok = redis.pcall('SET', counter_key, string.format('%.0f', fence), 'PX', retention_ms)
+  if type(stored_ok) == 'table' and stored_ok.err then
+    return nil, stored_ok.err
+  end
   return fence
 end
 
