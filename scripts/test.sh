@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs lockd's test suite on this machine. It installs what the tests run
-# (redis-server, curl, python3, node: the README snippets are run too;
+# (redis-server, curl, python3, node: the documentation's snippets are run too;
 # promtool, from Debian's prometheus package, checks the metrics) when
 # missing; the tests start their own redis-server processes on free ports.
 # Then, for a whole run, scripts/schemathesis.sh fuzzes the HTTP API against

@@ -347,7 +347,7 @@ fn build_backend(
     };
     let urls = &settings.redis_url;
     if let [url] = urls.as_slice() {
-        tracing::info!(redis = %redact_url(url), "using one Redis (a failover can lose locks; see the README)");
+        tracing::info!(redis = %redact_url(url), "using one Redis (a failover can lose locks; see docs/design.md)");
         return node(url, settings.redis_timeout_ms);
     }
     let shown: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();

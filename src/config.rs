@@ -123,7 +123,7 @@ pub struct ServeArgs {
     /// How long a lock's fencing counter is kept in Redis after its last
     /// grant, in ms; at least 1000. A lock released that long ago leaves
     /// nothing in Redis; its next fence still comes out larger (see the
-    /// README's guarantees) [default: 3600000].
+    /// guarantees in docs/design.md) [default: 3600000].
     #[arg(long, env = "LOCKD_FENCE_RETENTION_MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fence_retention_ms: Option<u64>,
@@ -652,6 +652,7 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
     use std::io::Write as _;
 
     #[test]
@@ -743,6 +744,63 @@ mod tests {
             };
             assert!(text.contains(&line), "{key} is not documented");
         }
+    }
+
+    /// The settings table of docs/configuration.md: one row per key of
+    /// `Settings`, with its flag, its environment variable and its default
+    /// (`none` for an unset one, or the setting it falls back to; `off` and
+    /// `on` for a switch; otherwise the value in backticks).
+    #[test]
+    fn the_configuration_doc_lists_every_setting_with_its_default() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
+        let text = std::fs::read_to_string(path).expect("read docs/configuration.md");
+        let defaults = serde_json::to_value(Settings::default()).expect("serializes");
+        let defaults = defaults.as_object().expect("an object");
+        let mut rows = BTreeMap::new();
+        for line in text.lines().filter(|l| l.starts_with("| `--")) {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let [_, flag, env, key, default, ..] = cells[..] else {
+                panic!("a settings row with too few cells: {line}");
+            };
+            if key.is_empty() {
+                assert_eq!(flag, "`--config`", "a row with no file key: {line}");
+                continue;
+            }
+            let key = key.trim_matches('`');
+            assert!(
+                rows.insert(key.to_owned(), (flag, env, default)).is_none(),
+                "{key} is listed twice"
+            );
+        }
+        let code = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => format!("`{s}`"),
+            other => format!("`{other}`"),
+        };
+        for (key, value) in defaults {
+            let (flag, env, default) = rows
+                .remove(key)
+                .unwrap_or_else(|| panic!("{key} is not in docs/configuration.md"));
+            assert_eq!(flag, format!("`--{}`", key.replace('_', "-")), "{key}");
+            let var = format!("`LOCKD_{}`", key.to_uppercase());
+            assert!(env.starts_with(&var), "{key}: {env} is not {var}");
+            let documented = match value {
+                serde_json::Value::Null => {
+                    default == "none"
+                        || (default.starts_with('`')
+                            && defaults.contains_key(default.trim_matches('`')))
+                }
+                serde_json::Value::Bool(on) => default == if *on { "on" } else { "off" },
+                serde_json::Value::Array(all) => {
+                    default == all.iter().map(code).collect::<Vec<_>>().join(", ")
+                }
+                other => default == code(other),
+            };
+            assert!(
+                documented,
+                "{key}: the default is {value}, the doc says {default}"
+            );
+        }
+        assert!(rows.is_empty(), "not settings: {:?}", rows.keys());
     }
 
     #[test]

@@ -406,7 +406,7 @@ async fn reacquire_with_own_token_renews_with_same_fence_and_resets_ttl(app: &Te
     assert!(next.fence() > fence, "a new grant needs a new fence");
 }
 
-/// The README's promise for a 200 renewal: `owner` is replaced when the
+/// docs/api.md's promise for a 200 renewal: `owner` is replaced when the
 /// request gives one; the fence and `granted_at` stay the first grant's.
 async fn reacquire_with_own_token_and_an_owner_replaces_the_owner_keeps_granted_at(app: &TestApp) {
     let name = "re:owner";

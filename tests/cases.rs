@@ -1,5 +1,7 @@
-//! The field cases C01 to C07 (`/work/shared/cases.md`): faults reported
-//! against other Redis-based locks, each replayed over HTTP against lockd.
+//! The field cases C01 to C07 (docs/field-cases.md): faults reported
+//! against other Redis-based locks (a lease that expires under its holder,
+//! absurd TTLs, Redis's script cache, guessable or shared tokens), each
+//! replayed over HTTP against lockd.
 //! Every case runs against both backends (`redis::cNN_*` and
 //! `memory::cNN_*`), except C05, which is about Redis's script cache.
 

@@ -4,7 +4,7 @@
 //! answer is a grant whose values are the ones sent, or a 400 problem
 //! document that wrote nothing; never a 5xx.
 //!
-//! Each rule is restated here from the README, independently of the parser,
+//! Each rule is restated here from docs/api.md, independently of the parser,
 //! so that a parser and its rule cannot drift apart unnoticed.
 
 #![allow(clippy::unwrap_used)]
@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use reqwest::Method;
 use support::{TestApp, WIRE_SLACK_MS, assert_lease_ms};
 
-/// README: 1 to 200 characters of `A-Za-z0-9._-:@`, other than `.` and `..`.
+/// docs/api.md: 1 to 200 characters of `A-Za-z0-9._-:@`, other than `.` and `..`.
 fn name_rule(s: &str) -> bool {
     (1..=200).contains(&s.len())
         && s != "."
@@ -25,14 +25,14 @@ fn name_rule(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "._-:@".contains(c))
 }
 
-/// README: 16 to 128 characters of `A-Za-z0-9_-`.
+/// docs/api.md: 16 to 128 characters of `A-Za-z0-9_-`.
 fn token_rule(s: &str) -> bool {
     (16..=128).contains(&s.len())
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c))
 }
 
-/// README: decimal digits for an integer from 1 to the maximum.
+/// docs/api.md: decimal digits for an integer from 1 to the maximum.
 fn ttl_rule(s: &str, max: u64) -> Option<u64> {
     if s.is_empty() || !s.chars().all(|c| c.is_ascii_digit()) {
         return None;
@@ -42,7 +42,7 @@ fn ttl_rule(s: &str, max: u64) -> Option<u64> {
         .filter(|ms| (1..=max.min(Ttl::CEILING_MS)).contains(ms))
 }
 
-/// README: up to 256 characters, no control characters.
+/// docs/api.md: up to 256 characters, no control characters.
 fn owner_rule(s: &str) -> bool {
     s.chars().count() <= 256 && !s.chars().any(char::is_control)
 }

@@ -1,34 +1,106 @@
-//! The client-side snippets in README.md, run as written against a live
-//! lockd: each retry snippet (bash, Python, JavaScript) must retry past a
-//! held lock and come back with the grant; the cron job in `sh` must run
-//! the job only with the lock, say "another host runs the job" only for a
-//! 409, and fail (exit non-zero) when lockd or Redis is down.
+//! The client-side snippets of the documentation, run as written against a
+//! live lockd. A snippet is the code block that follows a
+//! `<!-- snippet: NAME -->` line, in README.md or any `docs/*.md` file:
+//! each retry snippet (bash, Python, JavaScript) must retry past a held lock
+//! and come back with the grant; the cron job in `sh` must run the job only
+//! with the lock, say "another host runs the job" only for a 409, and fail
+//! (exit non-zero) when lockd or Redis is down. A marked snippet that no
+//! test here runs fails [`every_marked_snippet_is_run_by_a_test`], so none
+//! stops being tested when it moves or is added.
 
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
 use support::{TestApp, metric};
 
-/// The code block that follows `<!-- snippet: NAME -->` in README.md.
+/// The snippets these tests run.
+const TESTED: [&str; 4] = ["cron-sh", "retry-bash", "retry-python", "retry-js"];
+
+const MARKER: &str = "<!-- snippet: ";
+
+/// README.md and every `docs/*.md` file, with their text.
+fn documents() -> Vec<(PathBuf, String)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut paths = vec![root.join("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("a docs/ directory")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    paths.extend(docs);
+    paths
+        .into_iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+            (path, text)
+        })
+        .collect()
+}
+
+/// Every marked snippet of the documents: its name, the file it is in, and
+/// the code block that follows its marker.
+fn snippets() -> Vec<(String, PathBuf, String)> {
+    let mut found = Vec::new();
+    for (path, text) in documents() {
+        for (at, _) in text.match_indices(MARKER) {
+            let rest = &text[at + MARKER.len()..];
+            let (name, after) = rest
+                .split_once(" -->\n")
+                .unwrap_or_else(|| panic!("{}: a marker with no ` -->`", path.display()));
+            let body = after
+                .split_once('\n')
+                .expect("a fence line after the marker")
+                .1;
+            let body = body.split_once("\n```").expect("a closing fence").0;
+            found.push((name.to_owned(), path.clone(), body.to_owned()));
+        }
+    }
+    found
+}
+
+/// The code block that follows `<!-- snippet: NAME -->`, wherever it is.
 fn snippet(name: &str) -> String {
-    let readme = include_str!("../README.md");
-    let marker = format!("<!-- snippet: {name} -->\n");
-    let after = readme
-        .split_once(&marker)
-        .unwrap_or_else(|| panic!("README.md has no snippet {name}"))
-        .1;
-    let body = after
-        .split_once('\n')
-        .expect("a fence line after the marker")
-        .1;
-    body.split_once("\n```")
-        .expect("a closing fence")
-        .0
-        .to_owned()
+    let mut matching = snippets().into_iter().filter(|(n, _, _)| n == name);
+    let (_, _, body) = matching
+        .next()
+        .unwrap_or_else(|| panic!("no README.md or docs/*.md file has a snippet {name}"));
+    assert!(matching.next().is_none(), "two snippets are named {name}");
+    body
+}
+
+/// Each marked snippet is one of those the tests below run, and each of
+/// those is marked exactly once.
+#[test]
+fn every_marked_snippet_is_run_by_a_test() {
+    let mut count: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+    for (name, path, _) in snippets() {
+        count.entry(name).or_default().push(path);
+    }
+    for (name, paths) in &count {
+        assert!(
+            TESTED.contains(&name.as_str()),
+            "the snippet {name} ({paths:?}) is run by no test in tests/readme_snippets.rs"
+        );
+        assert_eq!(
+            paths.len(),
+            1,
+            "the snippet {name} is marked twice: {paths:?}"
+        );
+    }
+    for name in TESTED {
+        assert!(
+            count.contains_key(name),
+            "no document has the snippet {name}"
+        );
+    }
 }
 
 /// Holds `orders:1`, runs the snippet with `program`, releases the lock once
@@ -103,7 +175,7 @@ async fn readme_javascript_retry_snippet_gets_the_lock_after_backing_off() {
     snippet_retries_until_granted("retry-js", "node", "mjs").await;
 }
 
-/// Runs the README's cron snippet with `sh` against `url`: its exit code,
+/// Runs the cron snippet with `sh` against `url`: its exit code,
 /// stdout and stderr.
 async fn run_cron_snippet(url: &str) -> (Option<i32>, String, String) {
     let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! Mutual-exclusion torture test: many clients fight over a few locks with
 //! short random leases, some holders pause past their lease (a simulated GC
 //! pause), and Redis is killed (SIGKILL) and started again in the middle.
-//! Redis runs as the README recommends for a single instance, with AOF and
+//! Redis runs as docs/design.md recommends for a single instance, with AOF and
 //! `appendfsync always`, so the restart keeps locks and fence counters.
 //!
 //! The CI form (about 20 s of load: 32 clients, 4 names, one restart):
@@ -55,8 +55,8 @@
 //!   answer, fails the test. The one other excuse is a stall that Redis
 //!   itself recorded (its latency monitor is on, threshold 100 ms): on a
 //!   busy disk one `appendfsync always` write can stall Redis for over a
-//!   second, lockd's default `redis_timeout_ms`, and then a 503 is what the
-//!   README promises. Such 503s are counted apart in the summary, and every
+//!   second, lockd's default `redis_timeout_ms`, and then a 503 is what
+//!   docs/design.md promises. Such 503s are counted apart in the summary, and every
 //!   stall is printed.
 //! - **No lock left behind**: once every client stopped and the longest TTL
 //!   passed, Redis holds only the fence counters `lockd:{NAME}:fence`.

@@ -1,6 +1,8 @@
 //! Server-side waiting (`wait_ms`, issue 3) and the field cases about it,
-//! C08 to C11 (`/work/shared/cases.md`), driven over HTTP against real
-//! redis-server processes and the in-memory backend.
+//! C08 to C11 (docs/field-cases.md: a grant made after the wait ended, a
+//! lease counted from the grant, waiters woken by an expiry, waiters that
+//! starve nobody), driven over HTTP against real redis-server processes
+//! and the in-memory backend.
 //!
 //! Waiters are observed through `lockd_waiters` (a waiter is queued once the
 //! gauge counts it), and retries through

@@ -391,7 +391,7 @@ fn explain_tls(e: &rustls::Error) -> String {
             other if format!("{other:?}").contains("CaUsedAsEndEntity") => format!(
                 "{not_verified}: it says it is a CA (CA:TRUE), which a server's \
                  certificate must not; make it with basicConstraints=critical,CA:FALSE \
-                 (see TLS in README.md)"
+                 (see TLS in docs/security.md)"
             ),
             other => format!("{not_verified} ({other}); {TRUST}"),
         },

@@ -31,8 +31,8 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
     "request_id": "3f1c1b6e-5a0e-4a8e-9d6b-2f7f1f3e9a10"
 }))]
 pub struct Problem {
-    /// A URI naming the kind of problem, `urn:lockd:problem:<slug>`; the
-    /// README lists every slug.
+    /// A URI naming the kind of problem, `urn:lockd:problem:<slug>`;
+    /// docs/api.md lists every slug.
     #[serde(rename = "type")]
     pub problem_type: String,
     /// A short summary of the kind of problem.

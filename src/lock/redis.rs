@@ -1,6 +1,6 @@
 //! The single-instance Redis backend.
 //!
-//! Data model (documented in the README so other clients can interoperate),
+//! Data model (documented in docs/design.md so other clients can interoperate),
 //! for lock name `N` and key prefix `P` (default `lockd:`):
 //! - `P{N}`: the lock. Its value is exactly the holder's token and its TTL is
 //!   the lease.

@@ -14,7 +14,7 @@
 //!   for outage tests (a restart checks that the server answering is the new
 //!   process, not another test's server on the freed port).
 //!   [`RedisServer::spawn_persistent`] runs it with AOF and `appendfsync
-//!   always` instead, as the README recommends: a restart (SIGKILL, then
+//!   always` instead, as docs/design.md recommends: a restart (SIGKILL, then
 //!   start again on the same port and directory) keeps every acknowledged
 //!   write.
 //!   [`RedisServer::cmd`] runs a raw command.
@@ -103,8 +103,8 @@ impl RedisServer {
     }
 
     /// Starts a server that persists every write before answering it
-    /// (`--appendonly yes --appendfsync always`, no RDB snapshots), as the
-    /// README recommends for a single Redis. [`Self::stop`] (SIGKILL) then
+    /// (`--appendonly yes --appendfsync always`, no RDB snapshots), as
+    /// docs/design.md recommends for a single Redis. [`Self::stop`] (SIGKILL) then
     /// [`Self::start`] reloads the AOF from the same directory: locks, their
     /// leases (stored as absolute expiry times) and fence counters survive.
     pub async fn spawn_persistent() -> Self {
