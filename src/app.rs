@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{Auth, KeysError};
 use crate::config::{Settings, node_address};
 use crate::http::admission::Admission;
-use crate::http::locks::input::{TtlPolicy, WaitPolicy};
+use crate::http::limits::Limits;
 use crate::http::routes::{metrics_router, router};
 use crate::http::state::AppState;
 use crate::lock::memory::MemoryBackend;
@@ -116,12 +116,8 @@ impl Application {
         backend: Arc<dyn LockBackend>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StartupError> {
-        let default = Ttl::from_millis(
-            settings.default_ttl_ms,
-            settings.max_ttl_ms,
-            "default_ttl_ms",
-        )
-        .map_err(|e| StartupError::Settings(e.to_string()))?;
+        let limits =
+            Limits::from_settings(settings).map_err(|e| StartupError::Settings(e.to_string()))?;
         let auth = match &settings.auth_keys_file {
             Some(path) => {
                 let auth = Auth::load(path)?;
@@ -140,20 +136,13 @@ impl Application {
         let state = AppState {
             locks: Locks::new(backend, settings.max_waiters, stopping.clone())
                 .on_contention(Arc::new(move |name| contention.observe_contention(name))),
-            ttl: TtlPolicy {
-                default,
-                max_ms: settings.max_ttl_ms,
-            },
-            wait: WaitPolicy {
-                max_ms: settings.max_wait_ms,
-            },
+            limits,
             metrics,
             stopping: stopping.clone(),
-            request_timeout: Duration::from_millis(settings.request_timeout_ms),
             auth: auth.clone(),
             admission: Admission::new(settings.max_requests, settings.max_waiters),
         };
-        let request_timeout = state.request_timeout;
+        let request_timeout = state.limits.request_timeout;
         let transport = Transport::from_settings(settings)?;
         let listener = bind(settings.listen).await?;
         let metrics = match settings.metrics_listen {

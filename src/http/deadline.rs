@@ -63,7 +63,7 @@ pub async fn read_body_by_deadline(
     request: Request,
     next: Next,
 ) -> Response {
-    let deadline = Deadline(Instant::now() + state.request_timeout);
+    let deadline = Deadline(Instant::now() + state.limits.request_timeout);
     let (mut parts, body) = request.into_parts();
     let bytes = match tokio::time::timeout(deadline.remaining(), to_bytes(body, BODY_LIMIT)).await {
         Ok(Ok(bytes)) => bytes,

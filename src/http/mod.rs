@@ -5,6 +5,7 @@ pub mod admission;
 pub mod auth;
 pub mod deadline;
 pub mod extract;
+pub mod limits;
 pub mod locks;
 pub mod openapi;
 pub mod ops;

@@ -75,5 +75,8 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 #[utoipa::path(get, path = "/openapi.json", tag = "ops",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
 pub async fn openapi(State(state): State<AppState>) -> Json<utoipa::openapi::OpenApi> {
-    Json(openapi::document(state.ttl.max_ms, state.wait.max_ms))
+    Json(openapi::document(
+        state.limits.ttl.max_ms,
+        state.limits.wait.max_ms,
+    ))
 }

@@ -245,6 +245,13 @@ impl ApiError {
         Self::new(Kind::InvalidRequest, detail)
     }
 
+    /// A 400: `field` was given both in the query string and in the body.
+    pub fn given_twice(field: &str) -> Self {
+        Self::invalid(format!(
+            "`{field}` was given both in the query string and in the body; give it once"
+        ))
+    }
+
     /// The kind of problem.
     pub fn kind(&self) -> Kind {
         self.kind

@@ -49,7 +49,7 @@ const ROUTES: &[(&str, &str, &str)] = &[
 /// keep that limit themselves (see [`deadline`]), so that the outcome is
 /// counted; the `TimeoutLayer`s there are a backstop.
 pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) -> Router {
-    let max_wait = Duration::from_millis(state.wait.max_ms);
+    let max_wait = Duration::from_millis(state.limits.wait.max_ms);
     let timeout = |limit| TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, limit);
     let locks = Router::new()
         .route(
@@ -95,7 +95,7 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
         .merge(Router::from(
             Scalar::with_url(
                 "/docs",
-                openapi::document(state.ttl.max_ms, state.wait.max_ms),
+                openapi::document(state.limits.ttl.max_ms, state.limits.wait.max_ms),
             )
             .custom_html(DOCS_HTML),
         ))

@@ -1,13 +1,12 @@
 //! What every handler shares.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Auth;
 use crate::http::admission::Admission;
-use crate::http::locks::input::{TtlPolicy, WaitPolicy};
+use crate::http::limits::Limits;
 use crate::lock::Locks;
 use crate::metrics::Metrics;
 
@@ -16,16 +15,12 @@ use crate::metrics::Metrics;
 pub struct AppState {
     /// The lock service (waiting included) over the instrumented backend.
     pub locks: Locks,
-    /// Default and maximum TTL.
-    pub ttl: TtlPolicy,
-    /// Maximum wait.
-    pub wait: WaitPolicy,
+    /// Default and maximum TTL, maximum wait, and the request timeout.
+    pub limits: Limits,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
     /// Cancelled when shutdown begins: `/readyz` answers 503 from then on.
     pub stopping: CancellationToken,
-    /// Longest time a request may take (an acquire: on top of its wait).
-    pub request_timeout: Duration,
     /// The API keys, when `--auth-keys-file` is set; `None`: no key needed.
     pub auth: Option<Arc<Auth>>,
     /// The cap on `/locks` requests in flight.

@@ -55,8 +55,11 @@ pub async fn acquire(
     JsonBody(body): JsonBody<AcquireBody>,
 ) -> Result<(StatusCode, Json<Grant>), ApiError> {
     let started = Instant::now();
-    let wait = state.wait.resolve(query.wait_ms.as_deref(), body.wait_ms)?;
-    let request = acquire_request(name, query, &headers, body, &state.ttl)?;
+    let wait = state
+        .limits
+        .wait
+        .resolve(query.wait_ms.as_deref(), body.wait_ms)?;
+    let request = acquire_request(name, query, &headers, body, &state.limits.ttl)?;
     let (name, token) = (request.name.clone(), request.token.clone());
     // Counted as cancelled if the client goes away before the answer.
     let counted = state.metrics.pending_acquire(&name, started);

@@ -53,6 +53,7 @@ pub async fn extend(
 ) -> Result<Json<Extended>, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
     let ttl = state
+        .limits
         .ttl
         .resolve_extend(query.ttl_ms.as_deref(), body.ttl_ms)?;
     let outcome = within(deadline, state.locks.extend(&name, &token, ttl)).await;
