@@ -17,7 +17,7 @@ use crate::config::{Settings, node_address};
 use crate::http::admission::Admission;
 use crate::http::limits::Limits;
 use crate::http::routes::{metrics_router, router};
-use crate::http::state::AppState;
+use crate::http::state::{App, AppState};
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::{RedisBackend, RedisConfig, redact_url};
 use crate::lock::redlock::{RedlockBackend, quorum};
@@ -133,15 +133,17 @@ impl Application {
         };
         let stopping = CancellationToken::new();
         let contention = metrics.clone();
-        let state = AppState {
-            locks: Locks::new(backend, settings.max_waiters, stopping.clone())
-                .on_contention(Arc::new(move |name| contention.observe_contention(name))),
+        let state = AppState::new(App {
+            locks: Arc::new(
+                Locks::new(backend, settings.max_waiters, stopping.clone())
+                    .on_contention(Arc::new(move |name| contention.observe_contention(name))),
+            ),
             limits,
             metrics,
             stopping: stopping.clone(),
             auth: auth.clone(),
             admission: Admission::new(settings.max_requests, settings.max_waiters),
-        };
+        });
         let request_timeout = state.limits.request_timeout;
         let transport = Transport::from_settings(settings)?;
         let listener = bind(settings.listen).await?;

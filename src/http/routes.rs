@@ -113,7 +113,8 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
         // bodies as they are read.
         .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
         .layer(middleware::from_fn(target::refuse_malformed));
-    telemetry::wrap(app, state)
+    let metrics = state.metrics.clone();
+    telemetry::wrap(app.with_state(state), metrics)
 }
 
 /// The router of `--metrics-listen`: `/metrics`, `/healthz` and `/readyz`,
@@ -129,5 +130,6 @@ pub fn metrics_router(state: AppState, request_timeout: Duration) -> Router {
             request_timeout,
         ))
         .layer(middleware::from_fn(target::refuse_malformed));
-    telemetry::wrap(app, state)
+    let metrics = state.metrics.clone();
+    telemetry::wrap(app.with_state(state), metrics)
 }

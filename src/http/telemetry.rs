@@ -7,6 +7,7 @@
 //! returned in the response's `x-request-id`, named in the request's log
 //! lines and given as `request_id` in problem documents.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
@@ -21,7 +22,6 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use super::problem::{self, Problem};
-use super::state::AppState;
 use crate::metrics::Metrics;
 
 /// The request ID header.
@@ -33,10 +33,10 @@ const MAX_LOGGED_NAME: usize = 200;
 /// The longest client-chosen request ID kept.
 const MAX_REQUEST_ID: usize = 128;
 
-/// Puts the layers around `app` and gives it its state.
-pub fn wrap(app: Router<AppState>, state: AppState) -> Router {
+/// Puts the layers around `app`; `metrics` counts its requests.
+pub fn wrap(app: Router, metrics: Arc<Metrics>) -> Router {
     app.layer(middleware::from_fn(problem::normalize))
-        .layer(middleware::from_fn_with_state(state.clone(), track_http))
+        .layer(middleware::from_fn_with_state(metrics, track_http))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(request_span)
@@ -47,7 +47,6 @@ pub fn wrap(app: Router<AppState>, state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
         .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeRequestUuid))
         .layer(middleware::from_fn(drop_unusable_request_id))
-        .with_state(state)
 }
 
 /// The request's ID, once [`SetRequestIdLayer`] has run.
@@ -123,16 +122,16 @@ fn route_of(request: &Request) -> &str {
 /// requests in flight, and writes the access log line. A request dropped
 /// before its answer (the client went away) is counted and logged with
 /// status 499, as nginx does.
-async fn track_http(State(state): State<AppState>, request: Request, next: Next) -> Response {
+async fn track_http(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
     let mut pending = Pending {
-        metrics: &state.metrics,
+        metrics: &metrics,
         method: method_label(request.method()),
         route: route_of(&request).to_owned(),
         started: Instant::now(),
         span: Span::current(),
         answered: false,
     };
-    state.metrics.http_in_flight.inc();
+    metrics.http_in_flight.inc();
     let response = next.run(request).await;
     pending.answered(&response);
     response

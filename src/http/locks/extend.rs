@@ -1,5 +1,7 @@
 //! `PATCH /locks/{name}`: extend a lease.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
@@ -8,8 +10,10 @@ use super::input::holder_token;
 use super::model::{ExtendBody, ExtendQuery, Extended, LockNameSchema, LockTokenSchema};
 use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
+use crate::http::limits::Limits;
 use crate::http::problem::{ApiError, Problem};
-use crate::http::state::AppState;
+use crate::lock::Locks;
+use crate::metrics::Metrics;
 
 /// Reset the lease of a lock you hold to `ttl_ms` from now; without
 /// `ttl_ms`, to the lock's own TTL (the one it was granted with, or last
@@ -43,8 +47,12 @@ use crate::http::state::AppState;
         (status = 500, description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why", body = Problem, content_type = "application/problem+json"),
     ),
 )]
+// One argument per extractor: the state parts it uses, then the request.
+#[allow(clippy::too_many_arguments)]
 pub async fn extend(
-    State(state): State<AppState>,
+    State(locks): State<Arc<Locks>>,
+    State(metrics): State<Arc<Metrics>>,
+    State(limits): State<Limits>,
     Extension(deadline): Extension<Deadline>,
     LockPath(name): LockPath,
     headers: HeaderMap,
@@ -52,12 +60,11 @@ pub async fn extend(
     JsonBody(body): JsonBody<ExtendBody>,
 ) -> Result<Json<Extended>, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
-    let ttl = state
-        .limits
+    let ttl = limits
         .ttl
         .resolve_extend(query.ttl_ms.as_deref(), body.ttl_ms)?;
-    let outcome = within(deadline, state.locks.extend(&name, &token, ttl)).await;
-    state.metrics.observe_extend(&name, &outcome);
+    let outcome = within(deadline, locks.extend(&name, &token, ttl)).await;
+    metrics.observe_extend(&name, &outcome);
     let lease = outcome.map_err(timeout_or)?;
     Ok(Json(Extended::new(&name, &lease)))
 }

@@ -1,5 +1,7 @@
 //! `GET /locks/{name}`: who holds a lock, without its token.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Extension, State};
 
@@ -7,7 +9,8 @@ use super::model::{LockNameSchema, NoQuery, Status};
 use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Kind, Problem};
-use crate::http::state::AppState;
+use crate::lock::Locks;
+use crate::metrics::Metrics;
 
 /// Show the holder's fence, remaining lease and owner label. Never the token.
 #[utoipa::path(
@@ -28,13 +31,14 @@ use crate::http::state::AppState;
     ),
 )]
 pub async fn inspect(
-    State(state): State<AppState>,
+    State(locks): State<Arc<Locks>>,
+    State(metrics): State<Arc<Metrics>>,
     Extension(deadline): Extension<Deadline>,
     LockPath(name): LockPath,
     StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
 ) -> Result<Json<Status>, ApiError> {
-    let outcome = within(deadline, state.locks.inspect(&name)).await;
-    state.metrics.observe_inspect(&outcome);
+    let outcome = within(deadline, locks.inspect(&name)).await;
+    metrics.observe_inspect(&outcome);
     match outcome.map_err(timeout_or)? {
         Some(info) => Ok(Json(Status::new(&name, info))),
         None => Err(ApiError::new(

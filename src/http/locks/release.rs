@@ -1,5 +1,7 @@
 //! `DELETE /locks/{name}`: release a lock.
 
+use std::sync::Arc;
+
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 
@@ -8,7 +10,8 @@ use super::model::{LockNameSchema, LockTokenSchema, NoQuery, ReleaseBody};
 use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::problem::{ApiError, Problem};
-use crate::http::state::AppState;
+use crate::lock::Locks;
+use crate::metrics::Metrics;
 
 /// Release a lock you hold (compare-and-delete on the token).
 ///
@@ -40,7 +43,8 @@ use crate::http::state::AppState;
     ),
 )]
 pub async fn release(
-    State(state): State<AppState>,
+    State(locks): State<Arc<Locks>>,
+    State(metrics): State<Arc<Metrics>>,
     Extension(deadline): Extension<Deadline>,
     LockPath(name): LockPath,
     headers: HeaderMap,
@@ -48,8 +52,8 @@ pub async fn release(
     JsonBody(body): JsonBody<ReleaseBody>,
 ) -> Result<StatusCode, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
-    let outcome = within(deadline, state.locks.release(&name, &token)).await;
-    state.metrics.observe_release(&name, &outcome);
+    let outcome = within(deadline, locks.release(&name, &token)).await;
+    metrics.observe_release(&name, &outcome);
     outcome.map_err(timeout_or)?;
     Ok(StatusCode::NO_CONTENT)
 }
