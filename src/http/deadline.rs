@@ -17,9 +17,9 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::LengthLimitError;
 use tokio::time::Instant;
 
+use super::extract::BODY_LIMIT;
 use super::limits::Limits;
 use super::problem::{ApiError, Kind};
-use super::routes::BODY_LIMIT;
 use crate::lock::LockError;
 
 /// When a request's time is up, set on arrival.

@@ -1,20 +1,20 @@
 //! RFC 9457 problem details: the one shape of every error lockd answers.
 //!
 //! Domain errors ([`LockError`], [`InvalidInput`]) become an [`ApiError`],
-//! mapped to a status and a problem type in one place. [`normalize`] catches
+//! mapped to a status and a problem type in one place. [`as_problem`] gives
 //! the errors produced by layers below the handlers (router 404/405, body
-//! limit 413, timeout) and gives them the same shape.
+//! limit 413, timeout) the same shape, and [`with_request_id`] writes the
+//! request's ID into a problem document (the telemetry layer calls both).
+//!
+//! A leaf: it imports nothing else from `http`.
 
 use std::time::Duration;
 
-use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::telemetry;
 use crate::lock::{InvalidInput, LockError};
 
 /// The media type of a problem document (RFC 9457 §3).
@@ -381,21 +381,9 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
         .clamp(1, u128::from(u64::MAX)) as u64
 }
 
-/// Middleware: turns any error response that is not already a problem
-/// document (router 404 and 405, body-limit 413, timeout 503) into one,
-/// keeping its status and headers such as `Allow`, and writes the request's
-/// ID into every problem document.
-pub async fn normalize(request: Request, next: Next) -> Response {
-    let request_id = telemetry::request_id(&request).map(str::to_owned);
-    let response = normalize_inner(next.run(request).await);
-    match request_id {
-        Some(id) => with_request_id(response, id),
-        None => response,
-    }
-}
-
-/// Rewrites a problem document's body with `request_id` in it.
-fn with_request_id(response: Response, request_id: String) -> Response {
+/// Rewrites a problem document's body with `request_id` in it; any other
+/// response is returned as it is.
+pub fn with_request_id(response: Response, request_id: String) -> Response {
     let Some(problem) = response.extensions().get::<Problem>() else {
         return response;
     };
@@ -411,7 +399,10 @@ fn with_request_id(response: Response, request_id: String) -> Response {
     Response::from_parts(parts, body)
 }
 
-fn normalize_inner(response: Response) -> Response {
+/// Turns an error response that is not already a problem document (router
+/// 404 and 405, body-limit 413, timeout 503) into one, keeping its status
+/// and headers such as `Allow`; any other response is returned as it is.
+pub fn as_problem(response: Response) -> Response {
     let status = response.status();
     let is_problem = response
         .headers()

@@ -11,6 +11,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use utoipa_scalar::{Scalar, Servable as _};
 
+use super::extract::BODY_LIMIT;
 use super::locks::{acquire, extend, inspect, release};
 use super::state::AppState;
 use super::{admission, auth, deadline, openapi, ops, target, telemetry};
@@ -19,9 +20,6 @@ use super::{admission, auth, deadline, openapi, ops, target, telemetry};
 /// of `$spec`) rendered by Scalar's script, loaded from jsDelivr at a pinned
 /// version with its Subresource Integrity hash.
 const DOCS_HTML: &str = include_str!("docs.html");
-
-/// The largest request body accepted.
-pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// How much later than a `/locks` handler's own limit the route's
 /// `TimeoutLayer` cuts the request.

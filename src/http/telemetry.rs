@@ -1,6 +1,6 @@
 //! What wraps every request: a request ID, a tracing span with one access
 //! log line, HTTP metrics, and problem documents for errors raised below
-//! the handlers.
+//! the handlers ([`normalize`]).
 //!
 //! The request ID comes from the client's `x-request-id` header when it is
 //! usable (1 to 128 visible ASCII characters), or is a fresh UUID. It is
@@ -35,7 +35,7 @@ const MAX_REQUEST_ID: usize = 128;
 
 /// Puts the layers around `app`; `metrics` counts its requests.
 pub fn wrap(app: Router, metrics: Arc<Metrics>) -> Router {
-    app.layer(middleware::from_fn(problem::normalize))
+    app.layer(middleware::from_fn(normalize))
         .layer(middleware::from_fn_with_state(metrics, track_http))
         .layer(
             TraceLayer::new_for_http()
@@ -55,6 +55,19 @@ pub fn request_id(request: &Request) -> Option<&str> {
         .headers()
         .get(X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
+}
+
+/// Middleware: turns any error response that is not already a problem
+/// document (router 404 and 405, body-limit 413, timeout 503) into one
+/// ([`problem::as_problem`]), and writes the request's ID into every
+/// problem document.
+pub async fn normalize(request: Request, next: Next) -> Response {
+    let request_id = request_id(&request).map(str::to_owned);
+    let response = problem::as_problem(next.run(request).await);
+    match request_id {
+        Some(id) => problem::with_request_id(response, id),
+        None => response,
+    }
 }
 
 /// Removes a client's `x-request-id` that is empty, too long or not
