@@ -144,19 +144,15 @@ impl Application {
             auth: auth.clone(),
             admission: Admission::new(settings.max_requests, settings.max_waiters),
         });
-        let request_timeout = state.limits.request_timeout;
         let transport = Transport::from_settings(settings)?;
         let listener = bind(settings.listen).await?;
         let metrics = match settings.metrics_listen {
-            Some(addr) => Some((
-                bind(addr).await?,
-                metrics_router(state.clone(), request_timeout),
-            )),
+            Some(addr) => Some((bind(addr).await?, metrics_router(state.clone()))),
             None => None,
         };
         Ok(Self {
             listener,
-            router: router(state, metrics.is_none(), request_timeout),
+            router: router(state, metrics.is_none()),
             metrics,
             stopping,
             shutdown_timeout: Duration::from_millis(settings.shutdown_timeout_ms),

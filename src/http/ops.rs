@@ -3,15 +3,14 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::header;
 use axum::response::IntoResponse;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
+use utoipa::openapi::OpenApi;
 
-use super::limits::Limits;
-use super::openapi;
 use super::problem::{ApiError, Problem};
 use crate::lock::{LockError, Locks};
 use crate::metrics::Metrics;
@@ -82,6 +81,7 @@ pub async fn metrics(
 /// This API's OpenAPI 3.1 document.
 #[utoipa::path(get, path = "/openapi.json", tag = "ops",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
-pub async fn openapi(State(limits): State<Limits>) -> Json<utoipa::openapi::OpenApi> {
-    Json(openapi::document(limits.ttl.max_ms, limits.wait.max_ms))
+pub async fn openapi(Extension(doc): Extension<Arc<OpenApi>>) -> Json<OpenApi> {
+    // Built once by the router, from its route list (see `routes::document`).
+    Json(OpenApi::clone(&doc))
 }
