@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use utoipa::ToSchema;
+use utoipa::{IntoResponses, ToSchema};
 
 use crate::lock::{InvalidInput, LockError};
 
@@ -78,6 +78,65 @@ impl Problem {
         response.extensions_mut().insert(self);
         response
     }
+}
+
+/// The refusals of the API-key check in front of `/locks/{name}`, as each
+/// of its operations documents them.
+#[derive(IntoResponses)]
+pub enum KeyRefusals {
+    /// 401 `unauthorized`.
+    #[response(
+        status = 401,
+        description = "With API keys on: no key, an unknown key, or a malformed `Authorization` header (`WWW-Authenticate` says which); nothing was written",
+        content_type = "application/problem+json"
+    )]
+    Unauthorized(Problem),
+    /// 403 `forbidden`.
+    #[response(
+        status = 403,
+        description = "With API keys on: the key lacks the permission this method needs, or the lock name is outside its prefixes; nothing was written",
+        content_type = "application/problem+json"
+    )]
+    Forbidden(Problem),
+    /// 429 `rate-limited`.
+    #[response(
+        status = 429,
+        description = "With API keys on: the key is over its `requests_per_second`; `retry_after_ms` and `Retry-After` say when to retry",
+        content_type = "application/problem+json"
+    )]
+    RateLimited(Problem),
+}
+
+/// The refusals of a request body, as each operation that takes one
+/// documents them.
+#[derive(IntoResponses)]
+pub enum BodyRefusals {
+    /// 413 `payload-too-large`.
+    #[response(
+        status = 413,
+        description = "Body over 64 KiB",
+        content_type = "application/problem+json"
+    )]
+    PayloadTooLarge(Problem),
+    /// 415 `unsupported-media-type`.
+    #[response(
+        status = 415,
+        description = "The body is compressed (`Content-Encoding`); nothing was written",
+        content_type = "application/problem+json"
+    )]
+    UnsupportedMediaType(Problem),
+}
+
+/// The 500 of every operation that reaches the lock store.
+#[derive(IntoResponses)]
+pub enum StoreError {
+    /// 500 `backend-error` or `internal`.
+    #[response(
+        status = 500,
+        description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why",
+        content_type = "application/problem+json"
+    )]
+    Refused(Problem),
 }
 
 /// The start of every problem type URI.

@@ -12,7 +12,7 @@ use super::model::{AcquireBody, AcquireQuery, Grant, LockNameSchema, LockTokenSc
 use crate::http::deadline::Deadline;
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
 use crate::http::limits::Limits;
-use crate::http::problem::{ApiError, Problem};
+use crate::http::problem::{ApiError, BodyRefusals, KeyRefusals, Problem, StoreError};
 use crate::lock::{Acquired, LockError, Locks};
 use crate::metrics::Metrics;
 
@@ -39,14 +39,11 @@ use crate::metrics::Metrics;
         (status = 201, description = "Granted: a new lease with a new fence", body = Grant),
         (status = 200, description = "Renewed: the given token already held the lock; same fence, lease reset", body = Grant),
         (status = 400, description = "Invalid name, TTL, token, owner or body; nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "With API keys on: no key, an unknown key, or a malformed `Authorization` header (`WWW-Authenticate` says which); nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "With API keys on: the key lacks the permission this method needs, or the lock name is outside its prefixes; nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "With API keys on: the key is over its `requests_per_second`; `retry_after_ms` and `Retry-After` say when to retry", body = Problem, content_type = "application/problem+json"),
+        KeyRefusals,
         (status = 409, description = "Another holder has the lock (after `wait_ms`, if given); `retry_after_ms` and `Retry-After` say when it frees at the latest", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is compressed (`Content-Encoding`); nothing was written", body = Problem, content_type = "application/problem+json"),
+        BodyRefusals,
         (status = 503, description = "Redis did not answer in time, too many requests are waiting, or the service is shutting down; see `Retry-After`", body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why", body = Problem, content_type = "application/problem+json"),
+        StoreError,
     ),
 )]
 // One argument per extractor: the state parts it uses, then the request.
