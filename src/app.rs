@@ -116,34 +116,7 @@ impl Application {
         backend: Arc<dyn LockBackend>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StartupError> {
-        let limits =
-            Limits::from_settings(settings).map_err(|e| StartupError::Settings(e.to_string()))?;
-        let auth = match &settings.auth_keys_file {
-            Some(path) => {
-                let auth = Auth::load(path)?;
-                tracing::info!(file = %path.display(), keys = auth.keys().len(), "API keys loaded");
-                Some(Arc::new(auth))
-            }
-            None => {
-                if settings.insecure_no_auth {
-                    tracing::warn!(listen = %settings.listen, "no API keys (--insecure-no-auth): anyone who can reach lockd can take and release any lock");
-                }
-                None
-            }
-        };
-        let stopping = CancellationToken::new();
-        let contention = metrics.clone();
-        let state = AppState::new(App {
-            locks: Arc::new(
-                Locks::new(backend, settings.max_waiters, stopping.clone())
-                    .on_contention(Arc::new(move |name| contention.observe_contention(name))),
-            ),
-            limits,
-            metrics,
-            stopping: stopping.clone(),
-            auth: auth.clone(),
-            admission: Admission::new(settings.max_requests, settings.max_waiters),
-        });
+        let (state, auth, stopping) = shared_state(settings, backend, metrics)?;
         let transport = Transport::from_settings(settings)?;
         let listener = bind(settings.listen).await?;
         let metrics = match settings.metrics_listen {
@@ -243,6 +216,59 @@ impl Application {
         }
         result
     }
+}
+
+/// The main router of `settings`, as [`Application::build`] builds it
+/// (with the backend the settings ask for: memory with `dev`), but bound to
+/// no port: tests call it in-process with `tower::ServiceExt::oneshot`.
+/// Needs a Tokio runtime (the lock service starts its release events).
+///
+/// # Errors
+/// As for [`Application::build`], binding aside.
+pub fn build_router(settings: &Settings) -> Result<Router, StartupError> {
+    check(settings)?;
+    let metrics = Arc::new(Metrics::new(settings.metrics_max_namespaces)?);
+    let backend = build_backend(settings, &metrics)?;
+    let (state, _, _) = shared_state(settings, backend, metrics)?;
+    Ok(router(state, settings.metrics_listen.is_none()))
+}
+
+/// The state the routers share, with the API keys (reloaded on SIGHUP) and
+/// the token cancelled when shutdown begins.
+fn shared_state(
+    settings: &Settings,
+    backend: Arc<dyn LockBackend>,
+    metrics: Arc<Metrics>,
+) -> Result<(AppState, Option<Arc<Auth>>, CancellationToken), StartupError> {
+    let limits =
+        Limits::from_settings(settings).map_err(|e| StartupError::Settings(e.to_string()))?;
+    let auth = match &settings.auth_keys_file {
+        Some(path) => {
+            let auth = Auth::load(path)?;
+            tracing::info!(file = %path.display(), keys = auth.keys().len(), "API keys loaded");
+            Some(Arc::new(auth))
+        }
+        None => {
+            if settings.insecure_no_auth {
+                tracing::warn!(listen = %settings.listen, "no API keys (--insecure-no-auth): anyone who can reach lockd can take and release any lock");
+            }
+            None
+        }
+    };
+    let stopping = CancellationToken::new();
+    let contention = metrics.clone();
+    let state = AppState::new(App {
+        locks: Arc::new(
+            Locks::new(backend, settings.max_waiters, stopping.clone())
+                .on_contention(Arc::new(move |name| contention.observe_contention(name))),
+        ),
+        limits,
+        metrics,
+        stopping: stopping.clone(),
+        auth: auth.clone(),
+        admission: Admission::new(settings.max_requests, settings.max_waiters),
+    });
+    Ok((state, auth, stopping))
 }
 
 /// Reloads the API keys at every SIGHUP until `stop`. A file that no
