@@ -1,4 +1,4 @@
-//! The one route list ([`Routes`]), and what is built from it: the router
+//! The one route list (`Routes`), and what is built from it: the router
 //! with its layers ([`router`]) and the OpenAPI document ([`document`]).
 //! Each route is a handler with its `#[utoipa::path]`, registered with
 //! `utoipa_axum::routes!`, so a route cannot be served without being
