@@ -15,9 +15,9 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{Auth, KeysError};
 use crate::config::{Settings, node_address};
 use crate::http::admission::Admission;
-use crate::http::locks::input::{TtlPolicy, WaitPolicy};
+use crate::http::limits::Limits;
 use crate::http::routes::{metrics_router, router};
-use crate::http::state::AppState;
+use crate::http::state::{App, AppState};
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::{RedisBackend, RedisConfig, redact_url};
 use crate::lock::redlock::{RedlockBackend, quorum};
@@ -116,56 +116,16 @@ impl Application {
         backend: Arc<dyn LockBackend>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StartupError> {
-        let default = Ttl::from_millis(
-            settings.default_ttl_ms,
-            settings.max_ttl_ms,
-            "default_ttl_ms",
-        )
-        .map_err(|e| StartupError::Settings(e.to_string()))?;
-        let auth = match &settings.auth_keys_file {
-            Some(path) => {
-                let auth = Auth::load(path)?;
-                tracing::info!(file = %path.display(), keys = auth.keys().len(), "API keys loaded");
-                Some(Arc::new(auth))
-            }
-            None => {
-                if settings.insecure_no_auth {
-                    tracing::warn!(listen = %settings.listen, "no API keys (--insecure-no-auth): anyone who can reach lockd can take and release any lock");
-                }
-                None
-            }
-        };
-        let stopping = CancellationToken::new();
-        let contention = metrics.clone();
-        let state = AppState {
-            locks: Locks::new(backend, settings.max_waiters, stopping.clone())
-                .on_contention(Arc::new(move |name| contention.observe_contention(name))),
-            ttl: TtlPolicy {
-                default,
-                max_ms: settings.max_ttl_ms,
-            },
-            wait: WaitPolicy {
-                max_ms: settings.max_wait_ms,
-            },
-            metrics,
-            stopping: stopping.clone(),
-            request_timeout: Duration::from_millis(settings.request_timeout_ms),
-            auth: auth.clone(),
-            admission: Admission::new(settings.max_requests, settings.max_waiters),
-        };
-        let request_timeout = state.request_timeout;
+        let (state, auth, stopping) = shared_state(settings, backend, metrics)?;
         let transport = Transport::from_settings(settings)?;
         let listener = bind(settings.listen).await?;
         let metrics = match settings.metrics_listen {
-            Some(addr) => Some((
-                bind(addr).await?,
-                metrics_router(state.clone(), request_timeout),
-            )),
+            Some(addr) => Some((bind(addr).await?, metrics_router(state.clone()))),
             None => None,
         };
         Ok(Self {
             listener,
-            router: router(state, metrics.is_none(), request_timeout),
+            router: router(state, metrics.is_none()),
             metrics,
             stopping,
             shutdown_timeout: Duration::from_millis(settings.shutdown_timeout_ms),
@@ -256,6 +216,59 @@ impl Application {
         }
         result
     }
+}
+
+/// The main router of `settings`, as [`Application::build`] builds it
+/// (with the backend the settings ask for: memory with `dev`), but bound to
+/// no port: tests call it in-process with `tower::ServiceExt::oneshot`.
+/// Needs a Tokio runtime (the lock service starts its release events).
+///
+/// # Errors
+/// As for [`Application::build`], binding aside.
+pub fn build_router(settings: &Settings) -> Result<Router, StartupError> {
+    check(settings)?;
+    let metrics = Arc::new(Metrics::new(settings.metrics_max_namespaces)?);
+    let backend = build_backend(settings, &metrics)?;
+    let (state, _, _) = shared_state(settings, backend, metrics)?;
+    Ok(router(state, settings.metrics_listen.is_none()))
+}
+
+/// The state the routers share, with the API keys (reloaded on SIGHUP) and
+/// the token cancelled when shutdown begins.
+fn shared_state(
+    settings: &Settings,
+    backend: Arc<dyn LockBackend>,
+    metrics: Arc<Metrics>,
+) -> Result<(AppState, Option<Arc<Auth>>, CancellationToken), StartupError> {
+    let limits =
+        Limits::from_settings(settings).map_err(|e| StartupError::Settings(e.to_string()))?;
+    let auth = match &settings.auth_keys_file {
+        Some(path) => {
+            let auth = Auth::load(path)?;
+            tracing::info!(file = %path.display(), keys = auth.keys().len(), "API keys loaded");
+            Some(Arc::new(auth))
+        }
+        None => {
+            if settings.insecure_no_auth {
+                tracing::warn!(listen = %settings.listen, "no API keys (--insecure-no-auth): anyone who can reach lockd can take and release any lock");
+            }
+            None
+        }
+    };
+    let stopping = CancellationToken::new();
+    let contention = metrics.clone();
+    let state = AppState::new(App {
+        locks: Arc::new(
+            Locks::new(backend, settings.max_waiters, stopping.clone())
+                .on_contention(Arc::new(move |name| contention.observe_contention(name))),
+        ),
+        limits,
+        metrics,
+        stopping: stopping.clone(),
+        auth: auth.clone(),
+        admission: Admission::new(settings.max_requests, settings.max_waiters),
+    });
+    Ok((state, auth, stopping))
 }
 
 /// Reloads the API keys at every SIGHUP until `stop`. A file that no

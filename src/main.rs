@@ -14,7 +14,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Openapi => {
-            println!("{}", lockd::http::openapi::pretty_json());
+            println!("{}", lockd::http::routes::pretty_json());
             ExitCode::SUCCESS
         }
         Command::Exec(args) => ExitCode::from(client::exec::run(*args).await),

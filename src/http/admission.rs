@@ -27,7 +27,6 @@ use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
 use super::problem::{ApiError, Kind};
-use super::state::AppState;
 
 /// How long an overloaded client is asked to wait.
 const RETRY: Duration = Duration::from_secs(1);
@@ -67,8 +66,8 @@ impl Admission {
 
 /// Middleware: serves the request if its room has a free slot, else 503
 /// `overloaded`.
-pub async fn admit(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let room = state.admission.room(request.method());
+pub async fn admit(State(admission): State<Admission>, request: Request, next: Next) -> Response {
+    let room = admission.room(request.method());
     let Ok(_slot) = room.clone().try_acquire_owned() else {
         return ApiError::new(
             Kind::Overloaded,

@@ -14,6 +14,7 @@
 //! before the body is read, so a refused request writes nothing. The key's
 //! id (never its secret) is recorded in the request's span.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, Request, State};
@@ -23,8 +24,7 @@ use axum::response::{IntoResponse, Response};
 use tracing::Span;
 
 use super::problem::{ApiError, Kind};
-use super::state::AppState;
-use crate::auth::Permission;
+use crate::auth::{Auth, Permission};
 
 const NO_KEY: &str = r#"Bearer realm="lockd""#;
 const BAD_REQUEST: &str = r#"Bearer realm="lockd", error="invalid_request""#;
@@ -33,7 +33,11 @@ const BAD_KEY: &str = r#"Bearer realm="lockd", error="invalid_token""#;
 /// Guards `/locks/{name}`: the permission comes from the method (POST
 /// acquire, PATCH extend, DELETE release, GET read), and the name must be
 /// under one of the key's prefixes.
-pub async fn guard_locks(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn guard_locks(
+    State(auth): State<Option<Arc<Auth>>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let permission = match *request.method() {
         Method::POST => Permission::Acquire,
         Method::PATCH => Permission::Extend,
@@ -48,7 +52,7 @@ pub async fn guard_locks(State(state): State<AppState>, request: Request, next: 
         .map(|Path(name)| name)
         .unwrap_or_default();
     let request = Request::from_parts(parts, body);
-    match check(&state, &request, permission, Some(&name)) {
+    match check(auth.as_deref(), &request, permission, Some(&name)) {
         Ok(()) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
     }
@@ -56,23 +60,23 @@ pub async fn guard_locks(State(state): State<AppState>, request: Request, next: 
 
 /// Guards `/metrics` on the main listener: the key needs `metrics`.
 pub async fn guard_metrics(
-    State(state): State<AppState>,
+    State(auth): State<Option<Arc<Auth>>>,
     request: Request,
     next: Next,
 ) -> Response {
-    match check(&state, &request, Permission::Metrics, None) {
+    match check(auth.as_deref(), &request, Permission::Metrics, None) {
         Ok(()) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
     }
 }
 
 fn check(
-    state: &AppState,
+    auth: Option<&Auth>,
     request: &Request,
     permission: Permission,
     name: Option<&str>,
 ) -> Result<(), ApiError> {
-    let Some(auth) = &state.auth else {
+    let Some(auth) = auth else {
         return Ok(());
     };
     let secret = bearer_secret(request)?;

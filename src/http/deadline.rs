@@ -17,9 +17,9 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::LengthLimitError;
 use tokio::time::Instant;
 
+use super::extract::BODY_LIMIT;
+use super::limits::Limits;
 use super::problem::{ApiError, Kind};
-use super::routes::BODY_LIMIT;
-use super::state::AppState;
 use crate::lock::LockError;
 
 /// When a request's time is up, set on arrival.
@@ -59,11 +59,11 @@ pub fn timeout_or(e: LockError) -> ApiError {
 /// Middleware: sets the request's [`Deadline`] and reads its whole body
 /// before it (413 over [`BODY_LIMIT`], 503 `timeout` when it is late).
 pub async fn read_body_by_deadline(
-    State(state): State<AppState>,
+    State(limits): State<Limits>,
     request: Request,
     next: Next,
 ) -> Response {
-    let deadline = Deadline(Instant::now() + state.request_timeout);
+    let deadline = Deadline(Instant::now() + limits.request_timeout);
     let (mut parts, body) = request.into_parts();
     let bytes = match tokio::time::timeout(deadline.remaining(), to_bytes(body, BODY_LIMIT)).await {
         Ok(Ok(bytes)) => bytes,

@@ -12,6 +12,12 @@ use serde_json::{Map, Value};
 use super::problem::{ApiError, Kind};
 use crate::lock::LockName;
 
+/// The largest request body accepted. [`JsonBody`] reads at most this much
+/// (the router's `DefaultBodyLimit`); the `/locks` deadline layer reads the
+/// body under the same limit, and the router refuses a longer declared
+/// `Content-Length` before reading.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
 /// The `{name}` path segment, parsed as a [`LockName`].
 pub struct LockPath(pub LockName);
 

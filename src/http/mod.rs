@@ -1,10 +1,93 @@
 //! The HTTP face of lockd: routes, thin handlers, extractors and the one
 //! mapping from errors to RFC 9457 problem documents.
+//!
+//! # A request's path
+//!
+//! Before the router, [`crate::transport`] accepts the connection (TLS,
+//! hyper's limits on the head) and [`crate::framing`] marks a request
+//! target with a `#fragment`. The router ([`routes`]) then picks the route
+//! by path (so that every layer knows the route template), or its 404
+//! fallback, and the layers run, outermost first. On every route:
+//!
+//! 1. [`telemetry`]: an unusable client `x-request-id` is dropped; the
+//!    request ID is set (the client's, or a fresh UUID) and copied to the
+//!    response; the request's tracing span opens; the HTTP metrics count
+//!    and time the request, and the access log line is written once it is
+//!    answered (499 if the client went away); [`telemetry::normalize`]
+//!    turns any error from below that is not yet a problem document
+//!    (router 404 and 405, body-limit 413, timeout 503) into one
+//!    ([`problem`]) and writes the request ID into every problem document.
+//! 2. [`target`]: a `#fragment`, a path or query that is not UTF-8 once
+//!    percent-decoded, a `token` in the query, or a transfer coding other
+//!    than `chunked`: 400, before anything reads the body.
+//! 3. The body limits ([`extract::BODY_LIMIT`], 64 KiB): a declared
+//!    `Content-Length` over it is refused (413) before reading; a chunked
+//!    body is cut as it is read.
+//! 4. An unknown path ends here, at the fallback: 404.
+//!
+//! On `/locks/{name}`, then:
+//!
+//! 5. [`admission`]: a slot in the request's room (acquires and inspects,
+//!    or extends and releases), else 503 `overloaded` at once.
+//! 6. [`auth`]: with API keys on, the key must be known, within its rate
+//!    and allowed this method on this name (401, 429, 403). Nothing has
+//!    read the body yet.
+//! 7. [`deadline`]: the request's [`deadline::Deadline`] (the request
+//!    timeout from its arrival) is set, and the whole body is read before
+//!    it (413, or 503 `timeout`).
+//! 8. The method router: a method the route lacks, 405; else a
+//!    `TimeoutLayer` per method, a second after the handler's own limit (a
+//!    backstop).
+//! 9. The handler ([`locks`]): the extractors ([`extract`]) parse the name,
+//!    the query and the JSON body; `locks::input` turns them into the lock
+//!    core's types under the server's [`limits`]; the lock core is called
+//!    within the deadline (an acquire: plus its wait, cancel-safe); the
+//!    outcome is counted; the answer is a [`locks::model`] type, or an
+//!    [`problem::ApiError`].
+//!
+//! On `/healthz`, `/readyz`, `/metrics` (with its own key check),
+//! `/openapi.json` and `/docs`: the request timeout, then the handler
+//! ([`ops`]). The `--metrics-listen` router (`/metrics`, `/healthz`,
+//! `/readyz`) has steps 1 and 2, the request timeout and the handlers, and
+//! no key check.
+//!
+//! # Dependencies
+//!
+//! One way, top to bottom: a module imports only from the layers below
+//! it, and `crate::lock` imports nothing from here. [`state`] is named by
+//! [`routes`] and `crate::app` alone: the layers and handlers take the
+//! parts they use through `FromRef` (`State<Arc<Locks>>`, `State<Limits>`,
+//! `State<Arc<Metrics>>`, ...), so none of them knows the whole state.
+//!
+//! ```text
+//!  crate::app   settings -> App; binds the listeners; serves
+//!      |
+//!  routes       the route list -> the router and the OpenAPI document
+//!      |
+//!      +-- state     AppState(Arc<App>) and its FromRef parts
+//!      +-- openapi   ApiDoc (all but the paths); fit to the limits
+//!      |
+//!  handlers     locks::{acquire, extend, inspect, release} -> locks::input
+//!      |        ops
+//!      |
+//!  middleware   telemetry  auth  admission  deadline  target
+//!      |
+//!  leaves       problem  extract  locks::model  limits
+//! ```
+//!
+//! In detail: `problem` and `locks::model` import nothing from here;
+//! `extract`, `limits` and each middleware but `deadline` import `problem`
+//! alone; `deadline` also `extract` and `limits`; `locks::input` imports
+//! `limits`, `locks::model` and `problem`; the lock handlers those and
+//! `deadline` and `extract`; `ops` imports `problem`; `state` imports
+//! `admission` and `limits`; `openapi` imports `ops`, `locks::model`,
+//! `limits` and `problem`; `routes` imports the rest.
 
 pub mod admission;
 pub mod auth;
 pub mod deadline;
 pub mod extract;
+pub mod limits;
 pub mod locks;
 pub mod openapi;
 pub mod ops;

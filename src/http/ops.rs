@@ -1,16 +1,19 @@
 //! Operational routes: health, readiness, metrics and the OpenAPI document.
 
+use std::sync::Arc;
+
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::header;
 use axum::response::IntoResponse;
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
+use utoipa::openapi::OpenApi;
 
-use super::openapi;
 use super::problem::{ApiError, Problem};
-use super::state::AppState;
-use crate::lock::LockError;
+use crate::lock::{LockError, Locks};
+use crate::metrics::Metrics;
 
 /// A health answer.
 #[derive(Debug, Serialize, ToSchema)]
@@ -33,13 +36,16 @@ pub async fn healthz() -> Json<Health> {
         (status = 200, description = "Redis answers", body = Health),
         (status = 503, description = "Redis does not answer, or the service is shutting down", body = Problem, content_type = "application/problem+json"),
     ))]
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
-    if state.stopping.is_cancelled() {
+pub async fn readyz(
+    State(stopping): State<CancellationToken>,
+    State(locks): State<Arc<Locks>>,
+) -> Result<Json<Health>, ApiError> {
+    if stopping.is_cancelled() {
         return Err(LockError::ShuttingDown.into());
     }
     // Any failure is "not ready": a Redis that refuses lockd (a wrong
     // password) is as unusable as one that is down.
-    state.locks.ping().await.map_err(|e| match e {
+    locks.ping().await.map_err(|e| match e {
         LockError::Backend(why) => LockError::Unavailable(why),
         other => other,
     })?;
@@ -55,7 +61,10 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Health>, ApiEr
         (status = 403, description = "With API keys on: the key lacks the `metrics` permission", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "With API keys on: the key is over its `requests_per_second`", body = Problem, content_type = "application/problem+json"),
     ))]
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+pub async fn metrics(
+    State(locks): State<Arc<Locks>>,
+    State(metrics): State<Arc<Metrics>>,
+) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
@@ -63,10 +72,8 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         )],
         {
             let mut waiting = Vec::new();
-            state
-                .locks
-                .for_each_queue(|name, n| waiting.push((name.to_owned(), n)));
-            state.metrics.render(&waiting)
+            locks.for_each_queue(|name, n| waiting.push((name.to_owned(), n)));
+            metrics.render(&waiting)
         },
     )
 }
@@ -74,6 +81,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
 /// This API's OpenAPI 3.1 document.
 #[utoipa::path(get, path = "/openapi.json", tag = "ops",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
-pub async fn openapi(State(state): State<AppState>) -> Json<utoipa::openapi::OpenApi> {
-    Json(openapi::document(state.ttl.max_ms, state.wait.max_ms))
+pub async fn openapi(Extension(doc): Extension<Arc<OpenApi>>) -> Json<OpenApi> {
+    // Built once by the router, from its route list (see `routes::document`).
+    Json(OpenApi::clone(&doc))
 }

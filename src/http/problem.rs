@@ -1,20 +1,20 @@
 //! RFC 9457 problem details: the one shape of every error lockd answers.
 //!
 //! Domain errors ([`LockError`], [`InvalidInput`]) become an [`ApiError`],
-//! mapped to a status and a problem type in one place. [`normalize`] catches
+//! mapped to a status and a problem type in one place. [`as_problem`] gives
 //! the errors produced by layers below the handlers (router 404/405, body
-//! limit 413, timeout) and gives them the same shape.
+//! limit 413, timeout) the same shape, and [`with_request_id`] writes the
+//! request's ID into a problem document (the telemetry layer calls both).
+//!
+//! A leaf: it imports nothing else from `http`.
 
 use std::time::Duration;
 
-use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use utoipa::ToSchema;
+use utoipa::{IntoResponses, ToSchema};
 
-use super::telemetry;
 use crate::lock::{InvalidInput, LockError};
 
 /// The media type of a problem document (RFC 9457 §3).
@@ -78,6 +78,65 @@ impl Problem {
         response.extensions_mut().insert(self);
         response
     }
+}
+
+/// The refusals of the API-key check in front of `/locks/{name}`, as each
+/// of its operations documents them.
+#[derive(IntoResponses)]
+pub enum KeyRefusals {
+    /// 401 `unauthorized`.
+    #[response(
+        status = 401,
+        description = "With API keys on: no key, an unknown key, or a malformed `Authorization` header (`WWW-Authenticate` says which); nothing was written",
+        content_type = "application/problem+json"
+    )]
+    Unauthorized(Problem),
+    /// 403 `forbidden`.
+    #[response(
+        status = 403,
+        description = "With API keys on: the key lacks the permission this method needs, or the lock name is outside its prefixes; nothing was written",
+        content_type = "application/problem+json"
+    )]
+    Forbidden(Problem),
+    /// 429 `rate-limited`.
+    #[response(
+        status = 429,
+        description = "With API keys on: the key is over its `requests_per_second`; `retry_after_ms` and `Retry-After` say when to retry",
+        content_type = "application/problem+json"
+    )]
+    RateLimited(Problem),
+}
+
+/// The refusals of a request body, as each operation that takes one
+/// documents them.
+#[derive(IntoResponses)]
+pub enum BodyRefusals {
+    /// 413 `payload-too-large`.
+    #[response(
+        status = 413,
+        description = "Body over 64 KiB",
+        content_type = "application/problem+json"
+    )]
+    PayloadTooLarge(Problem),
+    /// 415 `unsupported-media-type`.
+    #[response(
+        status = 415,
+        description = "The body is compressed (`Content-Encoding`); nothing was written",
+        content_type = "application/problem+json"
+    )]
+    UnsupportedMediaType(Problem),
+}
+
+/// The 500 of every operation that reaches the lock store.
+#[derive(IntoResponses)]
+pub enum StoreError {
+    /// 500 `backend-error` or `internal`.
+    #[response(
+        status = 500,
+        description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why",
+        content_type = "application/problem+json"
+    )]
+    Refused(Problem),
 }
 
 /// The start of every problem type URI.
@@ -245,6 +304,13 @@ impl ApiError {
         Self::new(Kind::InvalidRequest, detail)
     }
 
+    /// A 400: `field` was given both in the query string and in the body.
+    pub fn given_twice(field: &str) -> Self {
+        Self::invalid(format!(
+            "`{field}` was given both in the query string and in the body; give it once"
+        ))
+    }
+
     /// The kind of problem.
     pub fn kind(&self) -> Kind {
         self.kind
@@ -374,21 +440,9 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
         .clamp(1, u128::from(u64::MAX)) as u64
 }
 
-/// Middleware: turns any error response that is not already a problem
-/// document (router 404 and 405, body-limit 413, timeout 503) into one,
-/// keeping its status and headers such as `Allow`, and writes the request's
-/// ID into every problem document.
-pub async fn normalize(request: Request, next: Next) -> Response {
-    let request_id = telemetry::request_id(&request).map(str::to_owned);
-    let response = normalize_inner(next.run(request).await);
-    match request_id {
-        Some(id) => with_request_id(response, id),
-        None => response,
-    }
-}
-
-/// Rewrites a problem document's body with `request_id` in it.
-fn with_request_id(response: Response, request_id: String) -> Response {
+/// Rewrites a problem document's body with `request_id` in it; any other
+/// response is returned as it is.
+pub fn with_request_id(response: Response, request_id: String) -> Response {
     let Some(problem) = response.extensions().get::<Problem>() else {
         return response;
     };
@@ -404,7 +458,10 @@ fn with_request_id(response: Response, request_id: String) -> Response {
     Response::from_parts(parts, body)
 }
 
-fn normalize_inner(response: Response) -> Response {
+/// Turns an error response that is not already a problem document (router
+/// 404 and 405, body-limit 413, timeout 503) into one, keeping its status
+/// and headers such as `Allow`; any other response is returned as it is.
+pub fn as_problem(response: Response) -> Response {
     let status = response.status();
     let is_problem = response
         .headers()

@@ -1,68 +1,132 @@
-//! The route tables and the layers around them.
+//! The one route list (`Routes`), and what is built from it: the router
+//! with its layers ([`router`]) and the OpenAPI document ([`document`]).
+//! Each route is a handler with its `#[utoipa::path]`, registered with
+//! `utoipa_axum::routes!`, so a route cannot be served without being
+//! documented, nor documented without being served.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
-use axum::middleware;
 use axum::routing::get;
+use axum::{Extension, Router, middleware};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
+use utoipa::OpenApi as _;
+use utoipa::openapi::OpenApi;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter, UtoipaMethodRouterExt as _};
+use utoipa_axum::routes;
 use utoipa_scalar::{Scalar, Servable as _};
 
+use super::extract::BODY_LIMIT;
+use super::limits::Limits;
 use super::locks::{acquire, extend, inspect, release};
+use super::openapi::{self, ApiDoc};
 use super::state::AppState;
-use super::{admission, auth, deadline, openapi, ops, target, telemetry};
+use super::{admission, auth, deadline, ops, target, telemetry};
+use crate::config::Settings;
+use crate::metrics::Metrics;
 
 /// The `/docs` page: the OpenAPI document (utoipa-scalar puts it in place
 /// of `$spec`) rendered by Scalar's script, loaded from jsDelivr at a pinned
 /// version with its Subresource Integrity hash.
 const DOCS_HTML: &str = include_str!("docs.html");
 
-/// The largest request body accepted.
-pub const BODY_LIMIT: usize = 64 * 1024;
-
 /// How much later than a `/locks` handler's own limit the route's
 /// `TimeoutLayer` cuts the request.
 const BACKSTOP: Duration = Duration::from_secs(1);
 
-/// Every route with its method and the status it answers when all goes
-/// well: their metric series exist from start-up.
-const ROUTES: &[(&str, &str, &str)] = &[
-    ("POST", "/locks/{name}", "201"),
-    ("PATCH", "/locks/{name}", "200"),
-    ("DELETE", "/locks/{name}", "204"),
-    ("GET", "/locks/{name}", "200"),
-    ("GET", "/healthz", "200"),
-    ("GET", "/readyz", "200"),
-    ("GET", "/metrics", "200"),
-    ("GET", "/openapi.json", "200"),
-    ("GET", "/docs", "200"),
-];
+/// Every route of the API, grouped by the layers they get. A group is an
+/// [`OpenApiRouter`]: the handlers and their OpenAPI operations together.
+struct Routes {
+    /// `/locks/{name}`, each method with its time limit (an acquire's
+    /// counts its longest wait too).
+    locks: OpenApiRouter<AppState>,
+    /// `/healthz`, `/readyz` and `/openapi.json`.
+    ops: OpenApiRouter<AppState>,
+    /// `/metrics`, which `--metrics-listen` moves off the main router (it
+    /// stays in the document). A method router, so that its key check is a
+    /// route layer of the method alone, as before.
+    metrics: UtoipaMethodRouter<AppState>,
+}
+
+impl Routes {
+    /// The route list of a server with `limits`.
+    fn new(limits: &Limits) -> Self {
+        let request_timeout = limits.request_timeout;
+        let max_wait = Duration::from_millis(limits.wait.max_ms);
+        Self {
+            locks: OpenApiRouter::new()
+                .routes(
+                    routes!(acquire::acquire).layer(timeout(max_wait + request_timeout + BACKSTOP)),
+                )
+                .routes(
+                    routes!(inspect::inspect, extend::extend, release::release)
+                        .layer(timeout(request_timeout + BACKSTOP)),
+                ),
+            ops: OpenApiRouter::new()
+                .routes(routes!(ops::healthz))
+                .routes(routes!(ops::readyz))
+                .routes(routes!(ops::openapi)),
+            metrics: routes!(ops::metrics),
+        }
+    }
+}
+
+/// A time limit past which the request is answered 503 (`timeout`, once
+/// normalized).
+fn timeout(limit: Duration) -> TimeoutLayer {
+    TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, limit)
+}
+
+/// The OpenAPI document of a server with `limits`: [`ApiDoc`] with every
+/// route of the list, `/metrics` included, fitted to the limits
+/// ([`openapi::fit`]).
+pub fn document(limits: &Limits) -> OpenApi {
+    let Routes {
+        locks,
+        ops,
+        metrics,
+    } = Routes::new(limits);
+    let mut doc = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi())
+        .merge(locks)
+        .merge(ops)
+        .routes(metrics)
+        .into_openapi();
+    openapi::fit(&mut doc, limits);
+    doc
+}
+
+/// The document of a server with the default settings, as pretty JSON, as
+/// committed in `openapi/openapi.json`.
+pub fn pretty_json() -> String {
+    let doc = Limits::from_settings(&Settings::default())
+        .map_err(|e| e.to_string())
+        .and_then(|limits| {
+            document(&limits)
+                .to_pretty_json()
+                .map_err(|e| e.to_string())
+        });
+    doc.unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
 
 /// Builds the main router. `/metrics` is on it unless `with_metrics` is
 /// false (it is then served by [`metrics_router`] on its own address).
 ///
-/// Every request must finish within `request_timeout`, an acquire within
+/// Every request must finish within the request timeout, an acquire within
 /// its `wait_ms` more; past it: 503 `timeout`. On `/locks` the handlers
 /// keep that limit themselves (see [`deadline`]), so that the outcome is
 /// counted; the `TimeoutLayer`s there are a backstop.
-pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) -> Router {
-    let max_wait = Duration::from_millis(state.wait.max_ms);
-    let timeout = |limit| TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, limit);
-    let locks = Router::new()
-        .route(
-            "/locks/{name}",
-            axum::routing::post(acquire::acquire)
-                .layer(timeout(max_wait + request_timeout + BACKSTOP))
-                .merge(
-                    get(inspect::inspect)
-                        .patch(extend::extend)
-                        .delete(release::release)
-                        .layer(timeout(request_timeout + BACKSTOP)),
-                ),
-        )
+pub fn router(state: AppState, with_metrics: bool) -> Router {
+    let limits = state.limits;
+    let doc = Arc::new(document(&limits));
+    let Routes {
+        locks,
+        mut ops,
+        metrics,
+    } = Routes::new(&limits);
+    let locks = locks
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             deadline::read_body_by_deadline,
@@ -77,57 +141,72 @@ pub fn router(state: AppState, with_metrics: bool, request_timeout: Duration) ->
             state.clone(),
             admission::admit,
         ));
-    let short = timeout(request_timeout);
-    let mut ops = Router::new()
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/openapi.json", get(ops::openapi));
     if with_metrics {
-        ops = ops.route(
-            "/metrics",
-            get(ops::metrics).route_layer(middleware::from_fn_with_state(
+        ops = ops.routes(metrics.map(|route| {
+            route.route_layer(middleware::from_fn_with_state(
                 state.clone(),
                 auth::guard_metrics,
-            )),
-        );
+            ))
+        }));
     }
+    let short = timeout(limits.request_timeout);
+    let docs = Router::from(Scalar::with_url("/docs", OpenApi::clone(&doc)).custom_html(DOCS_HTML));
     let ops = ops
-        .merge(Router::from(
-            Scalar::with_url(
-                "/docs",
-                openapi::document(state.ttl.max_ms, state.wait.max_ms),
-            )
-            .custom_html(DOCS_HTML),
-        ))
+        .layer(Extension(doc))
+        .merge(OpenApiRouter::from(docs))
         .layer(short);
-    for (method, route, status) in ROUTES {
-        if with_metrics || *route != "/metrics" {
-            state.metrics.declare_route(method, route, status);
-        }
-    }
-    let app = locks
-        .merge(ops)
+    let served = locks.merge(ops);
+    declare_routes(&state.metrics, served.get_openapi());
+    state.metrics.declare_route("GET", "/docs", "200");
+    let app = Router::from(served)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         // Refuses a declared Content-Length over the limit before reading
         // (and before `100 Continue`); DefaultBodyLimit catches chunked
         // bodies as they are read.
         .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
         .layer(middleware::from_fn(target::refuse_malformed));
-    telemetry::wrap(app, state)
+    let metrics = state.metrics.clone();
+    telemetry::wrap(app.with_state(state), metrics)
+}
+
+/// Declares every operation of `doc` (the routes served) with the status it
+/// answers when all goes well, so that their metric series exist from
+/// start-up. That status is the operation's highest documented 2xx: 201
+/// for an acquire (200 is a renewal), 204 for a release.
+fn declare_routes(metrics: &Metrics, doc: &OpenApi) {
+    for (route, item) in &doc.paths.paths {
+        let operations = [
+            ("GET", &item.get),
+            ("POST", &item.post),
+            ("PATCH", &item.patch),
+            ("DELETE", &item.delete),
+            ("PUT", &item.put),
+        ];
+        for (method, operation) in operations {
+            let success = operation.as_ref().and_then(|op| {
+                op.responses
+                    .responses
+                    .keys()
+                    .filter(|status| status.starts_with('2'))
+                    .max()
+            });
+            if let Some(status) = success {
+                metrics.declare_route(method, route, status);
+            }
+        }
+    }
 }
 
 /// The router of `--metrics-listen`: `/metrics`, `/healthz` and `/readyz`,
 /// so that a private address can carry everything a monitoring system
 /// needs, including readiness during a shutdown.
-pub fn metrics_router(state: AppState, request_timeout: Duration) -> Router {
+pub fn metrics_router(state: AppState) -> Router {
     let app = Router::new()
         .route("/metrics", get(ops::metrics))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            request_timeout,
-        ))
+        .layer(timeout(state.limits.request_timeout))
         .layer(middleware::from_fn(target::refuse_malformed));
-    telemetry::wrap(app, state)
+    let metrics = state.metrics.clone();
+    telemetry::wrap(app.with_state(state), metrics)
 }

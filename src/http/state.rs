@@ -1,33 +1,92 @@
-//! What every handler shares.
+//! What the handlers and layers share: one [`App`] behind one `Arc`
+//! ([`AppState`]), from which each handler or layer takes only the part it
+//! uses (`State<Arc<Locks>>`, `State<Arc<Metrics>>`, `State<Limits>`, ...)
+//! through [`FromRef`]. Handing a request the state is one reference count;
+//! no part of it that holds a lock (such as a `CancellationToken`) is
+//! cloned on the way.
+//!
+//! Only the router and the application name [`AppState`]: the layers and
+//! handlers below know the parts alone.
 
+use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Duration;
 
+use axum::extract::FromRef;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Auth;
 use crate::http::admission::Admission;
-use crate::http::locks::input::{TtlPolicy, WaitPolicy};
+use crate::http::limits::Limits;
 use crate::lock::Locks;
 use crate::metrics::Metrics;
 
-/// The application state handed to every handler.
-#[derive(Clone)]
-pub struct AppState {
+/// Everything the HTTP side shares, built once at start-up.
+pub struct App {
     /// The lock service (waiting included) over the instrumented backend.
-    pub locks: Locks,
-    /// Default and maximum TTL.
-    pub ttl: TtlPolicy,
-    /// Maximum wait.
-    pub wait: WaitPolicy,
+    pub locks: Arc<Locks>,
+    /// Default and maximum TTL, maximum wait, and the request timeout.
+    pub limits: Limits,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
     /// Cancelled when shutdown begins: `/readyz` answers 503 from then on.
     pub stopping: CancellationToken,
-    /// Longest time a request may take (an acquire: on top of its wait).
-    pub request_timeout: Duration,
     /// The API keys, when `--auth-keys-file` is set; `None`: no key needed.
     pub auth: Option<Arc<Auth>>,
     /// The cap on `/locks` requests in flight.
     pub admission: Admission,
+}
+
+/// The router's state: the one [`App`], shared.
+#[derive(Clone)]
+pub struct AppState(pub Arc<App>);
+
+impl AppState {
+    /// The state holding `app`.
+    pub fn new(app: App) -> Self {
+        Self(Arc::new(app))
+    }
+}
+
+impl Deref for AppState {
+    type Target = App;
+
+    fn deref(&self) -> &App {
+        &self.0
+    }
+}
+
+impl FromRef<AppState> for Arc<Locks> {
+    fn from_ref(state: &AppState) -> Self {
+        state.locks.clone()
+    }
+}
+
+impl FromRef<AppState> for Limits {
+    fn from_ref(state: &AppState) -> Self {
+        state.limits
+    }
+}
+
+impl FromRef<AppState> for Arc<Metrics> {
+    fn from_ref(state: &AppState) -> Self {
+        state.metrics.clone()
+    }
+}
+
+impl FromRef<AppState> for CancellationToken {
+    fn from_ref(state: &AppState) -> Self {
+        state.stopping.clone()
+    }
+}
+
+impl FromRef<AppState> for Option<Arc<Auth>> {
+    fn from_ref(state: &AppState) -> Self {
+        state.auth.clone()
+    }
+}
+
+impl FromRef<AppState> for Admission {
+    fn from_ref(state: &AppState) -> Self {
+        state.admission.clone()
+    }
 }

@@ -1,12 +1,13 @@
 //! What wraps every request: a request ID, a tracing span with one access
 //! log line, HTTP metrics, and problem documents for errors raised below
-//! the handlers.
+//! the handlers ([`normalize`]).
 //!
 //! The request ID comes from the client's `x-request-id` header when it is
 //! usable (1 to 128 visible ASCII characters), or is a fresh UUID. It is
 //! returned in the response's `x-request-id`, named in the request's log
 //! lines and given as `request_id` in problem documents.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
@@ -21,7 +22,6 @@ use tracing::Span;
 use tracing::field::Empty;
 
 use super::problem::{self, Problem};
-use super::state::AppState;
 use crate::metrics::Metrics;
 
 /// The request ID header.
@@ -33,10 +33,10 @@ const MAX_LOGGED_NAME: usize = 200;
 /// The longest client-chosen request ID kept.
 const MAX_REQUEST_ID: usize = 128;
 
-/// Puts the layers around `app` and gives it its state.
-pub fn wrap(app: Router<AppState>, state: AppState) -> Router {
-    app.layer(middleware::from_fn(problem::normalize))
-        .layer(middleware::from_fn_with_state(state.clone(), track_http))
+/// Puts the layers around `app`; `metrics` counts its requests.
+pub fn wrap(app: Router, metrics: Arc<Metrics>) -> Router {
+    app.layer(middleware::from_fn(normalize))
+        .layer(middleware::from_fn_with_state(metrics, track_http))
         .layer(
             TraceLayer::new_for_http()
                 .make_span_with(request_span)
@@ -47,7 +47,6 @@ pub fn wrap(app: Router<AppState>, state: AppState) -> Router {
         .layer(PropagateRequestIdLayer::new(X_REQUEST_ID))
         .layer(SetRequestIdLayer::new(X_REQUEST_ID, MakeRequestUuid))
         .layer(middleware::from_fn(drop_unusable_request_id))
-        .with_state(state)
 }
 
 /// The request's ID, once [`SetRequestIdLayer`] has run.
@@ -56,6 +55,19 @@ pub fn request_id(request: &Request) -> Option<&str> {
         .headers()
         .get(X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
+}
+
+/// Middleware: turns any error response that is not already a problem
+/// document (router 404 and 405, body-limit 413, timeout 503) into one
+/// ([`problem::as_problem`]), and writes the request's ID into every
+/// problem document.
+pub async fn normalize(request: Request, next: Next) -> Response {
+    let request_id = request_id(&request).map(str::to_owned);
+    let response = problem::as_problem(next.run(request).await);
+    match request_id {
+        Some(id) => problem::with_request_id(response, id),
+        None => response,
+    }
 }
 
 /// Removes a client's `x-request-id` that is empty, too long or not
@@ -123,16 +135,16 @@ fn route_of(request: &Request) -> &str {
 /// requests in flight, and writes the access log line. A request dropped
 /// before its answer (the client went away) is counted and logged with
 /// status 499, as nginx does.
-async fn track_http(State(state): State<AppState>, request: Request, next: Next) -> Response {
+async fn track_http(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
     let mut pending = Pending {
-        metrics: &state.metrics,
+        metrics: &metrics,
         method: method_label(request.method()),
         route: route_of(&request).to_owned(),
         started: Instant::now(),
         span: Span::current(),
         answered: false,
     };
-    state.metrics.http_in_flight.inc();
+    metrics.http_in_flight.inc();
     let response = next.run(request).await;
     pending.answered(&response);
     response

@@ -1,5 +1,7 @@
 //! `POST /locks/{name}`: take a lock.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -9,9 +11,10 @@ use super::input::acquire_request;
 use super::model::{AcquireBody, AcquireQuery, Grant, LockNameSchema, LockTokenSchema};
 use crate::http::deadline::Deadline;
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
-use crate::http::problem::{ApiError, Problem};
-use crate::http::state::AppState;
-use crate::lock::{Acquired, LockError};
+use crate::http::limits::Limits;
+use crate::http::problem::{ApiError, BodyRefusals, KeyRefusals, Problem, StoreError};
+use crate::lock::{Acquired, LockError, Locks};
+use crate::metrics::Metrics;
 
 /// Take the lock `name` for `ttl_ms`, or renew it when `token` already
 /// holds it. When another holder has it, fail at once with 409, or, with
@@ -36,18 +39,19 @@ use crate::lock::{Acquired, LockError};
         (status = 201, description = "Granted: a new lease with a new fence", body = Grant),
         (status = 200, description = "Renewed: the given token already held the lock; same fence, lease reset", body = Grant),
         (status = 400, description = "Invalid name, TTL, token, owner or body; nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "With API keys on: no key, an unknown key, or a malformed `Authorization` header (`WWW-Authenticate` says which); nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "With API keys on: the key lacks the permission this method needs, or the lock name is outside its prefixes; nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "With API keys on: the key is over its `requests_per_second`; `retry_after_ms` and `Retry-After` say when to retry", body = Problem, content_type = "application/problem+json"),
+        KeyRefusals,
         (status = 409, description = "Another holder has the lock (after `wait_ms`, if given); `retry_after_ms` and `Retry-After` say when it frees at the latest", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is compressed (`Content-Encoding`); nothing was written", body = Problem, content_type = "application/problem+json"),
+        BodyRefusals,
         (status = 503, description = "Redis did not answer in time, too many requests are waiting, or the service is shutting down; see `Retry-After`", body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why", body = Problem, content_type = "application/problem+json"),
+        StoreError,
     ),
 )]
+// One argument per extractor: the state parts it uses, then the request.
+#[allow(clippy::too_many_arguments)]
 pub async fn acquire(
-    State(state): State<AppState>,
+    State(locks): State<Arc<Locks>>,
+    State(metrics): State<Arc<Metrics>>,
+    State(limits): State<Limits>,
     Extension(deadline): Extension<Deadline>,
     LockPath(name): LockPath,
     headers: HeaderMap,
@@ -55,15 +59,17 @@ pub async fn acquire(
     JsonBody(body): JsonBody<AcquireBody>,
 ) -> Result<(StatusCode, Json<Grant>), ApiError> {
     let started = Instant::now();
-    let wait = state.wait.resolve(query.wait_ms.as_deref(), body.wait_ms)?;
-    let request = acquire_request(name, query, &headers, body, &state.ttl)?;
+    let wait = limits
+        .wait
+        .resolve(query.wait_ms.as_deref(), body.wait_ms)?;
+    let request = acquire_request(name, query, &headers, body, &limits.ttl)?;
     let (name, token) = (request.name.clone(), request.token.clone());
     // Counted as cancelled if the client goes away before the answer.
-    let counted = state.metrics.pending_acquire(&name, started);
+    let counted = metrics.pending_acquire(&name, started);
     // The wait this request asked for, plus the time any request may take.
     // Giving up here is safe: a grant made after it is released again.
     let limit = deadline.remaining() + wait;
-    let Ok(outcome) = tokio::time::timeout(limit, state.locks.acquire(request, wait)).await else {
+    let Ok(outcome) = tokio::time::timeout(limit, locks.acquire(request, wait)).await else {
         counted.finish(&Err(LockError::Unavailable("the request timed out".into())));
         return Err(ApiError::timeout());
     };

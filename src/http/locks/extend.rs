@@ -1,5 +1,7 @@
 //! `PATCH /locks/{name}`: extend a lease.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::HeaderMap;
@@ -8,8 +10,10 @@ use super::input::holder_token;
 use super::model::{ExtendBody, ExtendQuery, Extended, LockNameSchema, LockTokenSchema};
 use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{JsonBody, LockPath, StrictQuery};
-use crate::http::problem::{ApiError, Problem};
-use crate::http::state::AppState;
+use crate::http::limits::Limits;
+use crate::http::problem::{ApiError, BodyRefusals, KeyRefusals, Problem, StoreError};
+use crate::lock::Locks;
+use crate::metrics::Metrics;
 
 /// Reset the lease of a lock you hold to `ttl_ms` from now; without
 /// `ttl_ms`, to the lock's own TTL (the one it was granted with, or last
@@ -32,19 +36,20 @@ use crate::http::state::AppState;
     responses(
         (status = 200, description = "Extended", body = Extended),
         (status = 400, description = "No token, or an invalid TTL or body; nothing was changed", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "With API keys on: no key, an unknown key, or a malformed `Authorization` header (`WWW-Authenticate` says which); nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "With API keys on: the key lacks the permission this method needs, or the lock name is outside its prefixes; nothing was written", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "With API keys on: the key is over its `requests_per_second`; `retry_after_ms` and `Retry-After` say when to retry", body = Problem, content_type = "application/problem+json"),
+        KeyRefusals,
         (status = 404, description = "Nobody holds the lock: the lease ran out or it was released", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Another token holds the lock; nothing was changed", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "The body is compressed (`Content-Encoding`); nothing was written", body = Problem, content_type = "application/problem+json"),
+        BodyRefusals,
         (status = 503, description = "Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Redis refused the operation (`backend-error`: a wrong password, or a key of the wrong type written by another client), or a bug (`internal`); the server log says why", body = Problem, content_type = "application/problem+json"),
+        StoreError,
     ),
 )]
+// One argument per extractor: the state parts it uses, then the request.
+#[allow(clippy::too_many_arguments)]
 pub async fn extend(
-    State(state): State<AppState>,
+    State(locks): State<Arc<Locks>>,
+    State(metrics): State<Arc<Metrics>>,
+    State(limits): State<Limits>,
     Extension(deadline): Extension<Deadline>,
     LockPath(name): LockPath,
     headers: HeaderMap,
@@ -52,11 +57,11 @@ pub async fn extend(
     JsonBody(body): JsonBody<ExtendBody>,
 ) -> Result<Json<Extended>, ApiError> {
     let token = holder_token(&headers, body.token.as_deref())?;
-    let ttl = state
+    let ttl = limits
         .ttl
         .resolve_extend(query.ttl_ms.as_deref(), body.ttl_ms)?;
-    let outcome = within(deadline, state.locks.extend(&name, &token, ttl)).await;
-    state.metrics.observe_extend(&name, &outcome);
+    let outcome = within(deadline, locks.extend(&name, &token, ttl)).await;
+    metrics.observe_extend(&name, &outcome);
     let lease = outcome.map_err(timeout_or)?;
     Ok(Json(Extended::new(&name, &lease)))
 }

@@ -1,0 +1,131 @@
+//! The limits a request is held to, from the settings: the default and
+//! longest TTL, the longest wait, and the time any request may take. The
+//! handlers resolve a request's `ttl_ms` and `wait_ms` against them; the
+//! deadline layer and the OpenAPI document read them too.
+
+use std::time::Duration;
+
+use super::problem::ApiError;
+use crate::config::Settings;
+use crate::lock::{ExtendTtl, InvalidInput, Ttl};
+
+/// Every limit of this server that a request's input is held to.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Default and maximum TTL.
+    pub ttl: TtlPolicy,
+    /// Maximum wait.
+    pub wait: WaitPolicy,
+    /// Longest time a request may take (an acquire: on top of its wait).
+    pub request_timeout: Duration,
+}
+
+impl Limits {
+    /// The limits of `settings` (`--default-ttl-ms`, `--max-ttl-ms`,
+    /// `--max-wait-ms`, `--request-timeout-ms`).
+    ///
+    /// # Errors
+    /// When the default TTL is not from 1 to the maximum.
+    pub fn from_settings(settings: &Settings) -> Result<Self, InvalidInput> {
+        let default = Ttl::from_millis(
+            settings.default_ttl_ms,
+            settings.max_ttl_ms,
+            "default_ttl_ms",
+        )?;
+        Ok(Self {
+            ttl: TtlPolicy {
+                default,
+                max_ms: settings.max_ttl_ms,
+            },
+            wait: WaitPolicy {
+                max_ms: settings.max_wait_ms,
+            },
+            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+        })
+    }
+}
+
+/// The TTL rules of this server.
+#[derive(Debug, Clone, Copy)]
+pub struct TtlPolicy {
+    /// The TTL when a request gives none.
+    pub default: Ttl,
+    /// The largest TTL a request may ask for, in milliseconds.
+    pub max_ms: u64,
+}
+
+impl TtlPolicy {
+    /// The TTL from a query's text or a body's integer (at most one of them),
+    /// or the default.
+    ///
+    /// # Errors
+    /// 400 when both are given or the value is out of range.
+    pub fn resolve(&self, query: Option<&str>, body: Option<u64>) -> Result<Ttl, ApiError> {
+        Ok(self.given(query, body)?.unwrap_or(self.default))
+    }
+
+    /// The TTL an extend asks for: the one given in the query or the body
+    /// (at most one of them), or else the lock's own TTL, with the default
+    /// for a lock that records none.
+    ///
+    /// # Errors
+    /// As for [`Self::resolve`].
+    pub fn resolve_extend(
+        &self,
+        query: Option<&str>,
+        body: Option<u64>,
+    ) -> Result<ExtendTtl, ApiError> {
+        Ok(match self.given(query, body)? {
+            Some(ttl) => ExtendTtl::To(ttl),
+            None => ExtendTtl::Own {
+                fallback: self.default,
+            },
+        })
+    }
+
+    fn given(&self, query: Option<&str>, body: Option<u64>) -> Result<Option<Ttl>, ApiError> {
+        match (query, body) {
+            (Some(_), Some(_)) => Err(ApiError::given_twice("ttl_ms")),
+            (Some(text), None) => Ok(Some(Ttl::parse_text(text, self.max_ms, "ttl_ms")?)),
+            (None, Some(ms)) => Ok(Some(Ttl::from_millis(ms, self.max_ms, "ttl_ms")?)),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
+/// The wait rules of this server.
+#[derive(Debug, Clone, Copy)]
+pub struct WaitPolicy {
+    /// The longest wait a request may ask for, in milliseconds.
+    pub max_ms: u64,
+}
+
+impl WaitPolicy {
+    /// The wait from a query's text or a body's integer (at most one of
+    /// them), or zero.
+    ///
+    /// # Errors
+    /// 400 when both are given, or the value is not an integer in
+    /// `0..=max_ms`.
+    pub fn resolve(&self, query: Option<&str>, body: Option<u64>) -> Result<Duration, ApiError> {
+        let out_of_range = || {
+            ApiError::invalid(format!(
+                "wait_ms must be an integer number of milliseconds from 0 to {}",
+                self.max_ms
+            ))
+        };
+        let ms = match (query, body) {
+            (Some(_), Some(_)) => return Err(ApiError::given_twice("wait_ms")),
+            (Some(text), None) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+                text.parse::<u64>().map_err(|_| out_of_range())?
+            }
+            (Some(_), None) => return Err(out_of_range()),
+            (None, Some(ms)) => ms,
+            (None, None) => 0,
+        };
+        if ms > self.max_ms {
+            return Err(out_of_range());
+        }
+        Ok(Duration::from_millis(ms))
+    }
+}
