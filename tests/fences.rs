@@ -20,6 +20,15 @@ async fn grant_and_release(app: &TestApp, name: &str) -> u64 {
     grant.fence()
 }
 
+/// Waits until lockd grants again after its Redis servers restarted.
+async fn until_lockd_reconnects(app: &TestApp) {
+    let granted = eventually(Duration::from_secs(5), || async {
+        app.acquire_ttl("f:probe", 100).await.status == 201
+    })
+    .await;
+    assert!(granted, "lockd did not reconnect to Redis");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_strictly_increase_across_release_flushall_and_a_restart_without_persistence() {
     let app = TestApp::redis().await;
@@ -35,13 +44,7 @@ async fn fences_strictly_increase_across_release_flushall_and_a_restart_without_
     redis.stop();
     redis.start().await;
     assert_eq!(redis.keys().await.len(), 0, "a fresh Redis");
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            app.acquire_ttl("f:probe", 100).await.status == 201
-        })
-        .await,
-        "lockd reconnects"
-    );
+    until_lockd_reconnects(&app).await;
     fences.push(grant_and_release(&app, "f:1").await);
     for pair in fences.windows(2) {
         assert!(pair[1] > pair[0], "fences went {fences:?}");
@@ -64,13 +67,7 @@ async fn fences_strictly_increase_when_every_redlock_node_loses_its_data() {
     for node in app.nodes() {
         node.start().await;
     }
-    assert!(
-        eventually(Duration::from_secs(5), || async {
-            app.acquire_ttl("f:probe", 100).await.status == 201
-        })
-        .await,
-        "lockd reconnects to the nodes"
-    );
+    until_lockd_reconnects(&app).await;
     fences.push(grant_and_release(&app, "f:r").await);
     for pair in fences.windows(2) {
         assert!(pair[1] > pair[0], "fences went {fences:?}");

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::client::{BenchError, Lockd, fresh_name};
+use crate::stats::mib;
 
 /// Redis's `used_memory` (bytes) and `DBSIZE` now.
 async fn redis_usage(
@@ -22,10 +23,6 @@ async fn redis_usage(
         .ok_or("no used_memory in INFO memory")?;
     let keys: u64 = redis::cmd("DBSIZE").query_async(conn).await?;
     Ok((used, keys))
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
 }
 
 /// Runs the scenario and prints a table.

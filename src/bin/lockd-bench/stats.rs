@@ -91,3 +91,8 @@ impl Latency {
         )
     }
 }
+
+/// Bytes in MiB, for tables.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}

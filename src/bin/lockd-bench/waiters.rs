@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::client::{BenchError, Lockd, fresh_name};
+use crate::stats::mib;
 
 /// Resident and peak resident memory of a process, in bytes, from
 /// `/proc/PID/status` (`VmRSS`, `VmHWM`).
@@ -31,10 +32,6 @@ async fn redis_clients(url: &str) -> Result<usize, BenchError> {
         .query_async(&mut conn)
         .await?;
     Ok(list.lines().count().saturating_sub(1))
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
 }
 
 /// Runs the scenario and prints a table.
