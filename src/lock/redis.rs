@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::restart::RestartWatch;
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl, unix_millis,
 };
 use redis::aio::MultiplexedConnection;
@@ -314,7 +314,7 @@ fn positive_ms(ms: i64) -> Duration {
 }
 
 #[async_trait]
-impl LockBackend for RedisBackend {
+impl Node for RedisBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let keys = Keys::new(&self.prefix, &req.name);
         let (sent, sent_wall) = (Instant::now(), SystemTime::now());

@@ -45,17 +45,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
-    ReleaseListener, Released, Token, Ttl,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
+    ReleaseListener, Released, Store, Token, Ttl,
 };
 
 /// The clock drift allowance added to every validity computation, on top
 /// of `ttl × drift_factor` (the Redis page's "2 milliseconds").
 const DRIFT_BASE: Duration = Duration::from_millis(2);
 
-/// Locks held on a quorum of independent nodes.
-pub struct RedlockBackend {
-    nodes: Arc<Vec<Arc<dyn LockBackend>>>,
+/// Locks held on a quorum of independent nodes: the [`Store`] over several
+/// [`Node`]s.
+pub struct Redlock {
+    nodes: Arc<Vec<Arc<dyn Node>>>,
     /// Background deletes under way, by lock name and token. A later acquire
     /// with the same token (a waiter retrying, a client re-acquiring) stops
     /// them first, so they cannot delete its new grant.
@@ -72,12 +73,12 @@ pub fn quorum(n: usize) -> usize {
     n / 2 + 1
 }
 
-impl RedlockBackend {
+impl Redlock {
     /// Redlock over `nodes` (each one bounded by its own timeout), with
     /// `drift_factor` (such as 0.01) of the TTL allowed for clock drift.
     /// `max_ttl` bounds how long a release is retried on a node that did not
     /// answer.
-    pub fn new(nodes: Vec<Arc<dyn LockBackend>>, drift_factor: f64, max_ttl: Ttl) -> Self {
+    pub fn new(nodes: Vec<Arc<dyn Node>>, drift_factor: f64, max_ttl: Ttl) -> Self {
         Self {
             quorum: quorum(nodes.len()),
             cleanups: Arc::default(),
@@ -176,7 +177,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// node that hung during a refused acquire does not keep the grant once it
 /// is back.
 async fn release_until_answered(
-    node: Arc<dyn LockBackend>,
+    node: Arc<dyn Node>,
     name: LockName,
     token: Token,
     ttl: Ttl,
@@ -244,7 +245,7 @@ fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Durat
 }
 
 #[async_trait]
-impl LockBackend for RedlockBackend {
+impl Store for Redlock {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         self.stop_cleanup(&req.name, &req.token).await;
         let started = Instant::now();
@@ -384,7 +385,7 @@ impl LockBackend for RedlockBackend {
         Err(ownership_verdict(&answers))
     }
 
-    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
         let answers = join_all(self.nodes.iter().map(|n| n.holder(name))).await;
         let answered_count = answers.iter().filter(|a| answered(a)).count();
         if answered_count < self.quorum {
@@ -417,20 +418,10 @@ impl LockBackend for RedlockBackend {
                     owner: agreeing.iter().find_map(|i| i.owner.clone()),
                     granted_at: agreeing.iter().filter_map(|i| i.granted_at).min(),
                 };
-                return Ok(Some((token.clone(), info)));
+                return Ok(Some(info));
             }
         }
         Ok(None)
-    }
-
-    async fn raise_fence(
-        &self,
-        name: &LockName,
-        token: &Token,
-        fence: u64,
-    ) -> Result<bool, LockError> {
-        let answers = join_all(self.nodes.iter().map(|n| n.raise_fence(name, token, fence))).await;
-        Ok(answers.iter().filter(|a| matches!(a, Ok(true))).count() >= self.quorum)
     }
 
     async fn ping(&self) -> Result<(), LockError> {
@@ -468,16 +459,13 @@ mod tests {
         }
     }
 
-    fn cluster(n: usize) -> (Vec<Arc<MemoryBackend>>, RedlockBackend) {
+    fn cluster(n: usize) -> (Vec<Arc<MemoryBackend>>, Redlock) {
         let stores: Vec<Arc<MemoryBackend>> =
             (0..n).map(|_| Arc::new(MemoryBackend::new())).collect();
-        let nodes = stores
-            .iter()
-            .map(|s| s.clone() as Arc<dyn LockBackend>)
-            .collect();
+        let nodes = stores.iter().map(|s| s.clone() as Arc<dyn Node>).collect();
         (
             stores,
-            RedlockBackend::new(
+            Redlock::new(
                 nodes,
                 0.01,
                 Ttl::from_millis(60_000, u64::MAX, "max").expect("valid"),

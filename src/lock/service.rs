@@ -1,5 +1,5 @@
 //! [`Locks`]: the lock service the HTTP layer calls. It adds waiting to a
-//! [`LockBackend`]: a request may wait up to `wait` for a held lock, woken by
+//! [`Store`]: a request may wait up to `wait` for a held lock, woken by
 //! release events and by the holder's lease running out, never by polling at
 //! a fixed interval.
 //!
@@ -23,8 +23,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::queue::WaitQueues;
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
-    Released, Token,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Released, Store,
+    Token,
 };
 
 /// The most random delay added to a retry at the holder's lease end, so that
@@ -37,29 +37,25 @@ const EXPIRY_JITTER_MS: u64 = 5;
 /// measure of contention.
 pub type ContentionHook = Arc<dyn Fn(&LockName) + Send + Sync>;
 
-/// Locks with waiting, over one backend.
+/// Locks with waiting, over one store.
 #[derive(Clone)]
 pub struct Locks {
-    backend: Arc<dyn LockBackend>,
+    store: Arc<dyn Store>,
     queues: Arc<WaitQueues>,
     shutdown: CancellationToken,
     on_contention: Option<ContentionHook>,
 }
 
 impl Locks {
-    /// The service over `backend`, with at most `max_waiters` requests
-    /// waiting at once. Starts the backend's release events, which stop with
+    /// The service over `store`, with at most `max_waiters` requests
+    /// waiting at once. Starts the store's release events, which stop with
     /// `shutdown`; cancelling `shutdown` also ends every wait with
     /// [`LockError::ShuttingDown`].
-    pub fn new(
-        backend: Arc<dyn LockBackend>,
-        max_waiters: usize,
-        shutdown: CancellationToken,
-    ) -> Self {
+    pub fn new(store: Arc<dyn Store>, max_waiters: usize, shutdown: CancellationToken) -> Self {
         let queues = Arc::new(WaitQueues::new(max_waiters));
-        backend.watch_releases(queues.clone(), shutdown.clone());
+        store.watch_releases(queues.clone(), shutdown.clone());
         Self {
-            backend,
+            store,
             queues,
             shutdown,
             on_contention: None,
@@ -87,7 +83,7 @@ impl Locks {
 
     /// One acquire try; counts contention when it is the request's first.
     async fn try_acquire(&self, req: &AcquireRequest, first: bool) -> Result<Acquired, LockError> {
-        let outcome = self.backend.acquire(req).await;
+        let outcome = self.store.acquire(req).await;
         if first && matches!(outcome, Err(LockError::Held { .. })) {
             self.contended(&req.name);
         }
@@ -218,41 +214,41 @@ impl Locks {
         }
     }
 
-    /// See [`LockBackend::extend`].
+    /// See [`Store::extend`].
     ///
     /// # Errors
-    /// As for [`LockBackend::extend`].
+    /// As for [`Store::extend`].
     pub async fn extend(
         &self,
         name: &LockName,
         token: &Token,
         ttl: ExtendTtl,
     ) -> Result<Lease, LockError> {
-        self.backend.extend(name, token, ttl).await
+        self.store.extend(name, token, ttl).await
     }
 
-    /// See [`LockBackend::release`].
+    /// See [`Store::release`].
     ///
     /// # Errors
-    /// As for [`LockBackend::release`].
+    /// As for [`Store::release`].
     pub async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
-        self.backend.release(name, token).await
+        self.store.release(name, token).await
     }
 
-    /// See [`LockBackend::inspect`].
+    /// See [`Store::inspect`].
     ///
     /// # Errors
-    /// As for [`LockBackend::inspect`].
+    /// As for [`Store::inspect`].
     pub async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.backend.inspect(name).await
+        self.store.inspect(name).await
     }
 
-    /// See [`LockBackend::ping`].
+    /// See [`Store::ping`].
     ///
     /// # Errors
-    /// As for [`LockBackend::ping`].
+    /// As for [`Store::ping`].
     pub async fn ping(&self) -> Result<(), LockError> {
-        self.backend.ping().await
+        self.store.ping().await
     }
 }
 
@@ -287,7 +283,7 @@ mod tests {
 
     use super::*;
     use crate::lock::memory::MemoryBackend;
-    use crate::lock::{LockError, Ttl};
+    use crate::lock::{LockError, Node, Single, Ttl};
     use async_trait::async_trait;
 
     const LONG: Duration = Duration::from_secs(60);
@@ -309,7 +305,8 @@ mod tests {
     fn service(max_waiters: usize) -> (Arc<MemoryBackend>, Locks, CancellationToken) {
         let store = Arc::new(MemoryBackend::new());
         let shutdown = CancellationToken::new();
-        let locks = Locks::new(store.clone(), max_waiters, shutdown.clone());
+        let single = Arc::new(Single::new(store.clone()));
+        let locks = Locks::new(single, max_waiters, shutdown.clone());
         (store, locks, shutdown)
     }
 
@@ -511,7 +508,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl LockBackend for Slow {
+    impl Node for Slow {
         async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
             tokio::time::sleep(self.delay).await;
             self.inner.acquire(req).await
@@ -549,7 +546,11 @@ mod tests {
             inner: MemoryBackend::new(),
             delay: Duration::from_millis(100),
         });
-        let locks = Locks::new(store.clone(), 10, CancellationToken::new());
+        let locks = Locks::new(
+            Arc::new(Single::new(store.clone())),
+            10,
+            CancellationToken::new(),
+        );
         let outcome = tokio::time::timeout(
             Duration::from_millis(50),
             locks.acquire(request("k", &Token::generate(), 10_000), Duration::ZERO),
