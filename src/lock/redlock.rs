@@ -40,7 +40,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use futures_util::future::join_all;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +47,10 @@ use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Store, Token, Ttl,
 };
+
+mod tally;
+
+use tally::{Counting, Tally, fan_out};
 
 /// The clock drift allowance added to every validity computation, on top
 /// of `ttl × drift_factor` (the Redis page's "2 milliseconds").
@@ -97,19 +100,6 @@ impl Redlock {
         Ttl::from_millis(ms, ttl.as_millis(), "validity").ok()
     }
 
-    /// Which nodes count toward a quorum now: all but those in their
-    /// delayed restart.
-    fn counting(&self) -> Vec<bool> {
-        self.nodes.iter().map(|n| n.counts_for_quorum()).collect()
-    }
-
-    fn quorum_unavailable(&self, answered: usize) -> LockError {
-        LockError::QuorumUnavailable {
-            answered,
-            needed: self.quorum,
-        }
-    }
-
     /// Compare-and-deletes `token` on every node at once. A node that did
     /// not answer gets the delete again in the background, until it answers
     /// or `ttl` has passed.
@@ -118,11 +108,12 @@ impl Redlock {
         name: &LockName,
         token: &Token,
         ttl: Ttl,
-    ) -> Vec<Result<Released, LockError>> {
-        let answers = join_all(self.nodes.iter().map(|n| n.release(name, token))).await;
-        let unanswered: Vec<usize> = (0..answers.len())
-            .filter(|i| matches!(answers[*i], Err(LockError::Unavailable(_))))
-            .collect();
+    ) -> Tally<Released> {
+        let answers = fan_out(&self.nodes, Counting::Every, |_, n| {
+            Some(n.release(name, token))
+        })
+        .await;
+        let unanswered = answers.unanswered();
         if !unanswered.is_empty() {
             let cleanup = Arc::new(Cleanup::default());
             let key = (name.as_str().to_owned(), token.expose().to_owned());
@@ -201,33 +192,6 @@ async fn release_until_answered(
     }
 }
 
-/// Whether an answer came from the node (as opposed to a timeout or a
-/// refused connection).
-fn answered<T>(answer: &Result<T, LockError>) -> bool {
-    !matches!(
-        answer,
-        Err(LockError::Unavailable(_) | LockError::Backend(_))
-    )
-}
-
-/// The verdict of a majority of answers that were neither "done" nor a
-/// failure: `NotOwner` when more nodes saw another token, else `NotHeld`.
-fn ownership_verdict<T>(answers: &[Result<T, LockError>]) -> LockError {
-    let count = |f: fn(&LockError) -> bool| {
-        answers
-            .iter()
-            .filter(|a| a.as_ref().err().is_some_and(f))
-            .count()
-    };
-    let not_owner = count(|e| matches!(e, LockError::NotOwner));
-    let not_held = count(|e| matches!(e, LockError::NotHeld));
-    if not_owner > not_held {
-        LockError::NotOwner
-    } else {
-        LockError::NotHeld
-    }
-}
-
 /// When a refused lock can be free on a quorum: the `k`-th shortest of the
 /// holders' remaining leases, where `k` more nodes must free up.
 fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Duration {
@@ -250,31 +214,11 @@ impl Store for Redlock {
         self.stop_cleanup(&req.name, &req.token).await;
         let started = Instant::now();
         let sent_wall = SystemTime::now();
-        let answers = join_all(self.nodes.iter().map(|n| n.acquire(req))).await;
-        // Read after the answers: a node's restart is seen when lockd
-        // reconnects to it, which may have been during this call.
-        let counts = self.counting();
+        let answers = fan_out(&self.nodes, Counting::Now, |_, n| Some(n.acquire(req))).await;
 
-        let mut granted = Vec::new();
-        let mut counted_grants = 0;
-        let mut held = Vec::new();
-        let mut renewed = false;
-        for (node, answer) in answers.iter().enumerate() {
-            match answer {
-                Ok(acquired) => {
-                    renewed |= matches!(acquired, Acquired::Renewed(_));
-                    granted.push(acquired.lease().fence);
-                    counted_grants += usize::from(counts[node]);
-                }
-                Err(LockError::Held { retry_after }) if counts[node] => held.push(*retry_after),
-                Err(_) => {}
-            }
-        }
-        let answered_count = (0..answers.len())
-            .filter(|i| counts[*i] && answered(&answers[*i]))
-            .count();
-
-        if counted_grants >= self.quorum {
+        if answers.granted() >= self.quorum {
+            let granted: Vec<u64> = answers.oks().map(|a| a.lease().fence).collect();
+            let renewed = answers.oks().any(|a| matches!(a, Acquired::Renewed(_)));
             // The largest fence any node gave, a node in its restart delay
             // included: a larger fence is never wrong.
             let fence = granted.iter().copied().max().unwrap_or(0);
@@ -285,21 +229,12 @@ impl Store for Redlock {
             let consistent =
                 granted.len() == self.nodes.len() && granted.iter().all(|f| *f == fence);
             let fence_ok = consistent || {
-                let answering: Vec<usize> = (0..answers.len())
-                    .filter(|i| answered(&answers[*i]))
-                    .collect();
-                let raised = join_all(
-                    answering
-                        .iter()
-                        .map(|node| self.nodes[*node].raise_fence(&req.name, &req.token, fence)),
-                )
+                let answering = answers.answering();
+                let raised = fan_out(&self.nodes, Counting::As(answers.counts()), |i, n| {
+                    answering[i].then(|| n.raise_fence(&req.name, &req.token, fence))
+                })
                 .await;
-                answering
-                    .iter()
-                    .zip(&raised)
-                    .filter(|(node, r)| counts[**node] && matches!(r, Ok(true)))
-                    .count()
-                    >= self.quorum
+                raised.counted_oks().filter(|held| **held).count() >= self.quorum
             };
             if fence_ok && let Some(validity) = self.validity(req.ttl, started.elapsed()) {
                 let lease = Lease {
@@ -318,11 +253,11 @@ impl Store for Redlock {
 
         self.release_everywhere(&req.name, &req.token, req.ttl)
             .await;
-        if answered_count < self.quorum {
-            return Err(self.quorum_unavailable(answered_count));
-        }
+        answers.told(self.quorum)?;
+        let held = answers.held();
+        let free = answers.answered() - held.len();
         Err(LockError::Held {
-            retry_after: retry_after(held.clone(), answered_count - held.len(), self.quorum),
+            retry_after: retry_after(held, free, self.quorum),
         })
     }
 
@@ -334,12 +269,11 @@ impl Store for Redlock {
     ) -> Result<Lease, LockError> {
         let started = Instant::now();
         let sent_wall = SystemTime::now();
-        let answers = join_all(self.nodes.iter().map(|n| n.extend(name, token, ttl))).await;
-        let counts = self.counting();
-        let extended: Vec<&Lease> = (0..answers.len())
-            .filter(|i| counts[*i])
-            .filter_map(|i| answers[i].as_ref().ok())
-            .collect();
+        let answers = fan_out(&self.nodes, Counting::Now, |_, n| {
+            Some(n.extend(name, token, ttl))
+        })
+        .await;
+        let extended: Vec<&Lease> = answers.counted_oks().collect();
         if extended.len() >= self.quorum {
             // The nodes set the TTL they were given, or the lock's own,
             // which they recorded alike at the grant: the shortest counts.
@@ -357,13 +291,8 @@ impl Store for Redlock {
             // The extension took longer than the lease: it is gone.
             return Err(LockError::NotHeld);
         }
-        let answered_count = (0..answers.len())
-            .filter(|i| counts[*i] && answered(&answers[*i]))
-            .count();
-        if answered_count < self.quorum {
-            return Err(self.quorum_unavailable(answered_count));
-        }
-        Err(ownership_verdict(&answers))
+        answers.told(self.quorum)?;
+        Err(answers.verdict())
     }
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
@@ -371,32 +300,23 @@ impl Store for Redlock {
         // that was down at acquire time may still hold a stale grant. A node
         // that does not answer gets it again in the background.
         let answers = self.release_everywhere(name, token, self.max_ttl).await;
-        let released: Vec<&Released> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        let released: Vec<&Released> = answers.oks().collect();
         if !released.is_empty() {
             // The earliest grant time recorded: the lock was held since then.
             return Ok(Released {
                 granted_at: released.iter().filter_map(|r| r.granted_at).min(),
             });
         }
-        let answered_count = answers.iter().filter(|a| answered(a)).count();
-        if answered_count < self.quorum {
-            return Err(self.quorum_unavailable(answered_count));
-        }
-        Err(ownership_verdict(&answers))
+        answers.told(self.quorum)?;
+        Err(answers.verdict())
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        let answers = join_all(self.nodes.iter().map(|n| n.holder(name))).await;
-        let answered_count = answers.iter().filter(|a| answered(a)).count();
-        if answered_count < self.quorum {
-            return Err(self.quorum_unavailable(answered_count));
-        }
+        let answers = fan_out(&self.nodes, Counting::Every, |_, n| Some(n.holder(name))).await;
+        answers.told(self.quorum)?;
         // The holder is the token a quorum of nodes agrees on; its fence is
         // the largest reported, its lease the shortest.
-        let holders: Vec<&(Token, LockInfo)> = answers
-            .iter()
-            .filter_map(|a| a.as_ref().ok().and_then(Option::as_ref))
-            .collect();
+        let holders: Vec<&(Token, LockInfo)> = answers.oks().filter_map(Option::as_ref).collect();
         for (token, _) in &holders {
             let agreeing: Vec<&LockInfo> = holders
                 .iter()
@@ -425,15 +345,15 @@ impl Store for Redlock {
     }
 
     async fn ping(&self) -> Result<(), LockError> {
-        let answers = join_all(self.nodes.iter().map(|n| n.ping())).await;
-        let counts = self.counting();
-        let up = (0..answers.len())
-            .filter(|i| counts[*i] && answers[*i].is_ok())
-            .count();
+        let answers = fan_out(&self.nodes, Counting::Now, |_, n| Some(n.ping())).await;
+        let up = answers.granted();
         if up >= self.quorum {
             Ok(())
         } else {
-            Err(self.quorum_unavailable(up))
+            Err(LockError::QuorumUnavailable {
+                answered: up,
+                needed: self.quorum,
+            })
         }
     }
 
