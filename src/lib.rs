@@ -18,9 +18,11 @@
 //!   with limits on request heads; [`framing`] follows each connection's
 //!   requests to see what hyper drops (a `#fragment`).
 //! - [`client`]: `lockd exec` and the shell subcommands, over the HTTP API.
+//! - [`backoff`]: the one capped exponential backoff of every retry loop.
 
 pub mod app;
 pub mod auth;
+pub mod backoff;
 pub mod client;
 pub mod config;
 pub mod framing;

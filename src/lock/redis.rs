@@ -41,6 +41,7 @@ use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl, unix_millis,
 };
+use crate::backoff::ExponentialBackoff;
 use redis::aio::MultiplexedConnection;
 
 /// The fencing rule (`next_fence`), put in front of the scripts that give
@@ -262,13 +263,13 @@ impl RedisBackend {
             // The connection broke.
             Err(_) => Instant::now() + req.ttl.as_duration(),
         };
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = REAP_BACKOFF.pauses();
         while Instant::now() < give_up {
-            tokio::time::sleep(backoff).await;
+            backoff.wait().await;
             match self.run::<(i64, String)>(&call).await {
                 Ok((1, _)) => return released_timed_out(&req.name),
                 Ok(_) => return,
-                Err(_) => backoff = (backoff * 2).min(Duration::from_secs(1)),
+                Err(_) => {}
             }
         }
         tracing::warn!(lock = %req.name, "could not delete a lock whose grant timed out; it runs out with its TTL");
@@ -279,6 +280,16 @@ impl RedisBackend {
 /// Redis's answer on the connection that carried the grant: as long as a
 /// stalled Redis may take, short of for ever.
 const REAP_PATIENCE: Duration = Duration::from_secs(24 * 3600);
+
+/// The pauses between the retries of a background delete: 50 ms doubling
+/// up to 1 s.
+pub(crate) const REAP_BACKOFF: ExponentialBackoff =
+    ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(1));
+
+/// The pauses between the reconnections of the release-event subscriber:
+/// 50 ms doubling up to 2 s, from 50 ms again after each subscription.
+const EVENTS_BACKOFF: ExponentialBackoff =
+    ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(2));
 
 fn released_timed_out(name: &LockName) {
     tracing::info!(lock = %name, "released a lock whose grant timed out");
@@ -531,11 +542,11 @@ impl ReleaseEvents {
     /// (re)subscription all waiters retry once, since releases may have been
     /// missed meanwhile.
     async fn run(self) {
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = EVENTS_BACKOFF.pauses();
         loop {
             match self.subscribe().await {
                 Ok(mut stream) => {
-                    backoff = Duration::from_millis(50);
+                    backoff.reset();
                     self.listener.resync();
                     while let Some(msg) = stream.next().await {
                         if let Some(name) = self.lock_name(msg.get_channel_name()) {
@@ -549,8 +560,7 @@ impl ReleaseEvents {
                 }
                 Err(e) => tracing::debug!(error = %e, "cannot subscribe to release events"),
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff.wait().await;
         }
     }
 

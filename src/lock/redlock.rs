@@ -50,6 +50,7 @@ use super::{
 
 mod tally;
 
+use super::redis::REAP_BACKOFF;
 use tally::{Counting, Tally, fan_out};
 
 /// The clock drift allowance added to every validity computation, on top
@@ -175,9 +176,9 @@ async fn release_until_answered(
     cleanup: Arc<Cleanup>,
 ) {
     let give_up = Instant::now() + ttl.as_duration();
-    let mut pause = Duration::from_millis(50);
+    let mut backoff = REAP_BACKOFF.pauses();
     while Instant::now() < give_up {
-        tokio::time::sleep(pause).await;
+        backoff.wait().await;
         let _busy = cleanup.busy.lock().await;
         if cleanup.stopped.load(AtomicOrdering::SeqCst) {
             return;
@@ -188,7 +189,6 @@ async fn release_until_answered(
         ) {
             return;
         }
-        pause = (pause * 2).min(Duration::from_secs(1));
     }
 }
 
