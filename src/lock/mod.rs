@@ -23,6 +23,8 @@
 //!   quorums for the restart delay.
 //! - [`memory`]: an in-process backend with the same semantics, for
 //!   `lockd serve --dev` and tests.
+//! - [`reaper`]: the one background compare-and-delete of a grant nobody
+//!   will use (Redlock's partial grants, orphaned grants, timed-out ones).
 //! - [`store`]: the [`Store`] trait and [`Single`], the store of one node.
 //! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
 //!   a store; [`queue`] holds the per-instance wait queues.
@@ -32,6 +34,7 @@ pub mod fence;
 pub mod memory;
 pub mod pool;
 pub mod queue;
+pub mod reaper;
 pub mod redis;
 pub mod redlock;
 pub mod restart;

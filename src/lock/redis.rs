@@ -36,6 +36,7 @@ use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::reaper::{Attempt, Reap, Reaped};
 use super::restart::RestartWatch;
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
@@ -250,29 +251,40 @@ impl RedisBackend {
         // As long as a stalled Redis takes: the answer must come after the
         // acquire's.
         conn.set_response_timeout(REAP_PATIENCE);
-        let give_up = match call.invoke_async::<(i64, String)>(&mut conn).await {
-            Ok((1, _)) => return released_timed_out(&req.name),
-            // Nobody or another token holds it: the acquire did not grant,
-            // or its lease already ran out.
-            Ok(_) => return,
-            // Redis answered with an error (a script was busy): the acquire
-            // has run by now; retry the delete while its lease may last.
-            Err(e) if !(e.is_io_error() || e.is_connection_dropped()) => {
-                Instant::now() + req.ttl.as_duration()
-            }
-            // The connection broke.
-            Err(_) => Instant::now() + req.ttl.as_duration(),
-        };
-        let mut backoff = REAP_BACKOFF.pauses();
-        while Instant::now() < give_up {
-            backoff.wait().await;
-            match self.run::<(i64, String)>(&call).await {
-                Ok((1, _)) => return released_timed_out(&req.name),
-                Ok(_) => return,
-                Err(_) => {}
-            }
+        // The first attempt goes on the acquire's connection, the retries
+        // (after it broke, or Redis answered with an error such as a busy
+        // script, by which time the acquire has run) on fresh ones, while
+        // its lease may last.
+        let first = std::sync::Mutex::new(Some(conn));
+        let reap = Reap::at_once(req.ttl.as_duration());
+        let outcome = reap
+            .run(None, || {
+                let conn = first.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let (call, name) = (&call, &req.name);
+                async move {
+                    let answer = match conn {
+                        Some(mut conn) => call
+                            .invoke_async::<(i64, String)>(&mut conn)
+                            .await
+                            .map_err(|e| redis_error(&e)),
+                        None => self.run::<(i64, String)>(call).await,
+                    };
+                    match answer {
+                        Ok((1, _)) => {
+                            released_timed_out(name);
+                            Attempt::Done
+                        }
+                        // Nobody or another token holds it: the acquire did
+                        // not grant, or its lease already ran out.
+                        Ok(_) => Attempt::Done,
+                        Err(e) => Attempt::Retry(e),
+                    }
+                }
+            })
+            .await;
+        if let Reaped::GaveUp(_) = outcome {
+            tracing::warn!(lock = %req.name, "could not delete a lock whose grant timed out; it runs out with its TTL");
         }
-        tracing::warn!(lock = %req.name, "could not delete a lock whose grant timed out; it runs out with its TTL");
     }
 }
 
@@ -280,11 +292,6 @@ impl RedisBackend {
 /// Redis's answer on the connection that carried the grant: as long as a
 /// stalled Redis may take, short of for ever.
 const REAP_PATIENCE: Duration = Duration::from_secs(24 * 3600);
-
-/// The pauses between the retries of a background delete: 50 ms doubling
-/// up to 1 s.
-pub(crate) const REAP_BACKOFF: ExponentialBackoff =
-    ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
 /// The pauses between the reconnections of the release-event subscriber:
 /// 50 ms doubling up to 2 s, from 50 ms again after each subscription.

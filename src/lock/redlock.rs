@@ -34,9 +34,7 @@
 //! `appendfsync always` to avoid it.
 
 use std::cmp::Ordering;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -50,7 +48,7 @@ use super::{
 
 mod tally;
 
-use super::redis::REAP_BACKOFF;
+use super::reaper::{Attempt, Reap, Reaper};
 use tally::{Counting, Tally, fan_out};
 
 /// The clock drift allowance added to every validity computation, on top
@@ -64,7 +62,7 @@ pub struct Redlock {
     /// Background deletes under way, by lock name and token. A later acquire
     /// with the same token (a waiter retrying, a client re-acquiring) stops
     /// them first, so they cannot delete its new grant.
-    cleanups: Arc<Mutex<Cleanups>>,
+    reaper: Arc<Reaper>,
     quorum: usize,
     drift_factor: f64,
     /// How long a release is retried on a node that did not answer: the
@@ -85,7 +83,7 @@ impl Redlock {
     pub fn new(nodes: Vec<Arc<dyn Node>>, drift_factor: f64, max_ttl: Ttl) -> Self {
         Self {
             quorum: quorum(nodes.len()),
-            cleanups: Arc::default(),
+            reaper: Arc::default(),
             nodes: Arc::new(nodes),
             drift_factor,
             max_ttl,
@@ -102,8 +100,10 @@ impl Redlock {
     }
 
     /// Compare-and-deletes `token` on every node at once. A node that did
-    /// not answer gets the delete again in the background, until it answers
-    /// or `ttl` has passed.
+    /// not answer gets the delete again in the background (the
+    /// [`Reaper`]), until it answers or `ttl` has passed, so a node that
+    /// hung during a refused acquire does not keep the grant once it is
+    /// back.
     async fn release_everywhere(
         &self,
         name: &LockName,
@@ -116,79 +116,23 @@ impl Redlock {
         .await;
         let unanswered = answers.unanswered();
         if !unanswered.is_empty() {
-            let cleanup = Arc::new(Cleanup::default());
-            let key = (name.as_str().to_owned(), token.expose().to_owned());
-            lock(&self.cleanups).insert(key.clone(), cleanup.clone());
+            let stop = self.reaper.register(name, token, ttl.as_duration());
             for node in unanswered {
                 let node = self.nodes[node].clone();
-                let (name, token, cleanup) = (name.clone(), token.clone(), cleanup.clone());
+                let (name, token, stop) = (name.clone(), token.clone(), stop.clone());
                 tokio::spawn(async move {
-                    release_until_answered(node, name, token, ttl, cleanup).await;
+                    let reap = Reap::after_a_pause(ttl.as_duration());
+                    reap.run(Some(&stop), || async {
+                        match node.release(&name, &token).await {
+                            Err(e @ LockError::Unavailable(_)) => Attempt::Retry(e),
+                            _ => Attempt::Done,
+                        }
+                    })
+                    .await
                 });
             }
-            let cleanups = self.cleanups.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(ttl.as_duration()).await;
-                let mut cleanups = lock(&cleanups);
-                if cleanups.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cleanup)) {
-                    cleanups.remove(&key);
-                }
-            });
         }
         answers
-    }
-
-    /// Stops the background deletes of `token` on `name`, waiting for one
-    /// under way to finish: the caller is about to grant that token again.
-    async fn stop_cleanup(&self, name: &LockName, token: &Token) {
-        let key = (name.as_str().to_owned(), token.expose().to_owned());
-        let cleanup = lock(&self.cleanups).remove(&key);
-        if let Some(cleanup) = cleanup {
-            let _in_flight = cleanup.busy.lock().await;
-            cleanup.stopped.store(true, AtomicOrdering::SeqCst);
-        }
-    }
-}
-
-/// Background deletes by (lock name, token).
-type Cleanups = HashMap<(String, String), Arc<Cleanup>>;
-
-/// One background delete of a token: stoppable, and never stopped half-way
-/// through a call.
-#[derive(Default)]
-struct Cleanup {
-    stopped: AtomicBool,
-    busy: tokio::sync::Mutex<()>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Retries a release on one node until it answers or `ttl` has passed, so a
-/// node that hung during a refused acquire does not keep the grant once it
-/// is back.
-async fn release_until_answered(
-    node: Arc<dyn Node>,
-    name: LockName,
-    token: Token,
-    ttl: Ttl,
-    cleanup: Arc<Cleanup>,
-) {
-    let give_up = Instant::now() + ttl.as_duration();
-    let mut backoff = REAP_BACKOFF.pauses();
-    while Instant::now() < give_up {
-        backoff.wait().await;
-        let _busy = cleanup.busy.lock().await;
-        if cleanup.stopped.load(AtomicOrdering::SeqCst) {
-            return;
-        }
-        if !matches!(
-            node.release(&name, &token).await,
-            Err(LockError::Unavailable(_))
-        ) {
-            return;
-        }
     }
 }
 
@@ -211,7 +155,7 @@ fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Durat
 #[async_trait]
 impl Store for Redlock {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
-        self.stop_cleanup(&req.name, &req.token).await;
+        self.reaper.stop(&req.name, &req.token).await;
         let started = Instant::now();
         let sent_wall = SystemTime::now();
         let answers = fan_out(&self.nodes, Counting::Now, |_, n| Some(n.acquire(req))).await;

@@ -22,6 +22,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::queue::WaitQueues;
+use super::reaper::{Attempt, Reap, Reaped};
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Released, Store,
     Token,
@@ -127,17 +128,29 @@ impl Locks {
             .unwrap_or_else(|_| Err(LockError::Unavailable("acquire task ended".into())))
     }
 
-    /// Releases a lock granted to a caller who went away.
+    /// Releases a lock granted to a caller who went away: one attempt of
+    /// the [`Reaper`](super::reaper) through the store (whose own release
+    /// retries, for Redlock, the nodes it did not reach).
     async fn release_orphan(&self, req: &AcquireRequest) {
-        match self.release(&req.name, &req.token).await {
-            Ok(_) => {
+        let reap = Reap::at_once(Duration::ZERO);
+        let outcome = reap
+            .run(None, || async {
+                match self.release(&req.name, &req.token).await {
+                    Ok(_) => Attempt::Done,
+                    Err(e) => Attempt::Retry(e),
+                }
+            })
+            .await;
+        match outcome {
+            Reaped::Done => {
                 tracing::info!(lock = %req.name, "released a lock granted after its caller left");
             }
-            Err(e) => tracing::warn!(
+            Reaped::GaveUp(e) => tracing::warn!(
                 lock = %req.name,
                 error = %e,
                 "could not release a lock granted after its caller left; it runs out with its TTL"
             ),
+            Reaped::Stopped => {}
         }
     }
 
