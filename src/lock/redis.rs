@@ -350,9 +350,11 @@ impl Node for RedisBackend {
             Ok(answer) => answer,
             Err(e) => {
                 // A script held up in a stalled Redis may still grant.
-                if let (LockError::Unavailable(_), Some(conn), true) =
-                    (&e, sent_on, self.standalone && req.token_generated)
-                {
+                if let (true, Some(conn), true) = (
+                    e.is_transient(),
+                    sent_on,
+                    self.standalone && req.token_generated,
+                ) {
                     let (this, req) = (self.clone(), req.clone());
                     tokio::spawn(async move { this.reap_timed_out(req, conn).await });
                 }

@@ -124,7 +124,7 @@ impl Redlock {
                     let reap = Reap::after_a_pause(ttl.as_duration());
                     reap.run(Some(&stop), || async {
                         match node.release(&name, &token).await {
-                            Err(e @ LockError::Unavailable(_)) => Attempt::Retry(e),
+                            Err(e) if e.is_transient() => Attempt::Retry(e),
                             _ => Attempt::Done,
                         }
                     })

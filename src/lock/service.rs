@@ -200,9 +200,7 @@ impl Locks {
             tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
-                () = caller_gone.cancelled() => {
-                    return Err(LockError::Unavailable("the caller went away".into()));
-                }
+                () = caller_gone.cancelled() => return Err(LockError::Cancelled),
                 () = place.woken() => {}
                 () = sleep_until(retry_at), if head => {}
                 () = sleep_until(deadline) => {

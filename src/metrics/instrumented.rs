@@ -68,7 +68,7 @@ impl Instrumented {
             .with_label_values(&[op, self.node.as_str()])
             .observe(started.elapsed().as_secs_f64());
         let kind = match &outcome {
-            Err(LockError::Unavailable(_)) => Some("unavailable"),
+            Err(e) if e.is_transient() => Some("unavailable"),
             Err(LockError::Backend(_)) => Some("error"),
             _ => None,
         };

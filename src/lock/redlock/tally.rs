@@ -66,12 +66,9 @@ where
 }
 
 /// Whether an answer came from the node (as opposed to a timeout, a refused
-/// connection or an error of the node's).
+/// connection or an error of the node's): see [`LockError::is_answer`].
 fn answered<T>(answer: &Result<T, LockError>) -> bool {
-    !matches!(
-        answer,
-        Err(LockError::Unavailable(_) | LockError::Backend(_))
-    )
+    answer.as_ref().err().is_none_or(LockError::is_answer)
 }
 
 impl<T> Tally<T> {
@@ -124,7 +121,7 @@ impl<T> Tally<T> {
     /// The nodes that did not answer in time (to retry a delete on).
     pub(super) fn unanswered(&self) -> Vec<usize> {
         (0..self.answers.len())
-            .filter(|i| matches!(self.answers[*i], Some(Err(LockError::Unavailable(_)))))
+            .filter(|i| matches!(&self.answers[*i], Some(Err(e)) if e.is_transient()))
             .collect()
     }
 
