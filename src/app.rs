@@ -20,8 +20,8 @@ use crate::http::routes::{metrics_router, router};
 use crate::http::state::{App, AppState};
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::{RedisBackend, RedisConfig, redact_url};
-use crate::lock::redlock::{RedlockBackend, quorum};
-use crate::lock::{LockBackend, LockError, Locks, Ttl};
+use crate::lock::redlock::{Redlock, quorum};
+use crate::lock::{LockError, Locks, Node, Single, Store, Ttl};
 use crate::metrics::{Instrumented, Metrics, PoolStatus};
 use crate::transport::{TlsError, Transport};
 
@@ -102,18 +102,18 @@ impl Application {
     /// As for [`Application::build`].
     pub async fn with_backend(
         settings: &Settings,
-        backend: Arc<dyn LockBackend>,
+        backend: Arc<dyn Node>,
     ) -> Result<Self, StartupError> {
         check(settings)?;
         let metrics = Arc::new(Metrics::new(settings.metrics_max_namespaces)?);
         metrics.watch_pool("custom", PoolStatus::default);
-        let backend = Arc::new(Instrumented::new(backend, metrics.clone(), "custom".into()));
-        Self::assemble(settings, backend, metrics).await
+        let node = Arc::new(Instrumented::new(backend, metrics.clone(), "custom".into()));
+        Self::assemble(settings, Arc::new(Single::new(node)), metrics).await
     }
 
     async fn assemble(
         settings: &Settings,
-        backend: Arc<dyn LockBackend>,
+        backend: Arc<dyn Store>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StartupError> {
         let (state, auth, stopping) = shared_state(settings, backend, metrics)?;
@@ -237,7 +237,7 @@ pub fn build_router(settings: &Settings) -> Result<Router, StartupError> {
 /// the token cancelled when shutdown begins.
 fn shared_state(
     settings: &Settings,
-    backend: Arc<dyn LockBackend>,
+    backend: Arc<dyn Store>,
     metrics: Arc<Metrics>,
 ) -> Result<(AppState, Option<Arc<Auth>>, CancellationToken), StartupError> {
     let limits =
@@ -316,12 +316,12 @@ fn check(settings: &Settings) -> Result<(), StartupError> {
         .map_err(|e| StartupError::Settings(e.to_string()))
 }
 
-/// The lock backend for `settings`, each node instrumented.
+/// The lock store for `settings`, each node instrumented.
 fn build_backend(
     settings: &Settings,
     metrics: &Arc<Metrics>,
-) -> Result<Arc<dyn LockBackend>, StartupError> {
-    let instrument = |backend: Arc<dyn LockBackend>, node: String| -> Arc<dyn LockBackend> {
+) -> Result<Arc<dyn Store>, StartupError> {
+    let instrument = |backend: Arc<dyn Node>, node: String| -> Arc<dyn Node> {
         Arc::new(Instrumented::new(backend, metrics.clone(), node))
     };
     if settings.dev {
@@ -333,10 +333,11 @@ fn build_backend(
         metrics.watch_pool("memory", PoolStatus::default);
         let memory =
             MemoryBackend::with_fence_retention(Duration::from_millis(settings.fence_retention_ms));
-        return Ok(instrument(Arc::new(memory), "memory".into()));
+        let node = instrument(Arc::new(memory), "memory".into());
+        return Ok(Arc::new(Single::new(node)));
     }
     let redlock = settings.redis_url.len() > 1;
-    let node = |url: &String, timeout_ms: u64| -> Result<Arc<dyn LockBackend>, StartupError> {
+    let node = |url: &String, timeout_ms: u64| -> Result<Arc<dyn Node>, StartupError> {
         let backend = RedisBackend::new(&RedisConfig {
             url: url.clone(),
             key_prefix: settings.key_prefix.clone(),
@@ -361,7 +362,7 @@ fn build_backend(
     let urls = &settings.redis_url;
     if let [url] = urls.as_slice() {
         tracing::info!(redis = %redact_url(url), "using one Redis (a failover can lose locks; see docs/design.md)");
-        return node(url, settings.redis_timeout_ms);
+        return Ok(Arc::new(Single::new(node(url, settings.redis_timeout_ms)?)));
     }
     let shown: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
     tracing::info!(nodes = ?shown, quorum = quorum(urls.len()), "using Redlock");
@@ -377,7 +378,7 @@ fn build_backend(
         .collect::<Result<Vec<_>, _>>()?;
     let max_ttl = Ttl::from_millis(settings.max_ttl_ms, settings.max_ttl_ms, "max_ttl_ms")
         .map_err(|e| StartupError::Settings(e.to_string()))?;
-    Ok(Arc::new(RedlockBackend::new(
+    Ok(Arc::new(Redlock::new(
         nodes,
         settings.drift_factor,
         max_ttl,

@@ -1,12 +1,13 @@
 //! lockd: a distributed lock service over HTTP, with locks held in Redis.
 //!
 //! # Layout
-//! - [`lock`]: the lock core. Parsed input types, the [`lock::LockBackend`]
-//!   trait, the Redis backend with its Lua scripts, and an in-memory backend.
-//!   No HTTP in it.
+//! - [`lock`]: the lock core. Parsed input types, the [`lock::Node`] trait
+//!   (one lock server: the Redis backend with its Lua scripts, or an
+//!   in-memory backend) and the [`lock::Store`] trait over nodes (one, or
+//!   Redlock's several). No HTTP in it.
 //! - [`http`]: the axum routes, one thin handler per action, extractors, and
 //!   the one mapping from errors to RFC 9457 problem documents.
-//! - [`metrics`]: the Prometheus registry and a backend decorator that
+//! - [`metrics`]: the Prometheus registry and a node decorator that
 //!   counts outcomes and times calls.
 //! - [`config`]: flags, environment and the TOML file, merged into
 //!   [`config::Settings`].
@@ -17,9 +18,11 @@
 //!   with limits on request heads; [`framing`] follows each connection's
 //!   requests to see what hyper drops (a `#fragment`).
 //! - [`client`]: `lockd exec` and the shell subcommands, over the HTTP API.
+//! - [`backoff`]: the one capped exponential backoff of every retry loop.
 
 pub mod app;
 pub mod auth;
+pub mod backoff;
 pub mod client;
 pub mod config;
 pub mod framing;

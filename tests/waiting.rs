@@ -89,12 +89,14 @@ async fn until_waiters(app: &TestApp, n: u64) {
 /// How many acquire tries reached the backend so far.
 async fn acquire_tries(app: &TestApp) -> u64 {
     let text = app.metrics().await;
+    // Redlock's every try calls each node.
     metric(
         &text,
         "lockd_backend_duration_seconds_count",
         &[("op", "acquire")],
     )
     .unwrap_or(0.0) as u64
+        / app.node_count() as u64
 }
 
 /// `POST /locks/{name}` with a JSON body through `client` (one that hangs
@@ -617,7 +619,12 @@ async fn c11_waiters_do_not_starve_other_requests(app: &TestApp) {
     // next head's first look; polling or a herd would make far more.
     let tries = acquire_tries(app).await - tries_before;
     let by_load = load_acquires.load(Ordering::SeqCst) as u64;
-    let budget = by_load + 2 * WAITERS as u64 + 4;
+    let mut budget = by_load + 2 * WAITERS as u64 + 4;
+    if app.is_redlock() {
+        // Each node sends its own release event: the copies that arrive
+        // after a handoff may wake the next head for one more try each.
+        budget += 2 * WAITERS as u64;
+    }
     assert!(
         tries <= budget,
         "{tries} acquire tries ({by_load} from other names) for {WAITERS} handoffs; expected at most {budget}"
@@ -834,8 +841,14 @@ async fn waiters_are_served_in_arrival_order_and_a_release_wakes_only_the_head(a
     );
     assert_fences_grow(&grants);
     let tries = acquire_tries(app).await - tries_at_release;
+    let mut budget = 2 * CLIENTS as u64;
+    if app.is_redlock() {
+        // Each node sends its own release event: the copies that arrive
+        // after a handoff may wake the next head for one more try each.
+        budget += 2 * CLIENTS as u64;
+    }
     assert!(
-        tries <= 2 * CLIENTS as u64,
+        tries <= budget,
         "{tries} acquire tries for {CLIENTS} handoffs: waiters behind the head retried"
     );
 }

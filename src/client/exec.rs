@@ -33,6 +33,7 @@ use tokio::time::{Instant, sleep_until};
 use super::api::{AcquireParams, Answer, CallError, Grant, LockClient};
 use super::args::ExecArgs;
 use super::exit;
+use crate::backoff::ExponentialBackoff;
 use crate::lock::Token;
 
 /// How long the acquire may take beyond `--wait-ms` before the server
@@ -47,6 +48,10 @@ const CALL_LIMIT: Duration = Duration::from_secs(10);
 const QUIET_RELEASE_LIMIT: Duration = Duration::from_secs(1);
 /// How long releasing may be retried when the server does not answer.
 const RELEASE_FOR: Duration = Duration::from_secs(5);
+/// The pauses between those retries: 100 ms doubling (within
+/// [`RELEASE_FOR`], which ends them before any cap).
+const RELEASE_BACKOFF: ExponentialBackoff =
+    ExponentialBackoff::new(Duration::from_millis(100), RELEASE_FOR);
 /// The signals passed on to the command.
 const FORWARDED: [Signal; 6] = [
     Signal::SIGINT,
@@ -169,7 +174,7 @@ impl Holder {
     /// the server does not answer, and says on stderr when it could not.
     async fn release_after_run(&self, ttl: Duration) {
         let give_up = Instant::now() + RELEASE_FOR.min(ttl);
-        let mut pause = Duration::from_millis(100);
+        let mut backoff = RELEASE_BACKOFF.pauses();
         loop {
             let why = match self
                 .client
@@ -194,6 +199,7 @@ impl Holder {
                 Ok(a) => a.status.to_string(),
                 Err(e) => e.to_string(),
             };
+            let pause = backoff.next_pause();
             if Instant::now() + pause >= give_up {
                 say(&format!(
                     "cannot release {} ({why}); it frees when its lease runs out",
@@ -202,7 +208,6 @@ impl Holder {
                 return;
             }
             tokio::time::sleep(pause).await;
-            pause *= 2;
         }
     }
 }

@@ -33,10 +33,7 @@ impl Deadline {
     }
 }
 
-/// The message of the error that stands for "the request's time ran out".
-const TIMED_OUT: &str = "the request timed out";
-
-/// Runs `work` until the deadline; past it, [`LockError::Unavailable`]
+/// Runs `work` until the deadline; past it, [`LockError::TimedOut`]
 /// (counted as `unavailable`; [`timeout_or`] turns it into 503 `timeout`).
 pub async fn within<T>(
     deadline: Deadline,
@@ -44,14 +41,14 @@ pub async fn within<T>(
 ) -> Result<T, LockError> {
     tokio::time::timeout(deadline.remaining(), work)
         .await
-        .unwrap_or_else(|_| Err(LockError::Unavailable(TIMED_OUT.into())))
+        .unwrap_or_else(|_| Err(LockError::TimedOut))
 }
 
 /// The answer for an error from [`within`]: 503 `timeout` when the time ran
 /// out, else as usual.
 pub fn timeout_or(e: LockError) -> ApiError {
     match e {
-        LockError::Unavailable(why) if why == TIMED_OUT => ApiError::timeout(),
+        LockError::TimedOut => ApiError::timeout(),
         other => other.into(),
     }
 }

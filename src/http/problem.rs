@@ -388,6 +388,17 @@ impl From<LockError> for ApiError {
                 )
                 .retry_after(UNAVAILABLE_RETRY)
             }
+            LockError::TimedOut => ApiError::timeout(),
+            // Nobody reads it (the caller went away); answered as before,
+            // when it was an `Unavailable`.
+            LockError::Cancelled => {
+                tracing::warn!(error = %e, "lock backend unavailable");
+                Self::new(
+                    Kind::BackendUnavailable,
+                    "the lock store could not be reached or did not answer in time; try again shortly",
+                )
+                .retry_after(UNAVAILABLE_RETRY)
+            }
             LockError::Backend(why) => {
                 tracing::error!(error = %why, "lock backend error");
                 Self::new(

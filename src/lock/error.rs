@@ -32,6 +32,16 @@ pub enum LockError {
     /// The service is shutting down and ended the wait.
     #[error("the service is shutting down")]
     ShuttingDown,
+    /// The request's own time limit ran out before the operation finished
+    /// (the HTTP layer's `--request-timeout-ms`): it may or may not have
+    /// taken effect.
+    #[error("the request timed out")]
+    TimedOut,
+    /// The caller went away (hung up, gave up) during a wait: the wait ended
+    /// without another try. Nobody reads this answer; a grant made for the
+    /// caller is released (see [`super::service`]).
+    #[error("the caller went away")]
+    Cancelled,
     /// The backend could not be reached or did not answer in time: the
     /// operation may or may not have taken effect. The text is for logs only;
     /// it never reaches a client.
@@ -50,4 +60,54 @@ pub enum LockError {
     /// URL). The text is for logs only; it never reaches a client.
     #[error("lock backend error: {0}")]
     Backend(String),
+}
+
+impl LockError {
+    /// Whether trying again may cure it: the store, or a quorum of its
+    /// nodes, did not answer in time, or the request's time ran out. The
+    /// operation may or may not have taken effect. A node's answer
+    /// ([`LockError::Held`], [`LockError::NotHeld`],
+    /// [`LockError::NotOwner`]), a refusal ([`LockError::Backend`]) and the
+    /// service's own refusals are not transient.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::QuorumUnavailable { .. } | Self::TimedOut
+        )
+    }
+
+    /// Whether a node answered the operation: anything but a transient
+    /// failure or a refusal ([`LockError::Backend`]). Redlock counts these
+    /// answers toward a quorum.
+    pub fn is_answer(&self) -> bool {
+        !(self.is_transient() || matches!(self, Self::Backend(_)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_failures_to_answer_are_transient() {
+        assert!(LockError::Unavailable("down".into()).is_transient());
+        assert!(LockError::TimedOut.is_transient());
+        let quorum = LockError::QuorumUnavailable {
+            answered: 1,
+            needed: 2,
+        };
+        assert!(quorum.is_transient());
+        for answer in [
+            LockError::NotHeld,
+            LockError::NotOwner,
+            LockError::Held {
+                retry_after: Duration::from_millis(1),
+            },
+        ] {
+            assert!(!answer.is_transient() && answer.is_answer(), "{answer:?}");
+        }
+        let refused = LockError::Backend("WRONGTYPE".into());
+        assert!(!refused.is_transient() && !refused.is_answer());
+        assert!(!LockError::Cancelled.is_transient());
+    }
 }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::fence::{self, DEFAULT_RETENTION, unix_micros};
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl,
 };
 
@@ -179,7 +179,7 @@ fn lease(fence: u64, ttl: Ttl) -> Lease {
 const SWEEP_EVERY: u64 = 1024;
 
 #[async_trait]
-impl LockBackend for MemoryBackend {
+impl Node for MemoryBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let now = Instant::now();
         let mut state = self.state();

@@ -1,5 +1,15 @@
-//! The lock core: parsed input types, the [`LockBackend`] trait and its
-//! backends. Nothing here knows about HTTP.
+//! The lock core: parsed input types, the [`Node`] trait (one lock server)
+//! and its backends, and the [`Store`] trait that [`Locks`] calls. Nothing
+//! here knows about HTTP.
+//!
+//! The layers, each calling only the ones below it:
+//!
+//! ```text
+//! Locks (service: waiting, cancel-safe grants)
+//!   -> dyn Store: Single(node) | Redlock(nodes)       never returns a token
+//!        -> dyn Node: RedisBackend | MemoryBackend    per-server primitives
+//!           (each wrapped in metrics::Instrumented by the application)
+//! ```
 //!
 //! - [`types`]: [`LockName`], [`Ttl`], [`Token`] and [`Owner`], parsed at
 //!   the edge so the backends only ever see valid values.
@@ -13,18 +23,23 @@
 //!   quorums for the restart delay.
 //! - [`memory`]: an in-process backend with the same semantics, for
 //!   `lockd serve --dev` and tests.
+//! - [`reaper`]: the one background compare-and-delete of a grant nobody
+//!   will use (Redlock's partial grants, orphaned grants, timed-out ones).
+//! - [`store`]: the [`Store`] trait and [`Single`], the store of one node.
 //! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
-//!   a backend; [`queue`] holds the per-instance wait queues.
+//!   a store; [`queue`] holds the per-instance wait queues.
 
 pub mod error;
 pub mod fence;
 pub mod memory;
 pub mod pool;
 pub mod queue;
+pub mod reaper;
 pub mod redis;
 pub mod redlock;
 pub mod restart;
 pub mod service;
+pub mod store;
 pub mod types;
 
 use std::time::{Duration, SystemTime};
@@ -38,6 +53,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use error::LockError;
 pub use service::Locks;
+pub use store::{Single, Store};
 pub use types::{InvalidInput, LockName, Owner, Token, Ttl};
 
 /// A request to take a lock.
@@ -50,7 +66,7 @@ pub struct AcquireRequest {
     pub token: Token,
     /// The lease length.
     pub ttl: Ttl,
-    /// A label for the holder, shown by [`LockBackend::inspect`].
+    /// A label for the holder, shown by [`Store::inspect`].
     pub owner: Option<Owner>,
     /// Whether lockd generated the token. Nobody else can then hold the
     /// lock under it, so a grant whose answer was lost (a timeout, a caller
@@ -172,16 +188,20 @@ pub struct LockInfo {
     pub granted_at: Option<SystemTime>,
 }
 
-/// A lock store. Every backend gives the same answers for the same sequence
-/// of calls; the HTTP conformance tests run against each of them.
+/// One lock server: a single Redis, or the in-process memory store. Its
+/// primitives work on that server alone; a [`Store`] makes them a lock
+/// store (one node as it is, or several through [`redlock`]). `holder`
+/// gives the holder's token, for Redlock, which compares holders across
+/// nodes: no [`Store`] method hands a token back, so a token never reaches
+/// a client from a node.
 #[async_trait]
-pub trait LockBackend: Send + Sync + 'static {
+pub trait Node: Send + Sync + 'static {
     /// Takes the lock if it is free, or renews it if `req.token` already
     /// holds it.
     ///
     /// # Errors
     /// [`LockError::Held`] with the holder's remaining lease when another
-    /// token holds it; [`LockError::Unavailable`] when the backend fails.
+    /// token holds it; [`LockError::Unavailable`] when the node fails.
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError>;
 
     /// Resets the lease of a lock held by `token` to `ttl` (the given one,
@@ -189,7 +209,7 @@ pub trait LockBackend: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LockError::NotHeld`] when nobody holds it, [`LockError::NotOwner`]
-    /// when another token does, [`LockError::Unavailable`] when the backend
+    /// when another token does, [`LockError::Unavailable`] when the node
     /// fails.
     async fn extend(
         &self,
@@ -202,23 +222,14 @@ pub trait LockBackend: Send + Sync + 'static {
     /// it was granted.
     ///
     /// # Errors
-    /// As for [`LockBackend::extend`].
+    /// As for [`Node::extend`].
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
 
-    /// Describes the current holder, or `None` when the lock is free.
-    ///
-    /// # Errors
-    /// [`LockError::Unavailable`] when the backend fails.
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        Ok(self.holder(name).await?.map(|(_, info)| info))
-    }
-
     /// The current holder's token and description, or `None` when the lock
-    /// is free. For Redlock, which compares holders across nodes; the token
-    /// never reaches a client.
+    /// is free.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`] when the backend fails.
+    /// [`LockError::Unavailable`] when the node fails.
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError>;
 
     /// Raises the fencing counter of `name` to at least `fence`, and if
@@ -227,7 +238,7 @@ pub trait LockBackend: Send + Sync + 'static {
     /// disagree (see [`redlock`]).
     ///
     /// # Errors
-    /// [`LockError::Unavailable`] when the backend fails.
+    /// [`LockError::Unavailable`] when the node fails.
     async fn raise_fence(
         &self,
         name: &LockName,
@@ -235,21 +246,22 @@ pub trait LockBackend: Send + Sync + 'static {
         fence: u64,
     ) -> Result<bool, LockError>;
 
-    /// Whether this store's grants may count toward a Redlock quorum now:
+    /// Whether this node's grants may count toward a Redlock quorum now:
     /// false while a Redis node is in its delayed restart (see [`restart`]).
     fn counts_for_quorum(&self) -> bool {
         true
     }
 
-    /// Checks that the backend answers, for `/readyz`.
+    /// Checks that the node answers, for `/readyz`.
     ///
     /// # Errors
     /// [`LockError::Unavailable`] when it does not.
     async fn ping(&self) -> Result<(), LockError>;
 
     /// Starts telling `listener` about every release and extend of a lock,
-    /// by any client of the same store, until `stop` is cancelled. The default does
-    /// nothing: waiters then wake only when the holder's lease runs out.
+    /// by any client of the same node, until `stop` is cancelled. The
+    /// default does nothing: waiters then wake only when the holder's lease
+    /// runs out.
     fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
         let _ = (listener, stop);
     }

@@ -36,11 +36,13 @@ use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::reaper::{Attempt, Reap, Reaped};
 use super::restart::RestartWatch;
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl, unix_millis,
 };
+use crate::backoff::ExponentialBackoff;
 use redis::aio::MultiplexedConnection;
 
 /// The fencing rule (`next_fence`), put in front of the scripts that give
@@ -249,29 +251,40 @@ impl RedisBackend {
         // As long as a stalled Redis takes: the answer must come after the
         // acquire's.
         conn.set_response_timeout(REAP_PATIENCE);
-        let give_up = match call.invoke_async::<(i64, String)>(&mut conn).await {
-            Ok((1, _)) => return released_timed_out(&req.name),
-            // Nobody or another token holds it: the acquire did not grant,
-            // or its lease already ran out.
-            Ok(_) => return,
-            // Redis answered with an error (a script was busy): the acquire
-            // has run by now; retry the delete while its lease may last.
-            Err(e) if !(e.is_io_error() || e.is_connection_dropped()) => {
-                Instant::now() + req.ttl.as_duration()
-            }
-            // The connection broke.
-            Err(_) => Instant::now() + req.ttl.as_duration(),
-        };
-        let mut backoff = Duration::from_millis(50);
-        while Instant::now() < give_up {
-            tokio::time::sleep(backoff).await;
-            match self.run::<(i64, String)>(&call).await {
-                Ok((1, _)) => return released_timed_out(&req.name),
-                Ok(_) => return,
-                Err(_) => backoff = (backoff * 2).min(Duration::from_secs(1)),
-            }
+        // The first attempt goes on the acquire's connection, the retries
+        // (after it broke, or Redis answered with an error such as a busy
+        // script, by which time the acquire has run) on fresh ones, while
+        // its lease may last.
+        let first = std::sync::Mutex::new(Some(conn));
+        let reap = Reap::at_once(req.ttl.as_duration());
+        let outcome = reap
+            .run(None, || {
+                let conn = first.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let (call, name) = (&call, &req.name);
+                async move {
+                    let answer = match conn {
+                        Some(mut conn) => call
+                            .invoke_async::<(i64, String)>(&mut conn)
+                            .await
+                            .map_err(|e| redis_error(&e)),
+                        None => self.run::<(i64, String)>(call).await,
+                    };
+                    match answer {
+                        Ok((1, _)) => {
+                            released_timed_out(name);
+                            Attempt::Done
+                        }
+                        // Nobody or another token holds it: the acquire did
+                        // not grant, or its lease already ran out.
+                        Ok(_) => Attempt::Done,
+                        Err(e) => Attempt::Retry(e),
+                    }
+                }
+            })
+            .await;
+        if let Reaped::GaveUp(_) = outcome {
+            tracing::warn!(lock = %req.name, "could not delete a lock whose grant timed out; it runs out with its TTL");
         }
-        tracing::warn!(lock = %req.name, "could not delete a lock whose grant timed out; it runs out with its TTL");
     }
 }
 
@@ -279,6 +292,11 @@ impl RedisBackend {
 /// Redis's answer on the connection that carried the grant: as long as a
 /// stalled Redis may take, short of for ever.
 const REAP_PATIENCE: Duration = Duration::from_secs(24 * 3600);
+
+/// The pauses between the reconnections of the release-event subscriber:
+/// 50 ms doubling up to 2 s, from 50 ms again after each subscription.
+const EVENTS_BACKOFF: ExponentialBackoff =
+    ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(2));
 
 fn released_timed_out(name: &LockName) {
     tracing::info!(lock = %name, "released a lock whose grant timed out");
@@ -314,7 +332,7 @@ fn positive_ms(ms: i64) -> Duration {
 }
 
 #[async_trait]
-impl LockBackend for RedisBackend {
+impl Node for RedisBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let keys = Keys::new(&self.prefix, &req.name);
         let (sent, sent_wall) = (Instant::now(), SystemTime::now());
@@ -332,9 +350,11 @@ impl LockBackend for RedisBackend {
             Ok(answer) => answer,
             Err(e) => {
                 // A script held up in a stalled Redis may still grant.
-                if let (LockError::Unavailable(_), Some(conn), true) =
-                    (&e, sent_on, self.standalone && req.token_generated)
-                {
+                if let (true, Some(conn), true) = (
+                    e.is_transient(),
+                    sent_on,
+                    self.standalone && req.token_generated,
+                ) {
                     let (this, req) = (self.clone(), req.clone());
                     tokio::spawn(async move { this.reap_timed_out(req, conn).await });
                 }
@@ -531,11 +551,11 @@ impl ReleaseEvents {
     /// (re)subscription all waiters retry once, since releases may have been
     /// missed meanwhile.
     async fn run(self) {
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = EVENTS_BACKOFF.pauses();
         loop {
             match self.subscribe().await {
                 Ok(mut stream) => {
-                    backoff = Duration::from_millis(50);
+                    backoff.reset();
                     self.listener.resync();
                     while let Some(msg) = stream.next().await {
                         if let Some(name) = self.lock_name(msg.get_channel_name()) {
@@ -549,8 +569,7 @@ impl ReleaseEvents {
                 }
                 Err(e) => tracing::debug!(error = %e, "cannot subscribe to release events"),
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff.wait().await;
         }
     }
 

@@ -34,32 +34,35 @@
 //! `appendfsync always` to avoid it.
 
 use std::cmp::Ordering;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use futures_util::future::join_all;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
-    ReleaseListener, Released, Token, Ttl,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
+    ReleaseListener, Released, Store, Token, Ttl,
 };
+
+mod tally;
+
+use super::reaper::{Attempt, Reap, Reaper};
+use tally::{Counting, Tally, fan_out};
 
 /// The clock drift allowance added to every validity computation, on top
 /// of `ttl × drift_factor` (the Redis page's "2 milliseconds").
 const DRIFT_BASE: Duration = Duration::from_millis(2);
 
-/// Locks held on a quorum of independent nodes.
-pub struct RedlockBackend {
-    nodes: Arc<Vec<Arc<dyn LockBackend>>>,
+/// Locks held on a quorum of independent nodes: the [`Store`] over several
+/// [`Node`]s.
+pub struct Redlock {
+    nodes: Arc<Vec<Arc<dyn Node>>>,
     /// Background deletes under way, by lock name and token. A later acquire
     /// with the same token (a waiter retrying, a client re-acquiring) stops
     /// them first, so they cannot delete its new grant.
-    cleanups: Arc<Mutex<Cleanups>>,
+    reaper: Arc<Reaper>,
     quorum: usize,
     drift_factor: f64,
     /// How long a release is retried on a node that did not answer: the
@@ -72,15 +75,15 @@ pub fn quorum(n: usize) -> usize {
     n / 2 + 1
 }
 
-impl RedlockBackend {
+impl Redlock {
     /// Redlock over `nodes` (each one bounded by its own timeout), with
     /// `drift_factor` (such as 0.01) of the TTL allowed for clock drift.
     /// `max_ttl` bounds how long a release is retried on a node that did not
     /// answer.
-    pub fn new(nodes: Vec<Arc<dyn LockBackend>>, drift_factor: f64, max_ttl: Ttl) -> Self {
+    pub fn new(nodes: Vec<Arc<dyn Node>>, drift_factor: f64, max_ttl: Ttl) -> Self {
         Self {
             quorum: quorum(nodes.len()),
-            cleanups: Arc::default(),
+            reaper: Arc::default(),
             nodes: Arc::new(nodes),
             drift_factor,
             max_ttl,
@@ -96,134 +99,40 @@ impl RedlockBackend {
         Ttl::from_millis(ms, ttl.as_millis(), "validity").ok()
     }
 
-    /// Which nodes count toward a quorum now: all but those in their
-    /// delayed restart.
-    fn counting(&self) -> Vec<bool> {
-        self.nodes.iter().map(|n| n.counts_for_quorum()).collect()
-    }
-
-    fn quorum_unavailable(&self, answered: usize) -> LockError {
-        LockError::QuorumUnavailable {
-            answered,
-            needed: self.quorum,
-        }
-    }
-
     /// Compare-and-deletes `token` on every node at once. A node that did
-    /// not answer gets the delete again in the background, until it answers
-    /// or `ttl` has passed.
+    /// not answer gets the delete again in the background (the
+    /// [`Reaper`]), until it answers or `ttl` has passed, so a node that
+    /// hung during a refused acquire does not keep the grant once it is
+    /// back.
     async fn release_everywhere(
         &self,
         name: &LockName,
         token: &Token,
         ttl: Ttl,
-    ) -> Vec<Result<Released, LockError>> {
-        let answers = join_all(self.nodes.iter().map(|n| n.release(name, token))).await;
-        let unanswered: Vec<usize> = (0..answers.len())
-            .filter(|i| matches!(answers[*i], Err(LockError::Unavailable(_))))
-            .collect();
+    ) -> Tally<Released> {
+        let answers = fan_out(&self.nodes, Counting::Every, |_, n| {
+            Some(n.release(name, token))
+        })
+        .await;
+        let unanswered = answers.unanswered();
         if !unanswered.is_empty() {
-            let cleanup = Arc::new(Cleanup::default());
-            let key = (name.as_str().to_owned(), token.expose().to_owned());
-            lock(&self.cleanups).insert(key.clone(), cleanup.clone());
+            let stop = self.reaper.register(name, token, ttl.as_duration());
             for node in unanswered {
                 let node = self.nodes[node].clone();
-                let (name, token, cleanup) = (name.clone(), token.clone(), cleanup.clone());
+                let (name, token, stop) = (name.clone(), token.clone(), stop.clone());
                 tokio::spawn(async move {
-                    release_until_answered(node, name, token, ttl, cleanup).await;
+                    let reap = Reap::after_a_pause(ttl.as_duration());
+                    reap.run(Some(&stop), || async {
+                        match node.release(&name, &token).await {
+                            Err(e) if e.is_transient() => Attempt::Retry(e),
+                            _ => Attempt::Done,
+                        }
+                    })
+                    .await
                 });
             }
-            let cleanups = self.cleanups.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(ttl.as_duration()).await;
-                let mut cleanups = lock(&cleanups);
-                if cleanups.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cleanup)) {
-                    cleanups.remove(&key);
-                }
-            });
         }
         answers
-    }
-
-    /// Stops the background deletes of `token` on `name`, waiting for one
-    /// under way to finish: the caller is about to grant that token again.
-    async fn stop_cleanup(&self, name: &LockName, token: &Token) {
-        let key = (name.as_str().to_owned(), token.expose().to_owned());
-        let cleanup = lock(&self.cleanups).remove(&key);
-        if let Some(cleanup) = cleanup {
-            let _in_flight = cleanup.busy.lock().await;
-            cleanup.stopped.store(true, AtomicOrdering::SeqCst);
-        }
-    }
-}
-
-/// Background deletes by (lock name, token).
-type Cleanups = HashMap<(String, String), Arc<Cleanup>>;
-
-/// One background delete of a token: stoppable, and never stopped half-way
-/// through a call.
-#[derive(Default)]
-struct Cleanup {
-    stopped: AtomicBool,
-    busy: tokio::sync::Mutex<()>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Retries a release on one node until it answers or `ttl` has passed, so a
-/// node that hung during a refused acquire does not keep the grant once it
-/// is back.
-async fn release_until_answered(
-    node: Arc<dyn LockBackend>,
-    name: LockName,
-    token: Token,
-    ttl: Ttl,
-    cleanup: Arc<Cleanup>,
-) {
-    let give_up = Instant::now() + ttl.as_duration();
-    let mut pause = Duration::from_millis(50);
-    while Instant::now() < give_up {
-        tokio::time::sleep(pause).await;
-        let _busy = cleanup.busy.lock().await;
-        if cleanup.stopped.load(AtomicOrdering::SeqCst) {
-            return;
-        }
-        if !matches!(
-            node.release(&name, &token).await,
-            Err(LockError::Unavailable(_))
-        ) {
-            return;
-        }
-        pause = (pause * 2).min(Duration::from_secs(1));
-    }
-}
-
-/// Whether an answer came from the node (as opposed to a timeout or a
-/// refused connection).
-fn answered<T>(answer: &Result<T, LockError>) -> bool {
-    !matches!(
-        answer,
-        Err(LockError::Unavailable(_) | LockError::Backend(_))
-    )
-}
-
-/// The verdict of a majority of answers that were neither "done" nor a
-/// failure: `NotOwner` when more nodes saw another token, else `NotHeld`.
-fn ownership_verdict<T>(answers: &[Result<T, LockError>]) -> LockError {
-    let count = |f: fn(&LockError) -> bool| {
-        answers
-            .iter()
-            .filter(|a| a.as_ref().err().is_some_and(f))
-            .count()
-    };
-    let not_owner = count(|e| matches!(e, LockError::NotOwner));
-    let not_held = count(|e| matches!(e, LockError::NotHeld));
-    if not_owner > not_held {
-        LockError::NotOwner
-    } else {
-        LockError::NotHeld
     }
 }
 
@@ -244,36 +153,16 @@ fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Durat
 }
 
 #[async_trait]
-impl LockBackend for RedlockBackend {
+impl Store for Redlock {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
-        self.stop_cleanup(&req.name, &req.token).await;
+        self.reaper.stop(&req.name, &req.token).await;
         let started = Instant::now();
         let sent_wall = SystemTime::now();
-        let answers = join_all(self.nodes.iter().map(|n| n.acquire(req))).await;
-        // Read after the answers: a node's restart is seen when lockd
-        // reconnects to it, which may have been during this call.
-        let counts = self.counting();
+        let answers = fan_out(&self.nodes, Counting::Now, |_, n| Some(n.acquire(req))).await;
 
-        let mut granted = Vec::new();
-        let mut counted_grants = 0;
-        let mut held = Vec::new();
-        let mut renewed = false;
-        for (node, answer) in answers.iter().enumerate() {
-            match answer {
-                Ok(acquired) => {
-                    renewed |= matches!(acquired, Acquired::Renewed(_));
-                    granted.push(acquired.lease().fence);
-                    counted_grants += usize::from(counts[node]);
-                }
-                Err(LockError::Held { retry_after }) if counts[node] => held.push(*retry_after),
-                Err(_) => {}
-            }
-        }
-        let answered_count = (0..answers.len())
-            .filter(|i| counts[*i] && answered(&answers[*i]))
-            .count();
-
-        if counted_grants >= self.quorum {
+        if answers.granted() >= self.quorum {
+            let granted: Vec<u64> = answers.oks().map(|a| a.lease().fence).collect();
+            let renewed = answers.oks().any(|a| matches!(a, Acquired::Renewed(_)));
             // The largest fence any node gave, a node in its restart delay
             // included: a larger fence is never wrong.
             let fence = granted.iter().copied().max().unwrap_or(0);
@@ -284,21 +173,12 @@ impl LockBackend for RedlockBackend {
             let consistent =
                 granted.len() == self.nodes.len() && granted.iter().all(|f| *f == fence);
             let fence_ok = consistent || {
-                let answering: Vec<usize> = (0..answers.len())
-                    .filter(|i| answered(&answers[*i]))
-                    .collect();
-                let raised = join_all(
-                    answering
-                        .iter()
-                        .map(|node| self.nodes[*node].raise_fence(&req.name, &req.token, fence)),
-                )
+                let answering = answers.answering();
+                let raised = fan_out(&self.nodes, Counting::As(answers.counts()), |i, n| {
+                    answering[i].then(|| n.raise_fence(&req.name, &req.token, fence))
+                })
                 .await;
-                answering
-                    .iter()
-                    .zip(&raised)
-                    .filter(|(node, r)| counts[**node] && matches!(r, Ok(true)))
-                    .count()
-                    >= self.quorum
+                raised.counted_oks().filter(|held| **held).count() >= self.quorum
             };
             if fence_ok && let Some(validity) = self.validity(req.ttl, started.elapsed()) {
                 let lease = Lease {
@@ -317,11 +197,11 @@ impl LockBackend for RedlockBackend {
 
         self.release_everywhere(&req.name, &req.token, req.ttl)
             .await;
-        if answered_count < self.quorum {
-            return Err(self.quorum_unavailable(answered_count));
-        }
+        answers.told(self.quorum)?;
+        let held = answers.held();
+        let free = answers.answered() - held.len();
         Err(LockError::Held {
-            retry_after: retry_after(held.clone(), answered_count - held.len(), self.quorum),
+            retry_after: retry_after(held, free, self.quorum),
         })
     }
 
@@ -333,12 +213,11 @@ impl LockBackend for RedlockBackend {
     ) -> Result<Lease, LockError> {
         let started = Instant::now();
         let sent_wall = SystemTime::now();
-        let answers = join_all(self.nodes.iter().map(|n| n.extend(name, token, ttl))).await;
-        let counts = self.counting();
-        let extended: Vec<&Lease> = (0..answers.len())
-            .filter(|i| counts[*i])
-            .filter_map(|i| answers[i].as_ref().ok())
-            .collect();
+        let answers = fan_out(&self.nodes, Counting::Now, |_, n| {
+            Some(n.extend(name, token, ttl))
+        })
+        .await;
+        let extended: Vec<&Lease> = answers.counted_oks().collect();
         if extended.len() >= self.quorum {
             // The nodes set the TTL they were given, or the lock's own,
             // which they recorded alike at the grant: the shortest counts.
@@ -356,13 +235,8 @@ impl LockBackend for RedlockBackend {
             // The extension took longer than the lease: it is gone.
             return Err(LockError::NotHeld);
         }
-        let answered_count = (0..answers.len())
-            .filter(|i| counts[*i] && answered(&answers[*i]))
-            .count();
-        if answered_count < self.quorum {
-            return Err(self.quorum_unavailable(answered_count));
-        }
-        Err(ownership_verdict(&answers))
+        answers.told(self.quorum)?;
+        Err(answers.verdict())
     }
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
@@ -370,32 +244,23 @@ impl LockBackend for RedlockBackend {
         // that was down at acquire time may still hold a stale grant. A node
         // that does not answer gets it again in the background.
         let answers = self.release_everywhere(name, token, self.max_ttl).await;
-        let released: Vec<&Released> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        let released: Vec<&Released> = answers.oks().collect();
         if !released.is_empty() {
             // The earliest grant time recorded: the lock was held since then.
             return Ok(Released {
                 granted_at: released.iter().filter_map(|r| r.granted_at).min(),
             });
         }
-        let answered_count = answers.iter().filter(|a| answered(a)).count();
-        if answered_count < self.quorum {
-            return Err(self.quorum_unavailable(answered_count));
-        }
-        Err(ownership_verdict(&answers))
+        answers.told(self.quorum)?;
+        Err(answers.verdict())
     }
 
-    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
-        let answers = join_all(self.nodes.iter().map(|n| n.holder(name))).await;
-        let answered_count = answers.iter().filter(|a| answered(a)).count();
-        if answered_count < self.quorum {
-            return Err(self.quorum_unavailable(answered_count));
-        }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        let answers = fan_out(&self.nodes, Counting::Every, |_, n| Some(n.holder(name))).await;
+        answers.told(self.quorum)?;
         // The holder is the token a quorum of nodes agrees on; its fence is
         // the largest reported, its lease the shortest.
-        let holders: Vec<&(Token, LockInfo)> = answers
-            .iter()
-            .filter_map(|a| a.as_ref().ok().and_then(Option::as_ref))
-            .collect();
+        let holders: Vec<&(Token, LockInfo)> = answers.oks().filter_map(Option::as_ref).collect();
         for (token, _) in &holders {
             let agreeing: Vec<&LockInfo> = holders
                 .iter()
@@ -417,32 +282,22 @@ impl LockBackend for RedlockBackend {
                     owner: agreeing.iter().find_map(|i| i.owner.clone()),
                     granted_at: agreeing.iter().filter_map(|i| i.granted_at).min(),
                 };
-                return Ok(Some((token.clone(), info)));
+                return Ok(Some(info));
             }
         }
         Ok(None)
     }
 
-    async fn raise_fence(
-        &self,
-        name: &LockName,
-        token: &Token,
-        fence: u64,
-    ) -> Result<bool, LockError> {
-        let answers = join_all(self.nodes.iter().map(|n| n.raise_fence(name, token, fence))).await;
-        Ok(answers.iter().filter(|a| matches!(a, Ok(true))).count() >= self.quorum)
-    }
-
     async fn ping(&self) -> Result<(), LockError> {
-        let answers = join_all(self.nodes.iter().map(|n| n.ping())).await;
-        let counts = self.counting();
-        let up = (0..answers.len())
-            .filter(|i| counts[*i] && answers[*i].is_ok())
-            .count();
+        let answers = fan_out(&self.nodes, Counting::Now, |_, n| Some(n.ping())).await;
+        let up = answers.granted();
         if up >= self.quorum {
             Ok(())
         } else {
-            Err(self.quorum_unavailable(up))
+            Err(LockError::QuorumUnavailable {
+                answered: up,
+                needed: self.quorum,
+            })
         }
     }
 
@@ -468,16 +323,13 @@ mod tests {
         }
     }
 
-    fn cluster(n: usize) -> (Vec<Arc<MemoryBackend>>, RedlockBackend) {
+    fn cluster(n: usize) -> (Vec<Arc<MemoryBackend>>, Redlock) {
         let stores: Vec<Arc<MemoryBackend>> =
             (0..n).map(|_| Arc::new(MemoryBackend::new())).collect();
-        let nodes = stores
-            .iter()
-            .map(|s| s.clone() as Arc<dyn LockBackend>)
-            .collect();
+        let nodes = stores.iter().map(|s| s.clone() as Arc<dyn Node>).collect();
         (
             stores,
-            RedlockBackend::new(
+            Redlock::new(
                 nodes,
                 0.01,
                 Ttl::from_millis(60_000, u64::MAX, "max").expect("valid"),

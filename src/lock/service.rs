@@ -1,5 +1,5 @@
 //! [`Locks`]: the lock service the HTTP layer calls. It adds waiting to a
-//! [`LockBackend`]: a request may wait up to `wait` for a held lock, woken by
+//! [`Store`]: a request may wait up to `wait` for a held lock, woken by
 //! release events and by the holder's lease running out, never by polling at
 //! a fixed interval.
 //!
@@ -22,9 +22,10 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use super::queue::WaitQueues;
+use super::reaper::{Attempt, Reap, Reaped};
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
-    Released, Token,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Released, Store,
+    Token,
 };
 
 /// The most random delay added to a retry at the holder's lease end, so that
@@ -37,29 +38,25 @@ const EXPIRY_JITTER_MS: u64 = 5;
 /// measure of contention.
 pub type ContentionHook = Arc<dyn Fn(&LockName) + Send + Sync>;
 
-/// Locks with waiting, over one backend.
+/// Locks with waiting, over one store.
 #[derive(Clone)]
 pub struct Locks {
-    backend: Arc<dyn LockBackend>,
+    store: Arc<dyn Store>,
     queues: Arc<WaitQueues>,
     shutdown: CancellationToken,
     on_contention: Option<ContentionHook>,
 }
 
 impl Locks {
-    /// The service over `backend`, with at most `max_waiters` requests
-    /// waiting at once. Starts the backend's release events, which stop with
+    /// The service over `store`, with at most `max_waiters` requests
+    /// waiting at once. Starts the store's release events, which stop with
     /// `shutdown`; cancelling `shutdown` also ends every wait with
     /// [`LockError::ShuttingDown`].
-    pub fn new(
-        backend: Arc<dyn LockBackend>,
-        max_waiters: usize,
-        shutdown: CancellationToken,
-    ) -> Self {
+    pub fn new(store: Arc<dyn Store>, max_waiters: usize, shutdown: CancellationToken) -> Self {
         let queues = Arc::new(WaitQueues::new(max_waiters));
-        backend.watch_releases(queues.clone(), shutdown.clone());
+        store.watch_releases(queues.clone(), shutdown.clone());
         Self {
-            backend,
+            store,
             queues,
             shutdown,
             on_contention: None,
@@ -87,7 +84,7 @@ impl Locks {
 
     /// One acquire try; counts contention when it is the request's first.
     async fn try_acquire(&self, req: &AcquireRequest, first: bool) -> Result<Acquired, LockError> {
-        let outcome = self.backend.acquire(req).await;
+        let outcome = self.store.acquire(req).await;
         if first && matches!(outcome, Err(LockError::Held { .. })) {
             self.contended(&req.name);
         }
@@ -131,17 +128,29 @@ impl Locks {
             .unwrap_or_else(|_| Err(LockError::Unavailable("acquire task ended".into())))
     }
 
-    /// Releases a lock granted to a caller who went away.
+    /// Releases a lock granted to a caller who went away: one attempt of
+    /// the [`Reaper`](super::reaper) through the store (whose own release
+    /// retries, for Redlock, the nodes it did not reach).
     async fn release_orphan(&self, req: &AcquireRequest) {
-        match self.release(&req.name, &req.token).await {
-            Ok(_) => {
+        let reap = Reap::at_once(Duration::ZERO);
+        let outcome = reap
+            .run(None, || async {
+                match self.release(&req.name, &req.token).await {
+                    Ok(_) => Attempt::Done,
+                    Err(e) => Attempt::Retry(e),
+                }
+            })
+            .await;
+        match outcome {
+            Reaped::Done => {
                 tracing::info!(lock = %req.name, "released a lock granted after its caller left");
             }
-            Err(e) => tracing::warn!(
+            Reaped::GaveUp(e) => tracing::warn!(
                 lock = %req.name,
                 error = %e,
                 "could not release a lock granted after its caller left; it runs out with its TTL"
             ),
+            Reaped::Stopped => {}
         }
     }
 
@@ -191,9 +200,7 @@ impl Locks {
             tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
-                () = caller_gone.cancelled() => {
-                    return Err(LockError::Unavailable("the caller went away".into()));
-                }
+                () = caller_gone.cancelled() => return Err(LockError::Cancelled),
                 () = place.woken() => {}
                 () = sleep_until(retry_at), if head => {}
                 () = sleep_until(deadline) => {
@@ -218,41 +225,41 @@ impl Locks {
         }
     }
 
-    /// See [`LockBackend::extend`].
+    /// See [`Store::extend`].
     ///
     /// # Errors
-    /// As for [`LockBackend::extend`].
+    /// As for [`Store::extend`].
     pub async fn extend(
         &self,
         name: &LockName,
         token: &Token,
         ttl: ExtendTtl,
     ) -> Result<Lease, LockError> {
-        self.backend.extend(name, token, ttl).await
+        self.store.extend(name, token, ttl).await
     }
 
-    /// See [`LockBackend::release`].
+    /// See [`Store::release`].
     ///
     /// # Errors
-    /// As for [`LockBackend::release`].
+    /// As for [`Store::release`].
     pub async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
-        self.backend.release(name, token).await
+        self.store.release(name, token).await
     }
 
-    /// See [`LockBackend::inspect`].
+    /// See [`Store::inspect`].
     ///
     /// # Errors
-    /// As for [`LockBackend::inspect`].
+    /// As for [`Store::inspect`].
     pub async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.backend.inspect(name).await
+        self.store.inspect(name).await
     }
 
-    /// See [`LockBackend::ping`].
+    /// See [`Store::ping`].
     ///
     /// # Errors
-    /// As for [`LockBackend::ping`].
+    /// As for [`Store::ping`].
     pub async fn ping(&self) -> Result<(), LockError> {
-        self.backend.ping().await
+        self.store.ping().await
     }
 }
 
@@ -277,4 +284,339 @@ impl Drop for Pending {
 
 fn jitter() -> Duration {
     Duration::from_millis(rand::random_range(0..=EXPIRY_JITTER_MS))
+}
+
+#[cfg(test)]
+mod tests {
+    //! [`Locks`] over the memory backend, in paused time: every sleep and
+    //! lease runs out at once when the runtime is idle, so each test reads
+    //! the instants at which its waiters were answered.
+
+    use super::*;
+    use crate::lock::memory::MemoryBackend;
+    use crate::lock::{LockError, Node, Single, Ttl};
+    use async_trait::async_trait;
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    fn name(s: &str) -> LockName {
+        LockName::parse(s).expect("valid name")
+    }
+
+    fn request(lock: &str, token: &Token, ttl_ms: u64) -> AcquireRequest {
+        AcquireRequest {
+            name: name(lock),
+            token: token.clone(),
+            ttl: Ttl::from_millis(ttl_ms, u64::MAX, "ttl_ms").expect("valid ttl"),
+            owner: None,
+            token_generated: true,
+        }
+    }
+
+    fn service(max_waiters: usize) -> (Arc<MemoryBackend>, Locks, CancellationToken) {
+        let store = Arc::new(MemoryBackend::new());
+        let shutdown = CancellationToken::new();
+        let single = Arc::new(Single::new(store.clone()));
+        let locks = Locks::new(single, max_waiters, shutdown.clone());
+        (store, locks, shutdown)
+    }
+
+    /// How many requests wait for `lock` now.
+    fn waiting(locks: &Locks, lock: &str) -> usize {
+        let mut n = 0;
+        locks.for_each_queue(|name, count| {
+            if name == lock {
+                n = count;
+            }
+        });
+        n
+    }
+
+    /// Lets the other tasks run, without letting paused time advance, until
+    /// `n` requests wait for `lock`.
+    async fn until_waiting(locks: &Locks, lock: &str, n: usize) {
+        for _ in 0..10_000 {
+            if waiting(locks, lock) == n {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!(
+            "expected {n} waiters for {lock}, have {}",
+            waiting(locks, lock)
+        );
+    }
+
+    /// Lets the other tasks run without letting paused time advance.
+    async fn settle() {
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    type Answered = tokio::task::JoinHandle<(Result<Acquired, LockError>, Duration)>;
+
+    /// Starts an acquire of `lock` under `token` that waits up to `wait`;
+    /// its handle gives the outcome and how long after the start it came.
+    fn waiter(locks: &Locks, lock: &str, token: &Token, wait: Duration) -> Answered {
+        let (locks, req) = (locks.clone(), request(lock, token, 10_000));
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let outcome = locks.acquire(req, wait).await;
+            (outcome, started.elapsed())
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_woken_by_the_release() {
+        let (_, locks, _stop) = service(10);
+        let a = Token::generate();
+        locks
+            .acquire(request("k", &a, 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let b = waiter(&locks, "k", &Token::generate(), LONG);
+        until_waiting(&locks, "k", 1).await;
+        locks.release(&name("k"), &a).await.expect("held");
+        let (outcome, after) = b.await.expect("task");
+        assert!(matches!(outcome, Ok(Acquired::Granted(_))), "{outcome:?}");
+        assert!(
+            after < Duration::from_millis(10),
+            "woken at once: {after:?}"
+        );
+        assert_eq!(waiting(&locks, "k"), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_granted_at_the_holders_lease_end() {
+        let (_, locks, _stop) = service(10);
+        locks
+            .acquire(request("k", &Token::generate(), 1_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let b = waiter(&locks, "k", &Token::generate(), LONG);
+        let (outcome, after) = b.await.expect("task");
+        assert!(matches!(outcome, Ok(Acquired::Granted(_))), "{outcome:?}");
+        // At the lease end, plus at most the jitter.
+        assert!(
+            after >= Duration::from_millis(1_000)
+                && after <= Duration::from_millis(1_000 + EXPIRY_JITTER_MS + 1),
+            "{after:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_runs_out_tells_when_the_lease_ends() {
+        let (_, locks, _stop) = service(10);
+        locks
+            .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let b = waiter(&locks, "k", &Token::generate(), Duration::from_secs(2));
+        let (outcome, after) = b.await.expect("task");
+        match outcome {
+            Err(LockError::WaitTimedOut { retry_after }) => {
+                assert_eq!(retry_after, Duration::from_secs(8));
+            }
+            other => panic!("expected WaitTimedOut, got {other:?}"),
+        }
+        assert_eq!(after, Duration::from_secs(2));
+        assert_eq!(waiting(&locks, "k"), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_lock_without_a_wait_is_refused_at_once() {
+        let (_, locks, _stop) = service(10);
+        locks
+            .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let outcome = locks
+            .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
+            .await;
+        assert!(
+            matches!(outcome, Err(LockError::Held { retry_after }) if retry_after == Duration::from_secs(10)),
+            "{outcome:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiters_are_granted_in_arrival_order() {
+        let (_, locks, _stop) = service(10);
+        let holder = Token::generate();
+        locks
+            .acquire(request("k", &holder, 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let tokens: Vec<Token> = (0..3).map(|_| Token::generate()).collect();
+        let mut waiters = Vec::new();
+        for (i, token) in tokens.iter().enumerate() {
+            waiters.push(waiter(&locks, "k", token, LONG));
+            until_waiting(&locks, "k", i + 1).await;
+        }
+        let mut previous = holder;
+        for (i, (token, handle)) in tokens.iter().zip(waiters).enumerate() {
+            locks.release(&name("k"), &previous).await.expect("held");
+            let (outcome, _) = handle.await.expect("task");
+            assert!(
+                matches!(outcome, Ok(Acquired::Granted(_))),
+                "waiter {i}: {outcome:?}"
+            );
+            previous = token.clone();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_gone_mid_wait_leaves_no_lock_and_no_waiter() {
+        let (store, locks, _stop) = service(10);
+        let a = Token::generate();
+        locks
+            .acquire(request("k", &a, 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let b = waiter(&locks, "k", &Token::generate(), LONG);
+        until_waiting(&locks, "k", 1).await;
+        b.abort();
+        assert!(b.await.is_err_and(|e| e.is_cancelled()));
+        settle().await;
+        assert_eq!(waiting(&locks, "k"), 0, "the wait ended with its caller");
+        locks.release(&name("k"), &a).await.expect("held");
+        tokio::time::sleep(LONG).await;
+        assert_eq!(store.held_count(), 0, "nobody took the lock for it");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_the_caller_did_not_read_is_released() {
+        let (store, locks, _stop) = service(10);
+        let a = Token::generate();
+        locks
+            .acquire(request("k", &a, 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let b = Token::generate();
+        let mut pending = Box::pin(locks.acquire(request("k", &b, 10_000), LONG));
+        assert!(futures_util::poll!(pending.as_mut()).is_pending());
+        until_waiting(&locks, "k", 1).await;
+        locks.release(&name("k"), &a).await.expect("held");
+        // The waiter's task takes the lock and sends the grant...
+        for _ in 0..10_000 {
+            if store.peek("k").is_some_and(|(t, _)| t == b.expose()) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(store.peek("k").is_some(), "granted to the waiter");
+        // ...which its caller never reads.
+        drop(pending);
+        settle().await;
+        assert_eq!(store.held_count(), 0, "the unread grant was released");
+    }
+
+    /// A store whose acquires take `delay` (a slow Redis).
+    struct Slow {
+        inner: MemoryBackend,
+        delay: Duration,
+    }
+
+    #[async_trait]
+    impl Node for Slow {
+        async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+            tokio::time::sleep(self.delay).await;
+            self.inner.acquire(req).await
+        }
+        async fn extend(
+            &self,
+            name: &LockName,
+            token: &Token,
+            ttl: ExtendTtl,
+        ) -> Result<Lease, LockError> {
+            self.inner.extend(name, token, ttl).await
+        }
+        async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
+            self.inner.release(name, token).await
+        }
+        async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
+            self.inner.holder(name).await
+        }
+        async fn raise_fence(
+            &self,
+            name: &LockName,
+            token: &Token,
+            fence: u64,
+        ) -> Result<bool, LockError> {
+            self.inner.raise_fence(name, token, fence).await
+        }
+        async fn ping(&self) -> Result<(), LockError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_made_after_the_caller_left_is_released() {
+        let store = Arc::new(Slow {
+            inner: MemoryBackend::new(),
+            delay: Duration::from_millis(100),
+        });
+        let locks = Locks::new(
+            Arc::new(Single::new(store.clone())),
+            10,
+            CancellationToken::new(),
+        );
+        let outcome = tokio::time::timeout(
+            Duration::from_millis(50),
+            locks.acquire(request("k", &Token::generate(), 10_000), Duration::ZERO),
+        )
+        .await;
+        assert!(outcome.is_err(), "the caller gave up during the store call");
+        assert_eq!(store.inner.held_count(), 0);
+        // The call goes on, grants, and its grant is released.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        settle().await;
+        assert_eq!(
+            store.inner.held_count(),
+            0,
+            "the orphaned grant was released"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_refuses_waiters_but_grants_a_free_lock() {
+        let (_, locks, _stop) = service(1);
+        locks
+            .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let _b = waiter(&locks, "k", &Token::generate(), LONG);
+        until_waiting(&locks, "k", 1).await;
+        let c = locks
+            .acquire(request("k", &Token::generate(), 10_000), LONG)
+            .await;
+        assert!(matches!(c, Err(LockError::TooManyWaiters)), "{c:?}");
+        let free = locks
+            .acquire(request("free", &Token::generate(), 10_000), LONG)
+            .await;
+        assert!(matches!(free, Ok(Acquired::Granted(_))), "{free:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_ends_every_wait() {
+        let (_, locks, stop) = service(10);
+        locks
+            .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let b = waiter(&locks, "k", &Token::generate(), LONG);
+        let c = waiter(&locks, "k", &Token::generate(), LONG);
+        until_waiting(&locks, "k", 2).await;
+        stop.cancel();
+        for handle in [b, c] {
+            let (outcome, after) = handle.await.expect("task");
+            assert!(
+                matches!(outcome, Err(LockError::ShuttingDown)),
+                "{outcome:?}"
+            );
+            assert!(after < Duration::from_millis(10), "{after:?}");
+        }
+        assert_eq!(waiting(&locks, "k"), 0);
+    }
 }

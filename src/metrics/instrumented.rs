@@ -1,5 +1,5 @@
-//! [`Instrumented`]: a decorator that times every backend call without the
-//! lock core knowing about metrics.
+//! [`Instrumented`]: a decorator of a lock [`Node`] that times every call
+//! without the lock core knowing about metrics.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
 use crate::lock::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockBackend, LockError, LockInfo, LockName,
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token,
 };
 
@@ -24,13 +24,13 @@ const BACKEND_OPS: &[&str] = &[
     "raise_fence",
 ];
 
-/// A [`LockBackend`] node that times every call in
+/// A [`Node`] that times every call in
 /// `lockd_backend_duration_seconds{op,node}` and counts its failures in
 /// `lockd_backend_errors_total{node,kind}`, then returns the inner backend's
 /// answer unchanged. One request may make several calls (a waiter retries;
 /// Redlock calls every node).
 pub struct Instrumented {
-    inner: Arc<dyn LockBackend>,
+    inner: Arc<dyn Node>,
     metrics: Arc<Metrics>,
     node: String,
 }
@@ -38,7 +38,7 @@ pub struct Instrumented {
 impl Instrumented {
     /// Wraps `inner`, labelled `node` (such as `127.0.0.1:6379`), and creates
     /// its series at zero.
-    pub fn new(inner: Arc<dyn LockBackend>, metrics: Arc<Metrics>, node: String) -> Self {
+    pub fn new(inner: Arc<dyn Node>, metrics: Arc<Metrics>, node: String) -> Self {
         for op in BACKEND_OPS {
             metrics
                 .backend_duration
@@ -68,7 +68,7 @@ impl Instrumented {
             .with_label_values(&[op, self.node.as_str()])
             .observe(started.elapsed().as_secs_f64());
         let kind = match &outcome {
-            Err(LockError::Unavailable(_)) => Some("unavailable"),
+            Err(e) if e.is_transient() => Some("unavailable"),
             Err(LockError::Backend(_)) => Some("error"),
             _ => None,
         };
@@ -83,7 +83,7 @@ impl Instrumented {
 }
 
 #[async_trait]
-impl LockBackend for Instrumented {
+impl Node for Instrumented {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         self.time("acquire", self.inner.acquire(req)).await
     }
@@ -100,10 +100,6 @@ impl LockBackend for Instrumented {
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         self.time("release", self.inner.release(name, token)).await
-    }
-
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.time("inspect", self.inner.inspect(name)).await
     }
 
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {

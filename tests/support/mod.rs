@@ -865,6 +865,26 @@ impl TestApp {
         Self::redlock_over(nodes, urls, tweak).await
     }
 
+    /// lockd running Redlock over 3 fresh redis-servers, for the
+    /// conformance tests of [`backend_tests!`], with settings changed by
+    /// `tweak`. Its drift factor is 0: Redlock reports the validity of a
+    /// lease, `ttl − elapsed − (ttl × drift_factor + 2 ms)`, and with the
+    /// default 1 % a lease of 30 s would read 300 ms short, past the
+    /// [`WIRE_SLACK_MS`] the conformance tests allow for the time on the
+    /// wire. The drift allowance has tests of its own (`lock::redlock`).
+    /// Each node gets the single Redis's timeout (`redis_timeout_ms`, not
+    /// the 50 ms `node_timeout_ms`), so that a test's bursts of concurrent
+    /// requests queue for the pool as they do on one Redis, rather than
+    /// time out as a quorum failure.
+    pub async fn redlock_conformance(tweak: impl FnOnce(&mut Settings)) -> Self {
+        Self::redlock(3, |settings| {
+            settings.drift_factor = 0.0;
+            settings.node_timeout_ms = settings.redis_timeout_ms;
+            tweak(settings);
+        })
+        .await
+    }
+
     /// lockd running Redlock over `nodes`, reached at `urls` (one per node,
     /// in the same order: its own URL, or a [`LinkProxy`]'s in front of it),
     /// with settings changed by `tweak`.
@@ -1004,6 +1024,19 @@ impl TestApp {
     /// Whether the store is one Redis (not Redlock, not memory).
     pub fn is_redis(&self) -> bool {
         matches!(self.store, Store::Redis(_))
+    }
+
+    /// Whether the store is Redlock over several Redis nodes.
+    pub fn is_redlock(&self) -> bool {
+        matches!(self.store, Store::Redlock(_))
+    }
+
+    /// How many nodes each lock operation goes to: Redlock's nodes, else 1.
+    pub fn node_count(&self) -> usize {
+        match &self.store {
+            Store::Redlock(nodes) => nodes.len(),
+            _ => 1,
+        }
     }
 
     /// `http://<addr><path>`.
@@ -1154,11 +1187,33 @@ impl TestApp {
     }
 
     /// Who holds `name` according to the store: the token and the remaining
-    /// lease in ms (Redis: `GET` and `PTTL` of the lock key; memory: `peek`).
+    /// lease in ms (Redis: `GET` and `PTTL` of the lock key; memory: `peek`;
+    /// Redlock: the token a quorum of nodes holds, with the shortest PTTL).
     pub async fn holder(&self, name: &str) -> Option<(String, i64)> {
         match &self.store {
             Store::Redis(server) => server.get_with_pttl(&lock_key(name)).await,
-            Store::Redlock(_) => panic!("Redlock has no one holder: read each node"),
+            // The holder by Redlock's rule: the token a quorum of nodes
+            // holds, with the shortest of their leases.
+            Store::Redlock(nodes) => {
+                let key = lock_key(name);
+                let held =
+                    futures::future::join_all(nodes.iter().map(|node| node.get_with_pttl(&key)))
+                        .await;
+                let held: Vec<(String, i64)> = held.into_iter().flatten().collect();
+                let quorum = nodes.len() / 2 + 1;
+                held.iter()
+                    .map(|(token, _)| token)
+                    .find(|token| held.iter().filter(|(t, _)| t == *token).count() >= quorum)
+                    .map(|token| {
+                        let pttl = held
+                            .iter()
+                            .filter(|(t, _)| t == token)
+                            .map(|(_, pttl)| *pttl)
+                            .min()
+                            .unwrap_or(-1);
+                        (token.clone(), pttl)
+                    })
+            }
             Store::Memory(backend) => backend.peek(name).map(|(token, left)| {
                 (
                     token,
@@ -1174,7 +1229,8 @@ impl TestApp {
     }
 
     /// How many lock records the store has (Redis: keys under the prefix
-    /// except `:fence` counters, i.e. lock and meta keys; memory: held locks).
+    /// except `:fence` counters, i.e. lock and meta keys; memory: held locks;
+    /// Redlock: the most any node has).
     pub async fn lock_key_count(&self) -> usize {
         match &self.store {
             Store::Redis(server) => server
@@ -1183,7 +1239,20 @@ impl TestApp {
                 .iter()
                 .filter(|k| k.starts_with(PREFIX) && !k.ends_with(":fence"))
                 .count(),
-            Store::Redlock(_) => panic!("Redlock has no one store: read each node"),
+            // The most any node has: each node keeps its own copy.
+            Store::Redlock(nodes) => {
+                let mut most = 0;
+                for node in nodes {
+                    let count = node
+                        .keys()
+                        .await
+                        .iter()
+                        .filter(|k| k.starts_with(PREFIX) && !k.ends_with(":fence"))
+                        .count();
+                    most = most.max(count);
+                }
+                most
+            }
             Store::Memory(backend) => backend.held_count(),
         }
     }
@@ -1197,11 +1266,12 @@ impl Drop for TestApp {
 
 /// Generates one `#[tokio::test]` per backend for each listed
 /// `async fn name(app: &TestApp)` of the calling file: `redis::name` over a
-/// fresh redis-server and `memory::name` over the in-memory backend.
+/// fresh redis-server, `memory::name` over the in-memory backend and
+/// `redlock::name` over Redlock on 3 fresh redis-servers.
 ///
 /// `backend_tests!(mod m = |s: &mut Settings| ...; name, ...)` does the same
-/// with settings changed by the closure, as `m::redis::name` and
-/// `m::memory::name`. In both forms a name may carry attributes, such as
+/// with settings changed by the closure, as `m::redis::name`,
+/// `m::memory::name` and `m::redlock::name`. In both forms a name may carry attributes, such as
 /// `#[ignore = "bug: ..."]`, given to both of its tests.
 #[allow(unused_macros)]
 macro_rules! backend_tests {
@@ -1227,6 +1297,16 @@ macro_rules! backend_tests {
                     }
                 )*
             }
+            mod redlock {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    $(#[$attr])*
+                    async fn $name() {
+                        let app = crate::support::TestApp::redlock_conformance($tweak).await;
+                        super::super::$name(&app).await;
+                    }
+                )*
+            }
         }
     };
     ($($(#[$attr:meta])* $name:ident),* $(,)?) => {
@@ -1246,6 +1326,16 @@ macro_rules! backend_tests {
                 $(#[$attr])*
                 async fn $name() {
                     let app = crate::support::TestApp::memory().await;
+                    super::$name(&app).await;
+                }
+            )*
+        }
+        mod redlock {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                $(#[$attr])*
+                async fn $name() {
+                    let app = crate::support::TestApp::redlock_conformance(|_| {}).await;
                     super::$name(&app).await;
                 }
             )*

@@ -70,7 +70,7 @@ pub async fn acquire(
     // Giving up here is safe: a grant made after it is released again.
     let limit = deadline.remaining() + wait;
     let Ok(outcome) = tokio::time::timeout(limit, locks.acquire(request, wait)).await else {
-        counted.finish(&Err(LockError::Unavailable("the request timed out".into())));
+        counted.finish(&Err(LockError::TimedOut));
         return Err(ApiError::timeout());
     };
     counted.finish(&outcome);

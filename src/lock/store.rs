@@ -1,0 +1,117 @@
+//! [`Store`]: the lock store that [`super::Locks`] calls, made of one or
+//! more [`Node`]s. [`Single`] is one node as it is; [`super::redlock`]
+//! spreads each lock over several. Other topologies (Redis Cluster,
+//! Sentinel) are further implementations of the same trait.
+//!
+//! No method returns a token: a lock's token is known to the caller that
+//! chose or was given it, and to no one else (`inspect` gives a
+//! [`LockInfo`] only).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
+    ReleaseListener, Released, Token,
+};
+
+/// A lock store. Every store gives the same answers for the same sequence
+/// of calls; the HTTP conformance tests (`backend_tests!`) run against each
+/// of them.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Takes the lock if it is free, or renews it if `req.token` already
+    /// holds it.
+    ///
+    /// # Errors
+    /// [`LockError::Held`] with the holder's remaining lease when another
+    /// token holds it; [`LockError::Unavailable`],
+    /// [`LockError::QuorumUnavailable`] or [`LockError::Backend`] when the
+    /// store fails.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError>;
+
+    /// Resets the lease of a lock held by `token` to `ttl`. Never creates a
+    /// lock.
+    ///
+    /// # Errors
+    /// [`LockError::NotHeld`] when nobody holds it, [`LockError::NotOwner`]
+    /// when another token does, or a store failure as for
+    /// [`Store::acquire`].
+    async fn extend(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Lease, LockError>;
+
+    /// Releases a lock held by `token` (compare-and-delete), and tells when
+    /// it was granted.
+    ///
+    /// # Errors
+    /// As for [`Store::extend`].
+    async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
+
+    /// Describes the current holder (never its token), or `None` when the
+    /// lock is free.
+    ///
+    /// # Errors
+    /// A store failure as for [`Store::acquire`].
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError>;
+
+    /// Checks that the store answers, for `/readyz`.
+    ///
+    /// # Errors
+    /// A store failure as for [`Store::acquire`].
+    async fn ping(&self) -> Result<(), LockError>;
+
+    /// Starts telling `listener` about every release and extend, on every
+    /// node, until `stop` is cancelled.
+    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken);
+}
+
+/// The store of one node (single-Redis mode, or memory): each call goes to
+/// that node as it is.
+pub struct Single {
+    node: Arc<dyn Node>,
+}
+
+impl Single {
+    /// The store of `node` alone.
+    pub fn new(node: Arc<dyn Node>) -> Self {
+        Self { node }
+    }
+}
+
+#[async_trait]
+impl Store for Single {
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        self.node.acquire(req).await
+    }
+
+    async fn extend(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Lease, LockError> {
+        self.node.extend(name, token, ttl).await
+    }
+
+    async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
+        self.node.release(name, token).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
+        Ok(self.node.holder(name).await?.map(|(_, info)| info))
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        self.node.ping().await
+    }
+
+    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+        self.node.watch_releases(listener, stop);
+    }
+}
