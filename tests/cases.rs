@@ -766,7 +766,11 @@ async fn c07_concurrent_acquires_of_one_name_grant_exactly_one(app: &TestApp) {
     for r in replies.iter().filter(|r| r.status != 201) {
         r.expect_problem(409, "lock-held");
     }
-    assert_eq!(app.holder_token("c07:one").await, Some(granted[0].token()));
+    assert_eq!(
+        app.holder_token("c07:one").await,
+        granted.first().map(|g| g.token()),
+        "the holder is the one grant, or nobody after a split vote"
+    );
 }
 
 async fn c07_token_of_one_lock_cannot_touch_another(app: &TestApp) {
