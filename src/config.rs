@@ -27,8 +27,8 @@ pub enum LogFormat {
 }
 
 /// The service's settings, after flags, environment, file and defaults are
-/// merged. `Debug` hides any password in the Redis URL.
-#[derive(Clone, Serialize, Deserialize)]
+/// merged. `Debug` hides any password in the Redis URLs (see [`RedisUrl`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// Address to listen on; port 0 picks a free port.
@@ -48,7 +48,7 @@ pub struct Settings {
     /// Redis URLs: one runs the single-instance backend, several run Redlock
     /// over them. A TOML file may give one string or a list.
     #[serde(deserialize_with = "one_or_many")]
-    pub redis_url: Vec<String>,
+    pub redis_url: Vec<RedisUrl>,
     /// Prefix of every Redis key lockd writes.
     pub key_prefix: String,
     /// Lease length when a request gives no `ttl_ms`, in milliseconds.
@@ -107,7 +107,7 @@ impl Default for Settings {
             tls_key: None,
             header_read_timeout_ms: 5_000,
             max_header_bytes: 16_384,
-            redis_url: vec!["redis://127.0.0.1:6379".into()],
+            redis_url: vec![RedisUrl::from("redis://127.0.0.1:6379")],
             key_prefix: "lockd:".into(),
             default_ttl_ms: 30_000,
             max_ttl_ms: 3_600_000,
@@ -129,46 +129,6 @@ impl Default for Settings {
             auth_keys_file: None,
             insecure_no_auth: false,
         }
-    }
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("listen", &self.listen)
-            .field("tls_cert", &self.tls_cert)
-            .field("tls_key", &self.tls_key)
-            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
-            .field("max_header_bytes", &self.max_header_bytes)
-            .field(
-                "redis_url",
-                &self
-                    .redis_url
-                    .iter()
-                    .map(|u| redact_url(u))
-                    .collect::<Vec<_>>(),
-            )
-            .field("key_prefix", &self.key_prefix)
-            .field("default_ttl_ms", &self.default_ttl_ms)
-            .field("max_ttl_ms", &self.max_ttl_ms)
-            .field("redis_timeout_ms", &self.redis_timeout_ms)
-            .field("pool_size", &self.pool_size)
-            .field("node_timeout_ms", &self.node_timeout_ms)
-            .field("drift_factor", &self.drift_factor)
-            .field("fence_retention_ms", &self.fence_retention_ms)
-            .field("redlock_restart_delay_ms", &self.redlock_restart_delay_ms)
-            .field("max_wait_ms", &self.max_wait_ms)
-            .field("max_waiters", &self.max_waiters)
-            .field("max_requests", &self.max_requests)
-            .field("dev", &self.dev)
-            .field("metrics_listen", &self.metrics_listen)
-            .field("metrics_max_namespaces", &self.metrics_max_namespaces)
-            .field("request_timeout_ms", &self.request_timeout_ms)
-            .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
-            .field("log_format", &self.log_format)
-            .field("auth_keys_file", &self.auth_keys_file)
-            .field("insecure_no_auth", &self.insecure_no_auth)
-            .finish()
     }
 }
 
@@ -286,6 +246,47 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// A Redis URL as given (`redis://[:PASSWORD@]HOST[:PORT][/DB]`); the
+/// backend parses it when it connects. Its `Debug` and `Display` hide the
+/// password (see [`redact_url`]); [`RedisUrl::expose`] gives the URL itself,
+/// for making the connection.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// The URL as given, password included: only for connecting.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for RedisUrl {
+    fn from(raw: String) -> Self {
+        Self(raw)
+    }
+}
+
+impl From<&str> for RedisUrl {
+    fn from(raw: &str) -> Self {
+        Self(raw.to_owned())
+    }
+}
+
+impl fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(&self.0))
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RedisUrl")
+            .field(&redact_url(&self.0))
+            .finish()
+    }
+}
+
 /// The `host:port` a Redis URL points at (the URL itself when unparsable).
 pub fn node_address(url: &str) -> String {
     url::Url::parse(url)
@@ -294,13 +295,13 @@ pub fn node_address(url: &str) -> String {
         .unwrap_or_else(|| redact_url(url))
 }
 
-/// Accepts one string or a list of strings.
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+/// Accepts one URL or a list of them.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<RedisUrl>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
+        One(RedisUrl),
+        Many(Vec<RedisUrl>),
     }
     // The untagged enum's own error ("data did not match any variant of
     // untagged enum OneOrMany") tells a user nothing.
@@ -376,11 +377,10 @@ impl Settings {
         if let Some(twice) = self
             .redis_url
             .iter()
-            .find(|u| !seen.insert(node_address(u)))
+            .find(|u| !seen.insert(node_address(u.expose())))
         {
             return invalid(format!(
-                "redis_url lists {} twice; Redlock masters must be independent",
-                redact_url(twice)
+                "redis_url lists {twice} twice; Redlock masters must be independent"
             ));
         }
         if self.node_timeout_ms == 0 {
@@ -687,5 +687,8 @@ mod tests {
             ..Settings::default()
         };
         assert!(!format!("{settings:?}").contains("hunter2"));
+        let url = &settings.redis_url[0];
+        assert!(!url.to_string().contains("hunter2"), "{url}");
+        assert_eq!(url.expose(), "redis://:hunter2@127.0.0.1:6379");
     }
 }
