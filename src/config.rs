@@ -345,33 +345,48 @@ impl Settings {
         Ok(settings)
     }
 
-    /// Checks the values that each parse alone but must fit together.
+    /// Checks the values that each parse alone but must fit together: each
+    /// concern in turn (limits, store, metrics, auth, listener and
+    /// transport), each naming the setting at fault.
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming the setting at fault.
     pub fn check(&self) -> Result<(), ConfigError> {
-        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        self.check_limits()
+            .and_then(|()| self.check_store())
+            .and_then(|()| self.check_metrics())
+            .and_then(|()| self.check_auth())
+            .and_then(|()| self.check_listen())
+            .map_err(ConfigError::Invalid)
+    }
+
+    /// The limits a request is held to: TTLs, waits, admission, timeouts.
+    fn check_limits(&self) -> Result<(), String> {
         if !(1..=Ttl::CEILING_MS).contains(&self.max_ttl_ms) {
-            return invalid(format!(
+            return Err(format!(
                 "max_ttl_ms must be from 1 to {} (365 days)",
                 Ttl::CEILING_MS
             ));
         }
         if !(1..=self.max_ttl_ms).contains(&self.default_ttl_ms) {
-            return invalid(format!(
+            return Err(format!(
                 "default_ttl_ms (--default-ttl-ms, {}) must be from 1 to max_ttl_ms ({}); \
                  a lower --max-ttl-ms needs a --default-ttl-ms at most as long",
                 self.default_ttl_ms, self.max_ttl_ms
             ));
         }
-        if self.redis_timeout_ms == 0 {
-            return invalid("redis_timeout_ms must be at least 1".into());
-        }
-        if self.pool_size == 0 {
-            return invalid("pool_size must be at least 1".into());
-        }
+        at_least_one("max_waiters", self.max_waiters)?;
+        at_least_one("max_requests", self.max_requests)?;
+        at_least_one("request_timeout_ms", self.request_timeout_ms)
+    }
+
+    /// The lock store: the Redis nodes, their connections and timeouts,
+    /// Redlock's parameters, the fences and the key prefix.
+    fn check_store(&self) -> Result<(), String> {
+        at_least_one("redis_timeout_ms", self.redis_timeout_ms)?;
+        at_least_one("pool_size", self.pool_size)?;
         if self.redis_url.is_empty() {
-            return invalid("redis_url needs at least one URL".into());
+            return Err("redis_url needs at least one URL".into());
         }
         let mut seen = std::collections::HashSet::new();
         if let Some(twice) = self
@@ -379,18 +394,16 @@ impl Settings {
             .iter()
             .find(|u| !seen.insert(node_address(u.expose())))
         {
-            return invalid(format!(
+            return Err(format!(
                 "redis_url lists {twice} twice; Redlock masters must be independent"
             ));
         }
-        if self.node_timeout_ms == 0 {
-            return invalid("node_timeout_ms must be at least 1".into());
-        }
+        at_least_one("node_timeout_ms", self.node_timeout_ms)?;
         if !(0.0..0.5).contains(&self.drift_factor) {
-            return invalid("drift_factor must be from 0 to below 0.5".into());
+            return Err("drift_factor must be from 0 to below 0.5".into());
         }
         if !(1000..=Ttl::CEILING_MS).contains(&self.fence_retention_ms) {
-            return invalid(format!(
+            return Err(format!(
                 "fence_retention_ms (--fence-retention-ms) must be from 1000 (1 s) to {} (365 days)",
                 Ttl::CEILING_MS
             ));
@@ -399,28 +412,32 @@ impl Settings {
             .redlock_restart_delay_ms
             .is_some_and(|ms| ms > Ttl::CEILING_MS)
         {
-            return invalid(format!(
+            return Err(format!(
                 "redlock_restart_delay_ms (--redlock-restart-delay-ms) must be at most {} (365 days)",
                 Ttl::CEILING_MS
             ));
         }
-        if self.max_waiters == 0 {
-            return invalid("max_waiters must be at least 1".into());
+        if self.key_prefix.contains(['{', '}']) {
+            return Err("key_prefix must not contain braces: they mark the hash tag".into());
         }
-        if self.max_requests == 0 {
-            return invalid("max_requests must be at least 1".into());
-        }
-        if self.request_timeout_ms == 0 {
-            return invalid("request_timeout_ms must be at least 1".into());
-        }
+        Ok(())
+    }
+
+    /// The metrics listener, apart from the main one.
+    fn check_metrics(&self) -> Result<(), String> {
         if self
             .metrics_listen
             .is_some_and(|m| m == self.listen && m.port() != 0)
         {
-            return invalid("metrics_listen must differ from listen".into());
+            return Err("metrics_listen must differ from listen".into());
         }
+        Ok(())
+    }
+
+    /// API keys, or their absence: only on loopback unless insecure.
+    fn check_auth(&self) -> Result<(), String> {
         if self.auth_keys_file.is_some() && self.insecure_no_auth {
-            return invalid(
+            return Err(
                 "insecure_no_auth and auth_keys_file contradict each other; give one".into(),
             );
         }
@@ -428,23 +445,28 @@ impl Settings {
             && !self.insecure_no_auth
             && !self.listen.ip().is_loopback()
         {
-            return invalid(format!(
+            return Err(format!(
                 "refusing to listen on {} without API keys: anyone who can reach it could \
                  take and release any lock. Give --auth-keys-file (see `lockd keygen`), \
                  listen on a loopback address, or, for development only, --insecure-no-auth",
                 self.listen
             ));
         }
+        Ok(())
+    }
+
+    /// The main listener's transport: TLS files, limits on request heads.
+    fn check_listen(&self) -> Result<(), String> {
         match (&self.tls_cert, &self.tls_key) {
             (Some(_), None) => {
-                return invalid(
+                return Err(
                     "tls_cert is set but tls_key is not: HTTPS needs both; give \
                      --tls-key (or LOCKD_TLS_KEY, or tls_key in the file) too"
                         .into(),
                 );
             }
             (None, Some(_)) => {
-                return invalid(
+                return Err(
                     "tls_key is set but tls_cert is not: HTTPS needs both; give \
                      --tls-cert (or LOCKD_TLS_CERT, or tls_cert in the file) too"
                         .into(),
@@ -452,19 +474,22 @@ impl Settings {
             }
             _ => {}
         }
-        if self.header_read_timeout_ms == 0 {
-            return invalid("header_read_timeout_ms must be at least 1".into());
-        }
+        at_least_one("header_read_timeout_ms", self.header_read_timeout_ms)?;
         if self.max_header_bytes < MIN_HEADER_BYTES {
-            return invalid(format!(
+            return Err(format!(
                 "max_header_bytes must be at least {MIN_HEADER_BYTES} (hyper's smallest read buffer)"
             ));
         }
-        if self.key_prefix.contains(['{', '}']) {
-            return invalid("key_prefix must not contain braces: they mark the hash tag".into());
-        }
         Ok(())
     }
+}
+
+/// `Err("KEY must be at least 1")` for a zero `value`.
+fn at_least_one<N: Default + PartialEq>(key: &str, value: N) -> Result<(), String> {
+    if value == N::default() {
+        return Err(format!("{key} must be at least 1"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
