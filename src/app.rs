@@ -13,13 +13,13 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Auth, KeysError};
-use crate::config::{Settings, node_address};
+use crate::config::{RedisUrl, Settings, node_address};
 use crate::http::admission::Admission;
 use crate::http::limits::Limits;
 use crate::http::routes::{metrics_router, router};
 use crate::http::state::{App, AppState};
 use crate::lock::memory::MemoryBackend;
-use crate::lock::redis::{RedisBackend, RedisConfig, redact_url};
+use crate::lock::redis::{RedisBackend, RedisConfig};
 use crate::lock::redlock::{Redlock, quorum};
 use crate::lock::{LockError, Locks, Node, Single, Store, Ttl};
 use crate::metrics::{Instrumented, Metrics, PoolStatus};
@@ -337,9 +337,9 @@ fn build_backend(
         return Ok(Arc::new(Single::new(node)));
     }
     let redlock = settings.redis_url.len() > 1;
-    let node = |url: &String, timeout_ms: u64| -> Result<Arc<dyn Node>, StartupError> {
+    let node = |url: &RedisUrl, timeout_ms: u64| -> Result<Arc<dyn Node>, StartupError> {
         let backend = RedisBackend::new(&RedisConfig {
-            url: url.clone(),
+            url: url.expose().to_owned(),
             key_prefix: settings.key_prefix.clone(),
             timeout: Duration::from_millis(timeout_ms),
             pool_size: settings.pool_size,
@@ -348,7 +348,7 @@ fn build_backend(
             standalone: !redlock,
         })?;
         let watched = backend.clone();
-        metrics.watch_pool(&node_address(url), move || {
+        metrics.watch_pool(&node_address(url.expose()), move || {
             let status = watched.pool().status();
             PoolStatus {
                 size: status.size,
@@ -357,14 +357,14 @@ fn build_backend(
                 in_restart_delay: watched.in_restart_delay(),
             }
         });
-        Ok(instrument(Arc::new(backend), node_address(url)))
+        Ok(instrument(Arc::new(backend), node_address(url.expose())))
     };
     let urls = &settings.redis_url;
     if let [url] = urls.as_slice() {
-        tracing::info!(redis = %redact_url(url), "using one Redis (a failover can lose locks; see docs/design.md)");
+        tracing::info!(redis = %url, "using one Redis (a failover can lose locks; see docs/design.md)");
         return Ok(Arc::new(Single::new(node(url, settings.redis_timeout_ms)?)));
     }
-    let shown: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+    let shown: Vec<String> = urls.iter().map(ToString::to_string).collect();
     tracing::info!(nodes = ?shown, quorum = quorum(urls.len()), "using Redlock");
     if urls.len() == 2 {
         tracing::warn!(

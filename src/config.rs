@@ -1,201 +1,19 @@
-//! Settings: command-line flags and environment variables (clap) over an
-//! optional TOML file (`--config`, read with figment) over defaults.
+//! Settings: the flags and environment variables of `lockd serve`
+//! ([`crate::cli::ServeArgs`]) over an optional TOML file (`--config`, read
+//! with figment) over defaults.
 //! `config/lockd.example.toml` documents every setting.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::client::args::{AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, StatusArgs};
+use crate::cli::ServeArgs;
 use crate::lock::Ttl;
 use crate::lock::redis::{redact_url, redact_urls_in};
-
-/// `lockd`: a distributed lock service over HTTP, with locks held in Redis.
-#[derive(Debug, Parser)]
-#[command(name = "lockd", version, about)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// The subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the HTTP service.
-    Serve(Box<ServeArgs>),
-    /// Print the OpenAPI document (JSON) that `/openapi.json` serves.
-    Openapi,
-    /// Run a command while holding a lock, like flock(1) across machines:
-    /// `lockd exec [OPTIONS] NAME -- CMD [ARGS...]`.
-    Exec(Box<ExecArgs>),
-    /// Take a lock; print the server's JSON answer.
-    Acquire(AcquireArgs),
-    /// Extend a lease you hold; print the server's JSON answer.
-    Extend(ExtendArgs),
-    /// Release a lock you hold.
-    Release(ReleaseArgs),
-    /// Show who holds a lock (exit 1 when it is free).
-    Status(StatusArgs),
-    /// Mint an API key: prints the secret (once) and adds the key's SHA-256
-    /// to the keys file given by --keys-file.
-    Keygen(crate::keygen::KeygenArgs),
-}
-
-/// Flags of `lockd serve`. Each one overrides the same setting from the
-/// `--config` file; unset flags leave the file's value or the default.
-#[derive(Debug, Default, Args, Serialize)]
-pub struct ServeArgs {
-    /// A TOML file with settings (see config/lockd.example.toml).
-    #[arg(long, env = "LOCKD_CONFIG")]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:8080].
-    #[arg(long, env = "LOCKD_LISTEN")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub listen: Option<SocketAddr>,
-    /// Serve HTTPS with this certificate chain: a PEM file, the server's
-    /// certificate first, then any intermediates. Needs --tls-key
-    /// [default: plain HTTP].
-    #[arg(long, env = "LOCKD_TLS_CERT", value_name = "PATH")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_cert: Option<PathBuf>,
-    /// The private key of --tls-cert: a PEM file (PKCS#8, PKCS#1 or SEC1,
-    /// not encrypted). Needs --tls-cert.
-    #[arg(long, env = "LOCKD_TLS_KEY", value_name = "PATH")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls_key: Option<PathBuf>,
-    /// Longest time a client may take to send a request's head (request
-    /// line and headers), in ms, counted from the connection's start or the
-    /// previous answer; then the connection is closed. It also closes a
-    /// keep-alive connection left idle that long [default: 5000].
-    #[arg(long, env = "LOCKD_HEADER_READ_TIMEOUT_MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub header_read_timeout_ms: Option<u64>,
-    /// Largest request head (request line and headers) accepted, in bytes;
-    /// a longer one is answered 431 and the connection closed. At least
-    /// 8192 [default: 16384].
-    #[arg(long, env = "LOCKD_MAX_HEADER_BYTES")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_header_bytes: Option<usize>,
-    /// Redis URL, e.g. redis://:password@host:6379/0 [default: redis://127.0.0.1:6379].
-    /// Give it more than once (or comma-separated in LOCKD_REDIS_URL) to run
-    /// Redlock over those independent masters; 3 or 5 are recommended.
-    #[arg(long, env = "LOCKD_REDIS_URL", value_delimiter = ',')]
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub redis_url: Vec<String>,
-    /// Prefix of every Redis key lockd writes [default: lockd:].
-    #[arg(long, env = "LOCKD_KEY_PREFIX")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key_prefix: Option<String>,
-    /// Lease length when a request gives no ttl_ms, in ms [default: 30000].
-    #[arg(long, env = "LOCKD_DEFAULT_TTL_MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub default_ttl_ms: Option<u64>,
-    /// Longest lease a request may ask for, in ms [default: 3600000].
-    #[arg(long, env = "LOCKD_MAX_TTL_MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_ttl_ms: Option<u64>,
-    /// Longest time one Redis operation may take, connecting included, in ms;
-    /// past it the request gets 503 [default: 1000].
-    #[arg(long, env = "LOCKD_REDIS_TIMEOUT_MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redis_timeout_ms: Option<u64>,
-    /// Most pooled Redis connections [default: 16].
-    #[arg(long, env = "LOCKD_POOL_SIZE")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pool_size: Option<usize>,
-    /// Redlock: the longest one node may take to answer, in ms; far below
-    /// the TTL [default: 50].
-    #[arg(long, env = "LOCKD_NODE_TIMEOUT_MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node_timeout_ms: Option<u64>,
-    /// Redlock: clock drift allowed, as a fraction of the TTL (plus 2 ms)
-    /// [default: 0.01].
-    #[arg(long, env = "LOCKD_DRIFT_FACTOR", allow_negative_numbers = true)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub drift_factor: Option<f64>,
-    /// How long a lock's fencing counter is kept in Redis after its last
-    /// grant, in ms; at least 1000. A lock released that long ago leaves
-    /// nothing in Redis; its next fence still comes out larger (see the
-    /// guarantees in docs/design.md) [default: 3600000].
-    #[arg(long, env = "LOCKD_FENCE_RETENTION_MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fence_retention_ms: Option<u64>,
-    /// Redlock: how long a node that restarted counts toward no quorum, in
-    /// ms, counted from its start; lockd still writes to it meanwhile
-    /// (the delayed restart) [default: max_ttl_ms].
-    #[arg(
-        long,
-        env = "LOCKD_REDLOCK_RESTART_DELAY_MS",
-        allow_negative_numbers = true
-    )]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub redlock_restart_delay_ms: Option<u64>,
-    /// Longest wait_ms a request may ask for, in ms [default: 60000].
-    #[arg(long, env = "LOCKD_MAX_WAIT_MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_wait_ms: Option<u64>,
-    /// Most requests waiting for locks at once; beyond it, 503 [default: 10000].
-    #[arg(long, env = "LOCKD_MAX_WAITERS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_waiters: Option<usize>,
-    /// Most /locks acquires and inspects served at once besides the
-    /// max_waiters waiting ones; extends and releases get as many again of
-    /// their own, which acquires cannot take; beyond, 503 overloaded
-    /// [default: 1024].
-    #[arg(long, env = "LOCKD_MAX_REQUESTS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_requests: Option<usize>,
-    /// Keep locks in this process's memory instead of Redis, to try lockd
-    /// without Redis. Locks are not shared between processes.
-    /// LOCKD_DEV takes 1/0, true/false, yes/no, on/off.
-    #[arg(long, env = "LOCKD_DEV", value_parser = clap::builder::BoolishValueParser::new())]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub dev: bool,
-    /// Serve /metrics (with /healthz and /readyz) on this address instead of
-    /// the main one, e.g. 127.0.0.1:9464 [default: on the main listener].
-    #[arg(long, env = "LOCKD_METRICS_LISTEN")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_listen: Option<SocketAddr>,
-    /// Most lock-name namespaces with their own metric series; the rest are
-    /// counted as `other` [default: 100].
-    #[arg(long, env = "LOCKD_METRICS_MAX_NAMESPACES")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics_max_namespaces: Option<usize>,
-    /// Longest time a request other than a waiting acquire may take, in ms;
-    /// an acquire may take its wait_ms on top. Past it: 503 [default: 10000].
-    #[arg(long, env = "LOCKD_REQUEST_TIMEOUT_MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_timeout_ms: Option<u64>,
-    /// On SIGTERM, longest time to finish the requests in flight before
-    /// exiting, in ms [default: 10000].
-    #[arg(long, env = "LOCKD_SHUTDOWN_TIMEOUT_MS")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub shutdown_timeout_ms: Option<u64>,
-    /// A TOML file of API keys (see `lockd keygen`); every /locks request,
-    /// and /metrics on the main listener, then needs
-    /// `Authorization: Bearer <secret>`. Reloaded on SIGHUP [default: none].
-    #[arg(long, env = "LOCKD_AUTH_KEYS_FILE")]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub auth_keys_file: Option<PathBuf>,
-    /// Serve without API keys on a non-loopback address: anyone who can
-    /// reach lockd can take and release any lock. For development only.
-    /// Without keys, lockd otherwise listens only on loopback addresses.
-    #[arg(long, env = "LOCKD_INSECURE_NO_AUTH", value_parser = clap::builder::BoolishValueParser::new())]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub insecure_no_auth: bool,
-    /// Log line format: pretty (one human-readable line per event) or json
-    /// (one JSON object per line) [default: pretty]. RUST_LOG sets the level.
-    #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum)]
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_format: Option<LogFormat>,
-}
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -209,8 +27,8 @@ pub enum LogFormat {
 }
 
 /// The service's settings, after flags, environment, file and defaults are
-/// merged. `Debug` hides any password in the Redis URL.
-#[derive(Clone, Serialize, Deserialize)]
+/// merged. `Debug` hides any password in the Redis URLs (see [`RedisUrl`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// Address to listen on; port 0 picks a free port.
@@ -230,7 +48,7 @@ pub struct Settings {
     /// Redis URLs: one runs the single-instance backend, several run Redlock
     /// over them. A TOML file may give one string or a list.
     #[serde(deserialize_with = "one_or_many")]
-    pub redis_url: Vec<String>,
+    pub redis_url: Vec<RedisUrl>,
     /// Prefix of every Redis key lockd writes.
     pub key_prefix: String,
     /// Lease length when a request gives no `ttl_ms`, in milliseconds.
@@ -289,7 +107,7 @@ impl Default for Settings {
             tls_key: None,
             header_read_timeout_ms: 5_000,
             max_header_bytes: 16_384,
-            redis_url: vec!["redis://127.0.0.1:6379".into()],
+            redis_url: vec![RedisUrl::from("redis://127.0.0.1:6379")],
             key_prefix: "lockd:".into(),
             default_ttl_ms: 30_000,
             max_ttl_ms: 3_600_000,
@@ -311,46 +129,6 @@ impl Default for Settings {
             auth_keys_file: None,
             insecure_no_auth: false,
         }
-    }
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("listen", &self.listen)
-            .field("tls_cert", &self.tls_cert)
-            .field("tls_key", &self.tls_key)
-            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
-            .field("max_header_bytes", &self.max_header_bytes)
-            .field(
-                "redis_url",
-                &self
-                    .redis_url
-                    .iter()
-                    .map(|u| redact_url(u))
-                    .collect::<Vec<_>>(),
-            )
-            .field("key_prefix", &self.key_prefix)
-            .field("default_ttl_ms", &self.default_ttl_ms)
-            .field("max_ttl_ms", &self.max_ttl_ms)
-            .field("redis_timeout_ms", &self.redis_timeout_ms)
-            .field("pool_size", &self.pool_size)
-            .field("node_timeout_ms", &self.node_timeout_ms)
-            .field("drift_factor", &self.drift_factor)
-            .field("fence_retention_ms", &self.fence_retention_ms)
-            .field("redlock_restart_delay_ms", &self.redlock_restart_delay_ms)
-            .field("max_wait_ms", &self.max_wait_ms)
-            .field("max_waiters", &self.max_waiters)
-            .field("max_requests", &self.max_requests)
-            .field("dev", &self.dev)
-            .field("metrics_listen", &self.metrics_listen)
-            .field("metrics_max_namespaces", &self.metrics_max_namespaces)
-            .field("request_timeout_ms", &self.request_timeout_ms)
-            .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
-            .field("log_format", &self.log_format)
-            .field("auth_keys_file", &self.auth_keys_file)
-            .field("insecure_no_auth", &self.insecure_no_auth)
-            .finish()
     }
 }
 
@@ -468,6 +246,47 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// A Redis URL as given (`redis://[:PASSWORD@]HOST[:PORT][/DB]`); the
+/// backend parses it when it connects. Its `Debug` and `Display` hide the
+/// password (see [`redact_url`]); [`RedisUrl::expose`] gives the URL itself,
+/// for making the connection.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// The URL as given, password included: only for connecting.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for RedisUrl {
+    fn from(raw: String) -> Self {
+        Self(raw)
+    }
+}
+
+impl From<&str> for RedisUrl {
+    fn from(raw: &str) -> Self {
+        Self(raw.to_owned())
+    }
+}
+
+impl fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact_url(&self.0))
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RedisUrl")
+            .field(&redact_url(&self.0))
+            .finish()
+    }
+}
+
 /// The `host:port` a Redis URL points at (the URL itself when unparsable).
 pub fn node_address(url: &str) -> String {
     url::Url::parse(url)
@@ -476,13 +295,13 @@ pub fn node_address(url: &str) -> String {
         .unwrap_or_else(|| redact_url(url))
 }
 
-/// Accepts one string or a list of strings.
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+/// Accepts one URL or a list of them.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<RedisUrl>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
+        One(RedisUrl),
+        Many(Vec<RedisUrl>),
     }
     // The untagged enum's own error ("data did not match any variant of
     // untagged enum OneOrMany") tells a user nothing.
@@ -526,53 +345,65 @@ impl Settings {
         Ok(settings)
     }
 
-    /// Checks the values that each parse alone but must fit together.
+    /// Checks the values that each parse alone but must fit together: each
+    /// concern in turn (limits, store, metrics, auth, listener and
+    /// transport), each naming the setting at fault.
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming the setting at fault.
     pub fn check(&self) -> Result<(), ConfigError> {
-        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        self.check_limits()
+            .and_then(|()| self.check_store())
+            .and_then(|()| self.check_metrics())
+            .and_then(|()| self.check_auth())
+            .and_then(|()| self.check_listen())
+            .map_err(ConfigError::Invalid)
+    }
+
+    /// The limits a request is held to: TTLs, waits, admission, timeouts.
+    fn check_limits(&self) -> Result<(), String> {
         if !(1..=Ttl::CEILING_MS).contains(&self.max_ttl_ms) {
-            return invalid(format!(
+            return Err(format!(
                 "max_ttl_ms must be from 1 to {} (365 days)",
                 Ttl::CEILING_MS
             ));
         }
         if !(1..=self.max_ttl_ms).contains(&self.default_ttl_ms) {
-            return invalid(format!(
+            return Err(format!(
                 "default_ttl_ms (--default-ttl-ms, {}) must be from 1 to max_ttl_ms ({}); \
                  a lower --max-ttl-ms needs a --default-ttl-ms at most as long",
                 self.default_ttl_ms, self.max_ttl_ms
             ));
         }
-        if self.redis_timeout_ms == 0 {
-            return invalid("redis_timeout_ms must be at least 1".into());
-        }
-        if self.pool_size == 0 {
-            return invalid("pool_size must be at least 1".into());
-        }
+        at_least_one("max_waiters", self.max_waiters)?;
+        at_least_one("max_requests", self.max_requests)?;
+        at_least_one("request_timeout_ms", self.request_timeout_ms)
+    }
+
+    /// The lock store: the Redis nodes, their connections and timeouts,
+    /// Redlock's parameters, the fences and the key prefix.
+    fn check_store(&self) -> Result<(), String> {
+        at_least_one("redis_timeout_ms", self.redis_timeout_ms)?;
+        at_least_one("pool_size", self.pool_size)?;
         if self.redis_url.is_empty() {
-            return invalid("redis_url needs at least one URL".into());
+            return Err("redis_url needs at least one URL".into());
         }
         let mut seen = std::collections::HashSet::new();
         if let Some(twice) = self
             .redis_url
             .iter()
-            .find(|u| !seen.insert(node_address(u)))
+            .find(|u| !seen.insert(node_address(u.expose())))
         {
-            return invalid(format!(
-                "redis_url lists {} twice; Redlock masters must be independent",
-                redact_url(twice)
+            return Err(format!(
+                "redis_url lists {twice} twice; Redlock masters must be independent"
             ));
         }
-        if self.node_timeout_ms == 0 {
-            return invalid("node_timeout_ms must be at least 1".into());
-        }
+        at_least_one("node_timeout_ms", self.node_timeout_ms)?;
         if !(0.0..0.5).contains(&self.drift_factor) {
-            return invalid("drift_factor must be from 0 to below 0.5".into());
+            return Err("drift_factor must be from 0 to below 0.5".into());
         }
         if !(1000..=Ttl::CEILING_MS).contains(&self.fence_retention_ms) {
-            return invalid(format!(
+            return Err(format!(
                 "fence_retention_ms (--fence-retention-ms) must be from 1000 (1 s) to {} (365 days)",
                 Ttl::CEILING_MS
             ));
@@ -581,28 +412,32 @@ impl Settings {
             .redlock_restart_delay_ms
             .is_some_and(|ms| ms > Ttl::CEILING_MS)
         {
-            return invalid(format!(
+            return Err(format!(
                 "redlock_restart_delay_ms (--redlock-restart-delay-ms) must be at most {} (365 days)",
                 Ttl::CEILING_MS
             ));
         }
-        if self.max_waiters == 0 {
-            return invalid("max_waiters must be at least 1".into());
+        if self.key_prefix.contains(['{', '}']) {
+            return Err("key_prefix must not contain braces: they mark the hash tag".into());
         }
-        if self.max_requests == 0 {
-            return invalid("max_requests must be at least 1".into());
-        }
-        if self.request_timeout_ms == 0 {
-            return invalid("request_timeout_ms must be at least 1".into());
-        }
+        Ok(())
+    }
+
+    /// The metrics listener, apart from the main one.
+    fn check_metrics(&self) -> Result<(), String> {
         if self
             .metrics_listen
             .is_some_and(|m| m == self.listen && m.port() != 0)
         {
-            return invalid("metrics_listen must differ from listen".into());
+            return Err("metrics_listen must differ from listen".into());
         }
+        Ok(())
+    }
+
+    /// API keys, or their absence: only on loopback unless insecure.
+    fn check_auth(&self) -> Result<(), String> {
         if self.auth_keys_file.is_some() && self.insecure_no_auth {
-            return invalid(
+            return Err(
                 "insecure_no_auth and auth_keys_file contradict each other; give one".into(),
             );
         }
@@ -610,23 +445,28 @@ impl Settings {
             && !self.insecure_no_auth
             && !self.listen.ip().is_loopback()
         {
-            return invalid(format!(
+            return Err(format!(
                 "refusing to listen on {} without API keys: anyone who can reach it could \
                  take and release any lock. Give --auth-keys-file (see `lockd keygen`), \
                  listen on a loopback address, or, for development only, --insecure-no-auth",
                 self.listen
             ));
         }
+        Ok(())
+    }
+
+    /// The main listener's transport: TLS files, limits on request heads.
+    fn check_listen(&self) -> Result<(), String> {
         match (&self.tls_cert, &self.tls_key) {
             (Some(_), None) => {
-                return invalid(
+                return Err(
                     "tls_cert is set but tls_key is not: HTTPS needs both; give \
                      --tls-key (or LOCKD_TLS_KEY, or tls_key in the file) too"
                         .into(),
                 );
             }
             (None, Some(_)) => {
-                return invalid(
+                return Err(
                     "tls_key is set but tls_cert is not: HTTPS needs both; give \
                      --tls-cert (or LOCKD_TLS_CERT, or tls_cert in the file) too"
                         .into(),
@@ -634,19 +474,22 @@ impl Settings {
             }
             _ => {}
         }
-        if self.header_read_timeout_ms == 0 {
-            return invalid("header_read_timeout_ms must be at least 1".into());
-        }
+        at_least_one("header_read_timeout_ms", self.header_read_timeout_ms)?;
         if self.max_header_bytes < MIN_HEADER_BYTES {
-            return invalid(format!(
+            return Err(format!(
                 "max_header_bytes must be at least {MIN_HEADER_BYTES} (hyper's smallest read buffer)"
             ));
         }
-        if self.key_prefix.contains(['{', '}']) {
-            return invalid("key_prefix must not contain braces: they mark the hash tag".into());
-        }
         Ok(())
     }
+}
+
+/// `Err("KEY must be at least 1")` for a zero `value`.
+fn at_least_one<N: Default + PartialEq>(key: &str, value: N) -> Result<(), String> {
+    if value == N::default() {
+        return Err(format!("{key} must be at least 1"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -869,5 +712,8 @@ mod tests {
             ..Settings::default()
         };
         assert!(!format!("{settings:?}").contains("hunter2"));
+        let url = &settings.redis_url[0];
+        assert!(!url.to_string().contains("hunter2"), "{url}");
+        assert_eq!(url.expose(), "redis://:hunter2@127.0.0.1:6379");
     }
 }

@@ -9,7 +9,9 @@
 //!   the one mapping from errors to RFC 9457 problem documents.
 //! - [`metrics`]: the Prometheus registry and a node decorator that
 //!   counts outcomes and times calls.
-//! - [`config`]: flags, environment and the TOML file, merged into
+//! - [`cli`]: the command line (clap): the subcommands and the flags of
+//!   `lockd serve`.
+//! - [`config`]: those flags, the environment and the TOML file, merged into
 //!   [`config::Settings`].
 //! - [`auth`]: API keys (the keys file, constant-time lookup, reload).
 //! - [`app`]: builds and runs the application; `main` only calls it.
@@ -23,6 +25,7 @@
 pub mod app;
 pub mod auth;
 pub mod backoff;
+pub mod cli;
 pub mod client;
 pub mod config;
 pub mod framing;

@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use lockd::app::{Application, shutdown_signal};
+use lockd::cli::{Cli, Command};
 use lockd::client;
-use lockd::config::{Cli, Command, LogFormat, Settings};
+use lockd::config::{LogFormat, Settings};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]

@@ -325,7 +325,7 @@ async fn a_grant_that_arrives_after_its_lease_is_never_answered_201() {
     let proxy = support::LinkProxy::start(redis.port()).await;
     let url = proxy.url();
     let app = TestApp::redis_on(redis.clone(), |s| {
-        s.redis_url = vec![url];
+        s.redis_url = vec![url.into()];
         s.redis_timeout_ms = 3000;
     })
     .await;

@@ -155,7 +155,7 @@ pub struct StatusArgs {
 mod tests {
     use clap::Parser as _;
 
-    use crate::config::{Cli, Command};
+    use crate::cli::{Cli, Command};
 
     /// A generated token is base64url and may start with `-`: it must not
     /// be taken for a flag (a test caught `--token -J...` failing).

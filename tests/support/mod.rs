@@ -803,7 +803,7 @@ pub struct TestApp {
 fn test_settings(redis_url: String) -> Settings {
     Settings {
         listen: "127.0.0.1:0".parse().expect("valid address"),
-        redis_url: vec![redis_url],
+        redis_url: vec![redis_url.into()],
         // Tests that restart Redlock nodes test other things than the
         // delayed restart, which has tests of its own that turn it on.
         redlock_restart_delay_ms: Some(0),
@@ -846,7 +846,12 @@ impl TestApp {
         match &self.store {
             Store::Redis(server) => Self::redis_on(server.clone(), tweak).await,
             Store::Redlock(nodes) => {
-                Self::redlock_over(nodes.clone(), self.settings.redis_url.clone(), tweak).await
+                let urls = self
+                    .settings
+                    .redis_url
+                    .iter()
+                    .map(|u| u.expose().to_owned());
+                Self::redlock_over(nodes.clone(), urls.collect(), tweak).await
             }
             Store::Memory(_) => panic!("instances share only a Redis store"),
         }
@@ -897,7 +902,7 @@ impl TestApp {
         assert!(nodes.len() >= 2, "Redlock needs several nodes");
         LazyLock::force(&TRACING);
         let mut settings = test_settings(String::new());
-        settings.redis_url = urls;
+        settings.redis_url = urls.into_iter().map(Into::into).collect();
         tweak(&mut settings);
         let app = Application::build(&settings)
             .await
@@ -922,7 +927,7 @@ impl TestApp {
     /// The `node` label of node `i` in lockd's metrics: `host:port` of the
     /// URL lockd uses for it.
     pub fn node_label(&self, i: usize) -> String {
-        let url = &self.settings.redis_url[i];
+        let url = self.settings.redis_url[i].expose();
         url.strip_prefix("redis://")
             .unwrap_or(url)
             .trim_end_matches('/')

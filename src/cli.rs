@@ -1,0 +1,194 @@
+//! The command line: `lockd`'s subcommands, and the flags of `lockd serve`
+//! (each with its environment variable), which [`crate::config::Settings`]
+//! merges over the `--config` file and the defaults.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+
+use crate::client::args::{AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, StatusArgs};
+use crate::config::LogFormat;
+
+/// `lockd`: a distributed lock service over HTTP, with locks held in Redis.
+#[derive(Debug, Parser)]
+#[command(name = "lockd", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP service.
+    Serve(Box<ServeArgs>),
+    /// Print the OpenAPI document (JSON) that `/openapi.json` serves.
+    Openapi,
+    /// Run a command while holding a lock, like flock(1) across machines:
+    /// `lockd exec [OPTIONS] NAME -- CMD [ARGS...]`.
+    Exec(Box<ExecArgs>),
+    /// Take a lock; print the server's JSON answer.
+    Acquire(AcquireArgs),
+    /// Extend a lease you hold; print the server's JSON answer.
+    Extend(ExtendArgs),
+    /// Release a lock you hold.
+    Release(ReleaseArgs),
+    /// Show who holds a lock (exit 1 when it is free).
+    Status(StatusArgs),
+    /// Mint an API key: prints the secret (once) and adds the key's SHA-256
+    /// to the keys file given by --keys-file.
+    Keygen(crate::keygen::KeygenArgs),
+}
+
+/// Flags of `lockd serve`. Each one overrides the same setting from the
+/// `--config` file; unset flags leave the file's value or the default.
+#[derive(Debug, Default, Args, Serialize)]
+pub struct ServeArgs {
+    /// A TOML file with settings (see config/lockd.example.toml).
+    #[arg(long, env = "LOCKD_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "LOCKD_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Serve HTTPS with this certificate chain: a PEM file, the server's
+    /// certificate first, then any intermediates. Needs --tls-key
+    /// [default: plain HTTP].
+    #[arg(long, env = "LOCKD_TLS_CERT", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert: a PEM file (PKCS#8, PKCS#1 or SEC1,
+    /// not encrypted). Needs --tls-cert.
+    #[arg(long, env = "LOCKD_TLS_KEY", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Longest time a client may take to send a request's head (request
+    /// line and headers), in ms, counted from the connection's start or the
+    /// previous answer; then the connection is closed. It also closes a
+    /// keep-alive connection left idle that long [default: 5000].
+    #[arg(long, env = "LOCKD_HEADER_READ_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_read_timeout_ms: Option<u64>,
+    /// Largest request head (request line and headers) accepted, in bytes;
+    /// a longer one is answered 431 and the connection closed. At least
+    /// 8192 [default: 16384].
+    #[arg(long, env = "LOCKD_MAX_HEADER_BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_header_bytes: Option<usize>,
+    /// Redis URL, e.g. redis://:password@host:6379/0 [default: redis://127.0.0.1:6379].
+    /// Give it more than once (or comma-separated in LOCKD_REDIS_URL) to run
+    /// Redlock over those independent masters; 3 or 5 are recommended.
+    #[arg(long, env = "LOCKD_REDIS_URL", value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub redis_url: Vec<String>,
+    /// Prefix of every Redis key lockd writes [default: lockd:].
+    #[arg(long, env = "LOCKD_KEY_PREFIX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+    /// Lease length when a request gives no ttl_ms, in ms [default: 30000].
+    #[arg(long, env = "LOCKD_DEFAULT_TTL_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_ttl_ms: Option<u64>,
+    /// Longest lease a request may ask for, in ms [default: 3600000].
+    #[arg(long, env = "LOCKD_MAX_TTL_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ttl_ms: Option<u64>,
+    /// Longest time one Redis operation may take, connecting included, in ms;
+    /// past it the request gets 503 [default: 1000].
+    #[arg(long, env = "LOCKD_REDIS_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_timeout_ms: Option<u64>,
+    /// Most pooled Redis connections [default: 16].
+    #[arg(long, env = "LOCKD_POOL_SIZE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_size: Option<usize>,
+    /// Redlock: the longest one node may take to answer, in ms; far below
+    /// the TTL [default: 50].
+    #[arg(long, env = "LOCKD_NODE_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_timeout_ms: Option<u64>,
+    /// Redlock: clock drift allowed, as a fraction of the TTL (plus 2 ms)
+    /// [default: 0.01].
+    #[arg(long, env = "LOCKD_DRIFT_FACTOR", allow_negative_numbers = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift_factor: Option<f64>,
+    /// How long a lock's fencing counter is kept in Redis after its last
+    /// grant, in ms; at least 1000. A lock released that long ago leaves
+    /// nothing in Redis; its next fence still comes out larger (see the
+    /// guarantees in docs/design.md) [default: 3600000].
+    #[arg(long, env = "LOCKD_FENCE_RETENTION_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence_retention_ms: Option<u64>,
+    /// Redlock: how long a node that restarted counts toward no quorum, in
+    /// ms, counted from its start; lockd still writes to it meanwhile
+    /// (the delayed restart) [default: max_ttl_ms].
+    #[arg(
+        long,
+        env = "LOCKD_REDLOCK_RESTART_DELAY_MS",
+        allow_negative_numbers = true
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redlock_restart_delay_ms: Option<u64>,
+    /// Longest wait_ms a request may ask for, in ms [default: 60000].
+    #[arg(long, env = "LOCKD_MAX_WAIT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
+    /// Most requests waiting for locks at once; beyond it, 503 [default: 10000].
+    #[arg(long, env = "LOCKD_MAX_WAITERS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_waiters: Option<usize>,
+    /// Most /locks acquires and inspects served at once besides the
+    /// max_waiters waiting ones; extends and releases get as many again of
+    /// their own, which acquires cannot take; beyond, 503 overloaded
+    /// [default: 1024].
+    #[arg(long, env = "LOCKD_MAX_REQUESTS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_requests: Option<usize>,
+    /// Keep locks in this process's memory instead of Redis, to try lockd
+    /// without Redis. Locks are not shared between processes.
+    /// LOCKD_DEV takes 1/0, true/false, yes/no, on/off.
+    #[arg(long, env = "LOCKD_DEV", value_parser = clap::builder::BoolishValueParser::new())]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub dev: bool,
+    /// Serve /metrics (with /healthz and /readyz) on this address instead of
+    /// the main one, e.g. 127.0.0.1:9464 [default: on the main listener].
+    #[arg(long, env = "LOCKD_METRICS_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Most lock-name namespaces with their own metric series; the rest are
+    /// counted as `other` [default: 100].
+    #[arg(long, env = "LOCKD_METRICS_MAX_NAMESPACES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_max_namespaces: Option<usize>,
+    /// Longest time a request other than a waiting acquire may take, in ms;
+    /// an acquire may take its wait_ms on top. Past it: 503 [default: 10000].
+    #[arg(long, env = "LOCKD_REQUEST_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_timeout_ms: Option<u64>,
+    /// On SIGTERM, longest time to finish the requests in flight before
+    /// exiting, in ms [default: 10000].
+    #[arg(long, env = "LOCKD_SHUTDOWN_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_timeout_ms: Option<u64>,
+    /// A TOML file of API keys (see `lockd keygen`); every /locks request,
+    /// and /metrics on the main listener, then needs
+    /// `Authorization: Bearer <secret>`. Reloaded on SIGHUP [default: none].
+    #[arg(long, env = "LOCKD_AUTH_KEYS_FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auth_keys_file: Option<PathBuf>,
+    /// Serve without API keys on a non-loopback address: anyone who can
+    /// reach lockd can take and release any lock. For development only.
+    /// Without keys, lockd otherwise listens only on loopback addresses.
+    #[arg(long, env = "LOCKD_INSECURE_NO_AUTH", value_parser = clap::builder::BoolishValueParser::new())]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_no_auth: bool,
+    /// Log line format: pretty (one human-readable line per event) or json
+    /// (one JSON object per line) [default: pretty]. RUST_LOG sets the level.
+    #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<LogFormat>,
+}
