@@ -24,13 +24,12 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
-use reqwest::StatusCode;
 use tokio::process::Child;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, sleep_until};
 
-use super::api::{AcquireParams, Answer, CallError, Grant, LockClient};
+use super::api::{AcquireParams, ClientError, Lease, LockClient, Reply};
 use super::args::ExecArgs;
 use super::exit;
 use crate::backoff::ExponentialBackoff;
@@ -149,7 +148,7 @@ struct Holder {
 }
 
 impl Holder {
-    async fn acquire(&self, args: &ExecArgs) -> Result<Answer, CallError> {
+    async fn acquire(&self, args: &ExecArgs) -> Result<Reply<Lease>, ClientError> {
         let owner = args.owner.clone().unwrap_or_else(default_owner);
         let params = AcquireParams {
             token: Some(self.token.expose()),
@@ -181,23 +180,26 @@ impl Holder {
                 .release(&self.name, self.token.expose(), CALL_LIMIT)
                 .await
             {
-                Ok(a) if a.status.is_success() => return,
-                Ok(a) if a.status == StatusCode::NOT_FOUND => {
+                Ok(_) => return,
+                Err(ClientError::NotHeld { .. }) => {
                     say(&format!(
                         "the lease on {} had already run out when the command ended",
                         self.name
                     ));
                     return;
                 }
-                // Over the key's rate (429) passes; so may a server error.
-                Ok(a)
-                    if !a.status.is_server_error() && a.status != StatusCode::TOO_MANY_REQUESTS =>
-                {
-                    say(&format!("cannot release {}: {}", self.name, a.status));
+                // Over the key's rate passes; so may a server error.
+                Err(
+                    ClientError::RateLimited { answer, .. }
+                    | ClientError::Unavailable { answer, .. }
+                    | ClientError::ServerError { answer },
+                ) => answer.status.to_string(),
+                Err(ClientError::Unreachable(e)) => e.to_string(),
+                Err(other) => {
+                    let status = other.status().map(|s| s.to_string()).unwrap_or_default();
+                    say(&format!("cannot release {}: {status}", self.name));
                     return;
                 }
-                Ok(a) => a.status.to_string(),
-                Err(e) => e.to_string(),
             };
             let pause = backoff.next_pause();
             if Instant::now() + pause >= give_up {
@@ -212,67 +214,65 @@ impl Holder {
     }
 }
 
-/// The grant, or the exit code when there is none.
+/// The lease, or the exit code when there is none.
 async fn take_grant(
     holder: &Holder,
     args: &ExecArgs,
-    answer: Result<Answer, CallError>,
-) -> Result<Grant, u8> {
-    let answer = match answer {
-        Ok(answer) => answer,
-        Err(e) => {
+    answer: Result<Reply<Lease>, ClientError>,
+) -> Result<Lease, u8> {
+    match answer {
+        Ok(reply) => Ok(reply.value),
+        Err(ClientError::Unreachable(e)) => {
             // The lock may have been granted just before the answer was lost.
             holder.release_quietly().await;
             say(&format!("{e}; the command was not run"));
-            return Err(exit::UNAVAILABLE);
+            Err(exit::UNAVAILABLE)
         }
-    };
-    let status = answer.status;
-    if status.is_success() {
-        return serde_json::from_str(&answer.body).map_err(|e| {
-            say(&format!("unexpected answer from the server: {e}"));
-            exit::UNAVAILABLE
-        });
-    }
-    let problem = answer.problem();
-    if status == StatusCode::CONFLICT {
-        if args.quiet {
-            return Err(args.conflict_exit_code);
+        Err(e @ ClientError::Unexpected { .. }) => {
+            say(&e.to_string());
+            Err(exit::UNAVAILABLE)
         }
-        let frees = problem
-            .retry_after_ms
-            .map(|ms| format!("; it frees in at most {ms} ms"))
-            .unwrap_or_default();
-        say(&format!(
-            "{} is held by another holder{frees}; the command was not run",
-            holder.name
-        ));
-        return Err(args.conflict_exit_code);
+        Err(e @ (ClientError::Held { .. } | ClientError::NotOwner { .. })) => {
+            if args.quiet {
+                return Err(args.conflict_exit_code);
+            }
+            let frees = e
+                .retry_after()
+                .map(|d| format!("; it frees in at most {} ms", d.as_millis()))
+                .unwrap_or_default();
+            say(&format!(
+                "{} is held by another holder{frees}; the command was not run",
+                holder.name
+            ));
+            Err(args.conflict_exit_code)
+        }
+        Err(ClientError::RateLimited { answer, .. }) => {
+            say(&format!(
+                "the API key is over its rate limit ({}); the command was not run",
+                answer.problem.detail
+            ));
+            Err(exit::CONFLICT)
+        }
+        Err(ClientError::Unavailable { answer, .. } | ClientError::ServerError { answer }) => {
+            holder.release_quietly().await;
+            say(&format!(
+                "the server answered {}: {}; the command was not run",
+                answer.status, answer.problem.detail
+            ));
+            Err(exit::UNAVAILABLE)
+        }
+        Err(ClientError::NotHeld { answer } | ClientError::Refused { answer }) => {
+            say(&format!(
+                "the server refused the request ({}): {}",
+                answer.status, answer.problem.detail
+            ));
+            Err(exit::USAGE)
+        }
     }
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        say(&format!(
-            "the API key is over its rate limit ({}); the command was not run",
-            problem.detail
-        ));
-        return Err(exit::CONFLICT);
-    }
-    if status.is_server_error() {
-        holder.release_quietly().await;
-        say(&format!(
-            "the server answered {status}: {}; the command was not run",
-            problem.detail
-        ));
-        return Err(exit::UNAVAILABLE);
-    }
-    say(&format!(
-        "the server refused the request ({status}): {}",
-        problem.detail
-    ));
-    Err(exit::USAGE)
 }
 
 /// Starts the command, or returns 127 (not found) or 126 (cannot run).
-fn spawn(args: &ExecArgs, holder: &Holder, grant: &Grant) -> Result<Child, u8> {
+fn spawn(args: &ExecArgs, holder: &Holder, grant: &Lease) -> Result<Child, u8> {
     let Some((program, rest)) = args.command.split_first() else {
         say("no command given after --");
         return Err(exit::USAGE);
@@ -429,7 +429,7 @@ async fn keep_renewing(
             .extend(&holder.name, holder.token.expose(), Some(ttl_ms), timeout)
             .await;
         match answer {
-            Ok(a) if a.status.is_success() => {
+            Ok(_) => {
                 if failing.take().is_some() {
                     say("renewed again");
                 }
@@ -437,21 +437,25 @@ async fn keep_renewing(
                 next = sent + ttl / 3;
                 continue;
             }
-            Ok(a) if a.status == StatusCode::NOT_FOUND => {
+            Err(ClientError::NotHeld { .. }) => {
                 let _ = lost.send("renewal answered 404: the lease is gone".into());
                 return;
             }
-            Ok(a) if a.status == StatusCode::CONFLICT => {
+            Err(ClientError::NotOwner { .. } | ClientError::Held { .. }) => {
                 let _ = lost.send("renewal answered 409: another holder has the lock".into());
                 return;
             }
-            Ok(a) if a.status.is_client_error() && a.status != StatusCode::TOO_MANY_REQUESTS => {
-                let why = a.problem().detail;
-                let _ = lost.send(format!("renewal refused ({}): {why}", a.status));
+            Err(ClientError::Refused { answer }) => {
+                let why = answer.problem.detail;
+                let _ = lost.send(format!("renewal refused ({}): {why}", answer.status));
                 return;
             }
-            Ok(a) => {
-                let why = format!("the server answered {}", a.status);
+            Err(
+                ClientError::RateLimited { answer, .. }
+                | ClientError::Unavailable { answer, .. }
+                | ClientError::ServerError { answer },
+            ) => {
+                let why = format!("the server answered {}", answer.status);
                 failing = Some(report_failure(failing, why));
             }
             Err(e) => {
