@@ -21,24 +21,242 @@ pub struct LockClient {
     server: String,
 }
 
-/// The server's answer: its status and body, as sent.
+/// A successful answer: what it says, with its status and body as sent
+/// (the shell commands print the body; `lockd-bench` counts the status).
 #[derive(Debug, Clone)]
-pub struct Answer {
-    /// The HTTP status.
+pub struct Reply<T> {
+    /// What the answer says.
+    pub value: T,
+    /// The HTTP status (2xx).
     pub status: StatusCode,
-    /// The body (JSON, a problem document, or empty for 204).
+    /// The body, as sent (JSON, or empty for 204).
     pub body: String,
 }
 
-/// A granted lease, from the body of a 201 or 200 acquire.
-#[derive(Debug, Clone, Deserialize)]
-pub struct Grant {
+/// A granted lease, from the body of a 201 or 200 acquire. `Debug` hides
+/// the token.
+#[derive(Clone, Deserialize)]
+pub struct Lease {
     /// The token that proves the grant.
     pub token: String,
     /// The fencing token; absent only for locks written by foreign clients.
     pub fence: Option<u64>,
     /// The lease length granted, in milliseconds.
     pub ttl_ms: u64,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("token", &"<hidden>")
+            .field("fence", &self.fence)
+            .field("ttl_ms", &self.ttl_ms)
+            .finish()
+    }
+}
+
+/// A renewed lease, from the body of a 200 extend. Fields the server did
+/// not send are `None`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Extended {
+    /// The holder's fencing token (unchanged by an extend).
+    #[serde(default)]
+    pub fence: Option<u64>,
+    /// What is left of the new lease, in milliseconds.
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// What anyone may see of a held lock (never its token), from the body of
+/// a 200 status. Fields the server did not send are `None`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct LockStatus {
+    /// The holder's fencing token.
+    #[serde(default)]
+    pub fence: Option<u64>,
+    /// The holder's remaining lease in milliseconds.
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+    /// The holder's label, if it gave one.
+    #[serde(default)]
+    pub owner: Option<String>,
+}
+
+/// A refusal as the server sent it: its status, its body (a problem
+/// document, as a rule) and what that document says.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// The HTTP status (4xx or 5xx).
+    pub status: StatusCode,
+    /// The body, as sent.
+    pub body: String,
+    /// What the problem document says (empty when the body is not one).
+    pub problem: ProblemInfo,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.status, self.problem.detail)
+    }
+}
+
+/// Why a call did not give what it asked for. The problem document's type
+/// (its slug) decides the variant; an answer without a known slug (from a
+/// proxy, say) falls back on its status.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// 409 `lock-held`: another holder has the lock.
+    #[error("{answer}")]
+    Held {
+        /// When the lock frees at the latest, if the server said.
+        retry_after: Option<Duration>,
+        /// The answer.
+        answer: Refusal,
+    },
+    /// 404 `lock-not-held`: the lock is free, or the lease is gone.
+    #[error("{answer}")]
+    NotHeld {
+        /// The answer.
+        answer: Refusal,
+    },
+    /// 409 `not-lock-owner`: the token does not hold the lock.
+    #[error("{answer}")]
+    NotOwner {
+        /// The answer.
+        answer: Refusal,
+    },
+    /// 429 `rate-limited`: the API key is over its rate.
+    #[error("{answer}")]
+    RateLimited {
+        /// When to try again, if the server said.
+        retry_after: Option<Duration>,
+        /// The answer.
+        answer: Refusal,
+    },
+    /// 503 (`backend-unavailable`, `quorum-unavailable`, `too-many-waiters`,
+    /// `shutting-down`, `timeout`, `overloaded`): try again later.
+    #[error("{answer}")]
+    Unavailable {
+        /// When to try again, if the server said.
+        retry_after: Option<Duration>,
+        /// The answer.
+        answer: Refusal,
+    },
+    /// 500 (`backend-error`, `internal`) or another 5xx: the server failed.
+    #[error("{answer}")]
+    ServerError {
+        /// The answer.
+        answer: Refusal,
+    },
+    /// Any other 4xx (400 `invalid-request`, 401 `unauthorized`, 403
+    /// `forbidden`, 404 `route-not-found`, ...): the request itself is
+    /// refused, and asking again will not help.
+    #[error("{answer}")]
+    Refused {
+        /// The answer.
+        answer: Refusal,
+    },
+    /// A 2xx whose body is not what the call expects.
+    #[error("unexpected answer from the server: {why}")]
+    Unexpected {
+        /// The HTTP status (2xx).
+        status: StatusCode,
+        /// The body, as sent.
+        body: String,
+        /// Why it cannot be read.
+        why: String,
+    },
+    /// No answer: the server could not be reached, or the TLS handshake
+    /// failed (the message says which, and what to do).
+    #[error(transparent)]
+    Unreachable(#[from] CallError),
+}
+
+impl ClientError {
+    /// The error for the refusal `answer`, by its problem type (then its
+    /// status, when the type is not one of lockd's).
+    pub fn from_refusal(answer: Refusal) -> Self {
+        let retry_after = answer.problem.retry_after_ms.map(Duration::from_millis);
+        match answer.problem.slug() {
+            "lock-held" => Self::Held {
+                retry_after,
+                answer,
+            },
+            "lock-not-held" => Self::NotHeld { answer },
+            "not-lock-owner" => Self::NotOwner { answer },
+            "rate-limited" => Self::RateLimited {
+                retry_after,
+                answer,
+            },
+            "backend-unavailable"
+            | "quorum-unavailable"
+            | "too-many-waiters"
+            | "shutting-down"
+            | "timeout"
+            | "overloaded" => Self::Unavailable {
+                retry_after,
+                answer,
+            },
+            "backend-error" | "internal" => Self::ServerError { answer },
+            "invalid-request"
+            | "unauthorized"
+            | "forbidden"
+            | "route-not-found"
+            | "method-not-allowed"
+            | "payload-too-large"
+            | "unsupported-media-type" => Self::Refused { answer },
+            _ => match answer.status {
+                StatusCode::CONFLICT => Self::Held {
+                    retry_after,
+                    answer,
+                },
+                StatusCode::TOO_MANY_REQUESTS => Self::RateLimited {
+                    retry_after,
+                    answer,
+                },
+                StatusCode::SERVICE_UNAVAILABLE => Self::Unavailable {
+                    retry_after,
+                    answer,
+                },
+                s if s.is_server_error() => Self::ServerError { answer },
+                _ => Self::Refused { answer },
+            },
+        }
+    }
+
+    /// The server's refusal, when it answered with one.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            Self::Held { answer, .. }
+            | Self::NotHeld { answer }
+            | Self::NotOwner { answer }
+            | Self::RateLimited { answer, .. }
+            | Self::Unavailable { answer, .. }
+            | Self::ServerError { answer }
+            | Self::Refused { answer } => Some(answer),
+            Self::Unexpected { .. } | Self::Unreachable(_) => None,
+        }
+    }
+
+    /// When to try again, as the server said (`Held`, `RateLimited`,
+    /// `Unavailable`).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Held { retry_after, .. }
+            | Self::RateLimited { retry_after, .. }
+            | Self::Unavailable { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// The HTTP status of the answer; `None` when no answer came.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Self::Unexpected { status, .. } => Some(*status),
+            Self::Unreachable(_) => None,
+            other => other.refusal().map(|a| a.status),
+        }
+    }
 }
 
 /// What a problem document (RFC 9457) says, as far as a client needs it.
@@ -60,14 +278,6 @@ impl ProblemInfo {
         self.problem_type
             .strip_prefix("urn:lockd:problem:")
             .unwrap_or("")
-    }
-}
-
-impl Answer {
-    /// The problem document's detail and retry hint (empty when the body
-    /// is not one).
-    pub fn problem(&self) -> ProblemInfo {
-        serde_json::from_str(&self.body).unwrap_or_default()
     }
 }
 
@@ -210,17 +420,20 @@ impl LockClient {
         url
     }
 
-    /// `POST /locks/{name}`. `timeout` bounds the whole call; give it more
-    /// than `wait_ms`.
+    /// `POST /locks/{name}`: the lease (201 granted, 200 when the token
+    /// already held it). `timeout` bounds the whole call; give it more than
+    /// `wait_ms`.
     ///
     /// # Errors
-    /// [`CallError`] when no answer came.
+    /// [`ClientError`]: `Held` when another holder kept the lock, the other
+    /// refusals, `Unexpected` for a 2xx without a lease, `Unreachable`
+    /// when no answer came.
     pub async fn acquire(
         &self,
         name: &str,
         params: &AcquireParams<'_>,
         timeout: Duration,
-    ) -> Result<Answer, CallError> {
+    ) -> Result<Reply<Lease>, ClientError> {
         let mut body = Map::new();
         if let Some(ttl) = params.ttl_ms {
             body.insert("ttl_ms".into(), json!(ttl));
@@ -235,53 +448,98 @@ impl LockClient {
         if let Some(token) = params.token {
             request = request.header("Lock-Token", token);
         }
-        self.send(request, timeout).await
+        let (status, body) = self.send(request, timeout).await?;
+        match serde_json::from_str(&body) {
+            Ok(value) => Ok(Reply {
+                value,
+                status,
+                body,
+            }),
+            Err(e) => Err(ClientError::Unexpected {
+                status,
+                body,
+                why: e.to_string(),
+            }),
+        }
     }
 
     /// `PATCH /locks/{name}`: resets the lease to `ttl_ms` (the server's
     /// default when `None`).
     ///
     /// # Errors
-    /// [`CallError`] when no answer came within `timeout`.
+    /// [`ClientError`]: `NotHeld` when the lease is gone, `NotOwner` when
+    /// another holder has the lock, the other refusals, `Unreachable` when
+    /// no answer came within `timeout`.
     pub async fn extend(
         &self,
         name: &str,
         token: &str,
         ttl_ms: Option<u64>,
         timeout: Duration,
-    ) -> Result<Answer, CallError> {
+    ) -> Result<Reply<Extended>, ClientError> {
         let body = ttl_ms.map_or_else(|| json!({}), |ttl| json!({ "ttl_ms": ttl }));
         let request = self
             .http
             .patch(self.lock_url(name))
             .header("Lock-Token", token)
             .json(&body);
-        self.send(request, timeout).await
+        let (status, body) = self.send(request, timeout).await?;
+        Ok(lenient(status, body))
     }
 
     /// `DELETE /locks/{name}`.
     ///
     /// # Errors
-    /// [`CallError`] when no answer came within `timeout`.
+    /// [`ClientError`]: `NotHeld` when the lease is gone, `NotOwner` when
+    /// another holder has the lock, the other refusals, `Unreachable` when
+    /// no answer came within `timeout`.
     pub async fn release(
         &self,
         name: &str,
         token: &str,
         timeout: Duration,
-    ) -> Result<Answer, CallError> {
+    ) -> Result<Reply<()>, ClientError> {
         let request = self
             .http
             .delete(self.lock_url(name))
             .header("Lock-Token", token);
-        self.send(request, timeout).await
+        let (status, body) = self.send(request, timeout).await?;
+        Ok(Reply {
+            value: (),
+            status,
+            body,
+        })
     }
 
-    /// `GET /locks/{name}`.
+    /// `GET /locks/{name}`: who holds the lock.
     ///
     /// # Errors
-    /// [`CallError`] when no answer came within `timeout`.
-    pub async fn status(&self, name: &str, timeout: Duration) -> Result<Answer, CallError> {
-        self.send(self.http.get(self.lock_url(name)), timeout).await
+    /// [`ClientError`]: `NotHeld` when the lock is free, the other
+    /// refusals, `Unreachable` when no answer came within `timeout`.
+    pub async fn status(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Reply<LockStatus>, ClientError> {
+        let (status, body) = self
+            .send(self.http.get(self.lock_url(name)), timeout)
+            .await?;
+        Ok(lenient(status, body))
+    }
+
+    /// `GET /metrics`: the server's metrics, in the Prometheus text format.
+    ///
+    /// # Errors
+    /// [`ClientError`]: a refusal, or `Unreachable` when no answer came
+    /// within `timeout`.
+    pub async fn metrics(&self, timeout: Duration) -> Result<String, ClientError> {
+        let mut url = self.base.clone();
+        url.set_query(None);
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().push("metrics");
+        }
+        let (_, body) = self.send(self.http.get(url), timeout).await?;
+        Ok(body)
     }
 }
 
@@ -302,17 +560,37 @@ fn ca_certificates(path: &Path) -> Result<Vec<reqwest::Certificate>, BadServer> 
 }
 
 impl LockClient {
-    /// Sends `request`, bounded by `timeout`, and reads the answer.
+    /// Sends `request`, bounded by `timeout`, and reads the answer: its
+    /// status and body when it is a 2xx, the refusal's error otherwise.
     async fn send(
         &self,
         request: reqwest::RequestBuilder,
         timeout: Duration,
-    ) -> Result<Answer, CallError> {
+    ) -> Result<(StatusCode, String), ClientError> {
         let failed = |e: reqwest::Error| call_error(&self.server, &e);
         let response = request.timeout(timeout).send().await.map_err(failed)?;
         let status = response.status();
         let body = response.text().await.map_err(failed)?;
-        Ok(Answer { status, body })
+        if status.is_success() {
+            return Ok((status, body));
+        }
+        let problem = serde_json::from_str(&body).unwrap_or_default();
+        Err(ClientError::from_refusal(Refusal {
+            status,
+            body,
+            problem,
+        }))
+    }
+}
+
+/// A 2xx answer whose body is read as far as it goes: fields it lacks (or
+/// a body that is not JSON) leave the value's defaults, as the status alone
+/// says the call worked.
+fn lenient<T: serde::de::DeserializeOwned + Default>(status: StatusCode, body: String) -> Reply<T> {
+    Reply {
+        value: serde_json::from_str(&body).unwrap_or_default(),
+        status,
+        body,
     }
 }
 
@@ -444,5 +722,79 @@ mod tests {
             Err(BadServer::ApiKey)
         ));
         assert!(LockClient::new("127.0.0.1:8080", None, None).is_err());
+    }
+
+    fn refusal(status: StatusCode, body: &str) -> ClientError {
+        ClientError::from_refusal(Refusal {
+            status,
+            body: body.to_owned(),
+            problem: serde_json::from_str(body).unwrap_or_default(),
+        })
+    }
+
+    #[test]
+    fn the_problem_type_decides_the_variant_then_the_status() {
+        let held =
+            r#"{"type":"urn:lockd:problem:lock-held","detail":"held","retry_after_ms":2500}"#;
+        assert!(matches!(
+            refusal(StatusCode::CONFLICT, held),
+            ClientError::Held { retry_after: Some(d), .. } if d == Duration::from_millis(2500)
+        ));
+        let owner = r#"{"type":"urn:lockd:problem:not-lock-owner"}"#;
+        assert!(matches!(
+            refusal(StatusCode::CONFLICT, owner),
+            ClientError::NotOwner { .. }
+        ));
+        let gone = r#"{"type":"urn:lockd:problem:lock-not-held"}"#;
+        assert!(matches!(
+            refusal(StatusCode::NOT_FOUND, gone),
+            ClientError::NotHeld { .. }
+        ));
+        let route = r#"{"type":"urn:lockd:problem:route-not-found"}"#;
+        assert!(matches!(
+            refusal(StatusCode::NOT_FOUND, route),
+            ClientError::Refused { .. }
+        ));
+        let quorum = r#"{"type":"urn:lockd:problem:quorum-unavailable","retry_after_ms":100}"#;
+        assert!(matches!(
+            refusal(StatusCode::SERVICE_UNAVAILABLE, quorum),
+            ClientError::Unavailable {
+                retry_after: Some(_),
+                ..
+            }
+        ));
+        let key = r#"{"type":"urn:lockd:problem:unauthorized","detail":"no key"}"#;
+        let refused = refusal(StatusCode::UNAUTHORIZED, key);
+        assert!(matches!(refused, ClientError::Refused { .. }));
+        assert_eq!(refused.to_string(), "401 Unauthorized: no key");
+        // Without a problem document (a proxy's answer), the status says.
+        assert!(matches!(
+            refusal(StatusCode::NOT_FOUND, ""),
+            ClientError::Refused { .. }
+        ));
+        assert!(matches!(
+            refusal(StatusCode::CONFLICT, ""),
+            ClientError::Held { .. }
+        ));
+        assert!(matches!(
+            refusal(StatusCode::TOO_MANY_REQUESTS, ""),
+            ClientError::RateLimited { .. }
+        ));
+        assert!(matches!(
+            refusal(StatusCode::BAD_GATEWAY, "<html>"),
+            ClientError::ServerError { .. }
+        ));
+        assert_eq!(
+            refusal(StatusCode::BAD_GATEWAY, "").status(),
+            Some(StatusCode::BAD_GATEWAY)
+        );
+    }
+
+    #[test]
+    fn a_lease_hides_its_token_from_debug() {
+        let lease: Lease =
+            serde_json::from_str(r#"{"token":"secret-token-1234","fence":3,"ttl_ms":1000}"#)
+                .expect("a lease");
+        assert!(!format!("{lease:?}").contains("secret"));
     }
 }

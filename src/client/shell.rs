@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use super::api::{AcquireParams, Answer, CallError, LockClient};
+use super::api::{AcquireParams, ClientError, LockClient, ProblemInfo, Refusal, Reply};
 use super::args::{AcquireArgs, ExtendArgs, ReleaseArgs, ServerArg, StatusArgs};
 use super::exit;
 
@@ -20,12 +20,32 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// for any other 4xx (including a 404 that is not lockd's "not held": a
 /// wrong `--server` or an empty name).
 pub fn exit_code(status: StatusCode, slug: &str) -> u8 {
-    match status {
-        s if s.is_success() => 0,
-        StatusCode::NOT_FOUND if slug == "lock-not-held" => exit::NOT_FOUND,
-        StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS => exit::CONFLICT,
-        s if s.is_server_error() => exit::UNAVAILABLE,
-        _ => exit::USAGE,
+    if status.is_success() {
+        return 0;
+    }
+    error_code(&ClientError::from_refusal(Refusal {
+        status,
+        body: String::new(),
+        problem: ProblemInfo {
+            problem_type: format!("urn:lockd:problem:{slug}"),
+            ..ProblemInfo::default()
+        },
+    }))
+}
+
+/// The exit code for a call that did not succeed (see [`exit_code`]).
+fn error_code(error: &ClientError) -> u8 {
+    match error {
+        ClientError::NotHeld { .. } => exit::NOT_FOUND,
+        ClientError::Held { .. }
+        | ClientError::NotOwner { .. }
+        | ClientError::RateLimited { .. } => exit::CONFLICT,
+        ClientError::Unavailable { .. }
+        | ClientError::ServerError { .. }
+        | ClientError::Unreachable(_) => exit::UNAVAILABLE,
+        ClientError::Refused { .. } => exit::USAGE,
+        // The server said 2xx: the call worked, whatever its body.
+        ClientError::Unexpected { .. } => 0,
     }
 }
 
@@ -69,10 +89,10 @@ pub async fn status(args: StatusArgs) -> u8 {
     .await
 }
 
-async fn call<F, Fut>(server: &ServerArg, send: F) -> u8
+async fn call<T, F, Fut>(server: &ServerArg, send: F) -> u8
 where
     F: FnOnce(LockClient) -> Fut,
-    Fut: Future<Output = Result<Answer, CallError>>,
+    Fut: Future<Output = Result<Reply<T>, ClientError>>,
 {
     let client = match LockClient::new(
         &server.server,
@@ -85,21 +105,30 @@ where
             return exit::USAGE;
         }
     };
-    match send(client).await {
-        Ok(answer) => {
-            if !answer.body.is_empty() {
-                println!("{}", answer.body);
-            }
-            if !answer.status.is_success() {
-                let detail = answer.problem().detail;
-                eprintln!("lockd: {}: {detail}", answer.status);
-            }
-            exit_code(answer.status, answer.problem().slug())
+    let error = match send(client).await {
+        Ok(reply) => {
+            print_body(&reply.body);
+            return 0;
         }
-        Err(e) => {
-            eprintln!("lockd: {e}");
-            exit::UNAVAILABLE
+        Err(e) => e,
+    };
+    match &error {
+        ClientError::Unexpected { body, .. } => print_body(body),
+        ClientError::Unreachable(e) => eprintln!("lockd: {e}"),
+        refused => {
+            if let Some(answer) = refused.refusal() {
+                print_body(&answer.body);
+                eprintln!("lockd: {answer}");
+            }
         }
+    }
+    error_code(&error)
+}
+
+/// The server's answer, as sent, on stdout (nothing for an empty body).
+fn print_body(body: &str) {
+    if !body.is_empty() {
+        println!("{body}");
     }
 }
 

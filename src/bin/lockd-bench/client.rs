@@ -1,15 +1,19 @@
-//! A small lockd HTTP client for the benchmarks.
+//! The benchmarks' view of a lockd server, over lockd's own typed client
+//! ([`LockClient`]): grants with the time they arrived, and the status of
+//! each answer where a scenario counts them.
 
 use std::time::Duration;
 
-use serde_json::Value;
+use lockd::client::api::{AcquireParams, ClientError, LockClient};
 use tokio::time::Instant;
+
+/// How long one request may take (a waiting acquire included).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A lockd server reached over keep-alive HTTP connections.
 #[derive(Clone)]
 pub struct Lockd {
-    http: reqwest::Client,
-    base: String,
+    client: LockClient,
 }
 
 /// A grant: the token and fence, and when the 201 arrived.
@@ -35,16 +39,41 @@ pub struct Attempt {
 
 impl Lockd {
     /// A client for the lockd at `base` (`http://host:port`).
-    pub fn new(base: &str) -> Self {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(usize::MAX)
-            .timeout(Duration::from_secs(120))
-            .build()
-            .unwrap_or_default();
-        Self {
-            http,
-            base: base.trim_end_matches('/').to_owned(),
-        }
+    pub fn new(base: &str) -> Result<Self, BenchError> {
+        Ok(Self {
+            client: LockClient::new(base, None, None)?,
+        })
+    }
+
+    /// `POST /locks/{name}` for a new grant under a token the server
+    /// generates.
+    /// Returns the answer's status (201) with the grant.
+    async fn post(
+        &self,
+        name: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Result<(u16, Grant), ClientError> {
+        let params = AcquireParams {
+            ttl_ms: Some(ttl_ms),
+            wait_ms,
+            ..AcquireParams::default()
+        };
+        let reply = self.client.acquire(name, &params, REQUEST_TIMEOUT).await?;
+        let at = Instant::now();
+        let Some(fence) = reply.value.fence else {
+            return Err(ClientError::Unexpected {
+                status: reply.status,
+                body: String::new(),
+                why: "no fence".into(),
+            });
+        };
+        let grant = Grant {
+            token: reply.value.token,
+            fence,
+            at,
+        };
+        Ok((reply.status.as_u16(), grant))
     }
 
     /// `POST /locks/{name}`: `Ok(Some(grant))` on 201 or 200, `Ok(None)` on
@@ -55,98 +84,47 @@ impl Lockd {
         ttl_ms: u64,
         wait_ms: u64,
     ) -> Result<Option<Grant>, BenchError> {
-        let url = format!(
-            "{}/locks/{name}?ttl_ms={ttl_ms}&wait_ms={wait_ms}",
-            self.base
-        );
-        let response = self.http.post(url).send().await?;
-        let at = Instant::now();
-        match response.status().as_u16() {
-            200 | 201 => {
-                let body: Value = response.json().await?;
-                let token = body["token"].as_str().ok_or("no token")?.to_owned();
-                let fence = body["fence"].as_u64().ok_or("no fence")?;
-                Ok(Some(Grant { token, fence, at }))
-            }
-            409 => Ok(None),
-            status => Err(format!("acquire answered {status}: {}", response.text().await?).into()),
+        match self.post(name, ttl_ms, wait_ms).await {
+            Ok((_, grant)) => Ok(Some(grant)),
+            Err(ClientError::Held { .. }) => Ok(None),
+            Err(e) => Err(failed("acquire", &e)),
         }
     }
 
     /// `POST /locks/{name}`, whatever the answer.
     pub async fn try_acquire(&self, name: &str, ttl_ms: u64, wait_ms: u64) -> Attempt {
-        let url = format!(
-            "{}/locks/{name}?ttl_ms={ttl_ms}&wait_ms={wait_ms}",
-            self.base
-        );
-        let Ok(response) = self.http.post(url).send().await else {
-            return Attempt {
-                status: None,
+        match self.post(name, ttl_ms, wait_ms).await {
+            Ok((status, grant)) => Attempt {
+                status: Some(status),
+                grant: Some(grant),
+            },
+            Err(e) => Attempt {
+                status: e.status().map(|s| s.as_u16()),
                 grant: None,
-            };
-        };
-        let at = Instant::now();
-        let status = response.status().as_u16();
-        let grant = match status {
-            200 | 201 => response.json::<Value>().await.ok().and_then(|body| {
-                Some(Grant {
-                    token: body["token"].as_str()?.to_owned(),
-                    fence: body["fence"].as_u64()?,
-                    at,
-                })
-            }),
-            _ => {
-                let _ = response.bytes().await;
-                None
-            }
-        };
-        Attempt {
-            status: Some(status),
-            grant,
+            },
         }
     }
 
     /// `DELETE /locks/{name}`: the status, `None` when no answer came.
     pub async fn try_release(&self, name: &str, token: &str) -> Option<u16> {
-        let url = format!("{}/locks/{name}", self.base);
-        let response = self
-            .http
-            .delete(url)
-            .header("Lock-Token", token)
-            .send()
-            .await
-            .ok()?;
-        let status = response.status().as_u16();
-        let _ = response.bytes().await;
-        Some(status)
+        match self.client.release(name, token, REQUEST_TIMEOUT).await {
+            Ok(reply) => Some(reply.status.as_u16()),
+            Err(e) => e.status().map(|s| s.as_u16()),
+        }
     }
 
     /// `DELETE /locks/{name}`; returns when the 204 arrived.
     pub async fn release(&self, name: &str, token: &str) -> Result<Instant, BenchError> {
-        let url = format!("{}/locks/{name}", self.base);
-        let response = self
-            .http
-            .delete(url)
-            .header("Lock-Token", token)
-            .send()
-            .await?;
-        let at = Instant::now();
-        match response.status().as_u16() {
-            204 => Ok(at),
-            status => Err(format!("release answered {status}: {}", response.text().await?).into()),
+        match self.client.release(name, token, REQUEST_TIMEOUT).await {
+            Ok(_) => Ok(Instant::now()),
+            Err(e) => Err(failed("release", &e)),
         }
     }
 
     /// The sum of every sample of a gauge or counter from `/metrics` (all
     /// its label values: `lockd_waiters` has one per namespace).
     pub async fn metric(&self, name: &str) -> Result<f64, BenchError> {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await?
-            .text()
-            .await?;
+        let text = self.client.metrics(REQUEST_TIMEOUT).await?;
         let values: Vec<f64> = text
             .lines()
             .filter_map(|line| {
@@ -176,6 +154,20 @@ impl Lockd {
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+}
+
+/// What a scenario says when `what` failed: the status and the server's
+/// body when it answered, the reason when it did not.
+fn failed(what: &str, e: &ClientError) -> BenchError {
+    match e.refusal() {
+        Some(answer) => format!(
+            "{what} answered {}: {}",
+            answer.status.as_u16(),
+            answer.body
+        )
+        .into(),
+        None => format!("{what}: {e}").into(),
     }
 }
 

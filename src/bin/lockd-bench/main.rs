@@ -164,7 +164,13 @@ enum Scenario {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let lockd = client::Lockd::new(&cli.server);
+    let lockd = match client::Lockd::new(&cli.server) {
+        Ok(lockd) => lockd,
+        Err(e) => {
+            eprintln!("lockd-bench: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     let result = match cli.scenario {
         Scenario::Cycle {
             clients,

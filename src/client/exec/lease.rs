@@ -1,0 +1,207 @@
+//! The lease keeper of `lockd exec`: takes the lock under a token of its
+//! own, renews the lease at a third of the TTL, says when the lease is lost
+//! for good, and releases the lock at the end.
+
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
+
+use super::say;
+use crate::backoff::ExponentialBackoff;
+use crate::client::api::{AcquireParams, ClientError, Lease, LockClient, Reply};
+use crate::client::args::ExecArgs;
+use crate::lock::Token;
+
+/// How long the acquire may take beyond `--wait-ms` before the server
+/// counts as unreachable (the server itself answers 503 after its
+/// `--request-timeout-ms`, 10 s by default).
+const ACQUIRE_MARGIN: Duration = Duration::from_secs(15);
+/// The longest a renewal or the release may take.
+const CALL_LIMIT: Duration = Duration::from_secs(10);
+/// The longest a release whose answer does not matter may take (after the
+/// lease was lost, or when the acquire's outcome is unknown): the lease
+/// ends by itself anyway, and the exit must not wait on a stuck server.
+const QUIET_RELEASE_LIMIT: Duration = Duration::from_secs(1);
+/// How long releasing may be retried when the server does not answer.
+const RELEASE_FOR: Duration = Duration::from_secs(5);
+/// The pauses between those retries: 100 ms doubling (within
+/// [`RELEASE_FOR`], which ends them before any cap).
+const RELEASE_BACKOFF: ExponentialBackoff =
+    ExponentialBackoff::new(Duration::from_millis(100), RELEASE_FOR);
+
+/// The lock, as this process holds it.
+#[derive(Clone)]
+pub(super) struct Holder {
+    pub(super) client: LockClient,
+    pub(super) name: String,
+    pub(super) token: Token,
+}
+
+impl Holder {
+    pub(super) async fn acquire(&self, args: &ExecArgs) -> Result<Reply<Lease>, ClientError> {
+        let owner = args.owner.clone().unwrap_or_else(default_owner);
+        let params = AcquireParams {
+            token: Some(self.token.expose()),
+            ttl_ms: args.ttl_ms,
+            wait_ms: args.wait_ms,
+            owner: Some(&owner),
+        };
+        let timeout = Duration::from_millis(args.wait_ms) + ACQUIRE_MARGIN;
+        self.client.acquire(&self.name, &params, timeout).await
+    }
+
+    /// Releases the lock if this token holds it, ignoring the answer: used
+    /// when the outcome of the acquire is unknown or the lease was lost.
+    pub(super) async fn release_quietly(&self) {
+        let _ = self
+            .client
+            .release(&self.name, self.token.expose(), QUIET_RELEASE_LIMIT)
+            .await;
+    }
+
+    /// Releases the lock after the command ended, retrying for a while when
+    /// the server does not answer, and says on stderr when it could not.
+    pub(super) async fn release_after_run(&self, ttl: Duration) {
+        let give_up = Instant::now() + RELEASE_FOR.min(ttl);
+        let mut backoff = RELEASE_BACKOFF.pauses();
+        loop {
+            let why = match self
+                .client
+                .release(&self.name, self.token.expose(), CALL_LIMIT)
+                .await
+            {
+                Ok(_) => return,
+                Err(ClientError::NotHeld { .. }) => {
+                    say(&format!(
+                        "the lease on {} had already run out when the command ended",
+                        self.name
+                    ));
+                    return;
+                }
+                // Over the key's rate passes; so may a server error.
+                Err(
+                    ClientError::RateLimited { answer, .. }
+                    | ClientError::Unavailable { answer, .. }
+                    | ClientError::ServerError { answer },
+                ) => answer.status.to_string(),
+                Err(ClientError::Unreachable(e)) => e.to_string(),
+                Err(other) => {
+                    let status = other.status().map(|s| s.to_string()).unwrap_or_default();
+                    say(&format!("cannot release {}: {status}", self.name));
+                    return;
+                }
+            };
+            let pause = backoff.next_pause();
+            if Instant::now() + pause >= give_up {
+                say(&format!(
+                    "cannot release {} ({why}); it frees when its lease runs out",
+                    self.name
+                ));
+                return;
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// When the first lease ends at the earliest, by this process's clock.
+///
+/// The grant happened between sending the acquire (`sent`) and receiving
+/// its answer (`received`). Without a wait that span is one round trip, and
+/// `sent + ttl` is the safe end. After a long wait the grant came near the
+/// end of it: then the end is counted from the answer, less a tenth of the
+/// TTL for the answer's way back. Counting from `sent` there would take a
+/// lease granted a moment ago for one already run out.
+pub(super) fn lease_end(sent: Instant, received: Instant, ttl: Duration) -> Instant {
+    (sent + ttl).max((received + ttl).checked_sub(ttl / 10).unwrap_or(received))
+}
+
+/// Renews the lease when a third of it has passed, until aborted. A
+/// renewal that fails for a while (5xx, no answer) is retried sooner; when
+/// the lease is lost for good, or runs out before a renewal succeeds, says
+/// why on `lost` and stops.
+pub(super) async fn keep_renewing(
+    holder: Holder,
+    ttl: Duration,
+    mut lease_end: Instant,
+    lost: oneshot::Sender<String>,
+) {
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    let retry = (ttl / 10).max(Duration::from_millis(50));
+    let mut next = lease_end.checked_sub(ttl * 2 / 3).unwrap_or(lease_end);
+    // The reason of the failures since the last renewal that worked.
+    let mut failing: Option<String> = None;
+    loop {
+        sleep_until(next.min(lease_end)).await;
+        let sent = Instant::now();
+        if sent >= lease_end {
+            let why = failing.map_or_else(
+                || "no renewal could be sent in time".to_owned(),
+                |f| format!("the renewals failed: {f}"),
+            );
+            let _ = lost.send(format!("the lease ran out; {why}"));
+            return;
+        }
+        let timeout = (lease_end - sent).min(CALL_LIMIT);
+        let answer = holder
+            .client
+            .extend(&holder.name, holder.token.expose(), Some(ttl_ms), timeout)
+            .await;
+        match answer {
+            Ok(_) => {
+                if failing.take().is_some() {
+                    say("renewed again");
+                }
+                lease_end = sent + ttl;
+                next = sent + ttl / 3;
+                continue;
+            }
+            Err(ClientError::NotHeld { .. }) => {
+                let _ = lost.send("renewal answered 404: the lease is gone".into());
+                return;
+            }
+            Err(ClientError::NotOwner { .. } | ClientError::Held { .. }) => {
+                let _ = lost.send("renewal answered 409: another holder has the lock".into());
+                return;
+            }
+            Err(ClientError::Refused { answer }) => {
+                let why = answer.problem.detail;
+                let _ = lost.send(format!("renewal refused ({}): {why}", answer.status));
+                return;
+            }
+            Err(
+                ClientError::RateLimited { answer, .. }
+                | ClientError::Unavailable { answer, .. }
+                | ClientError::ServerError { answer },
+            ) => {
+                let why = format!("the server answered {}", answer.status);
+                failing = Some(report_failure(failing, why));
+            }
+            Err(e) => {
+                failing = Some(report_failure(failing, e.to_string()));
+            }
+        }
+        next = Instant::now() + retry;
+    }
+}
+
+/// Says on stderr that renewals began to fail (once per streak), and
+/// returns the latest reason.
+fn report_failure(before: Option<String>, why: String) -> String {
+    if before.is_none() {
+        say(&format!(
+            "renewal failed ({why}); retrying until the lease ends"
+        ));
+    }
+    why
+}
+
+/// `hostname:pid`.
+pub(super) fn default_owner() -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("{host}:{}", std::process::id())
+}
