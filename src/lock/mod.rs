@@ -98,15 +98,12 @@ pub struct Lease {
 impl Lease {
     /// The lease a store call set to `set_to`, the call sent at `sent`
     /// (monotonic clock) and `sent_wall` (wall clock): what is left of it
-    /// now, in whole milliseconds rounded down (so it never overstates the
-    /// lease); `None` when less than a millisecond is left.
+    /// now, less the whole milliseconds elapsed (the API's resolution: a
+    /// round trip under a millisecond costs nothing, so a 1 ms lease over a
+    /// fast link is answered as one); `None` when nothing is left.
     pub fn left(fence: u64, set_to: Ttl, sent: Instant, sent_wall: SystemTime) -> Option<Self> {
-        let elapsed_us = u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let left_us = set_to
-            .as_millis()
-            .saturating_mul(1000)
-            .checked_sub(elapsed_us)?;
-        let left = left_us / 1000;
+        let elapsed_ms = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let left = set_to.as_millis().checked_sub(elapsed_ms)?;
         let ttl = Ttl::from_millis(left, set_to.as_millis(), "ttl_ms").ok()?;
         Some(Self {
             fence,

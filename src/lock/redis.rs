@@ -427,14 +427,12 @@ impl Node for RedisBackend {
                     .and_then(|ms| Ttl::from_millis(ms, Ttl::CEILING_MS, "ttl_ms").ok())
                     .unwrap_or(fallback);
                 let fence = u64::try_from(fence).unwrap_or(0);
+                // An answer that came after the new lease had run out (by
+                // the count from the send): the lease is gone, as Redlock
+                // answers too.
                 Lease::left(fence, set_to, sent, sent_wall)
                     .or_else(|| (!self.standalone).then(|| Lease::spent(fence, set_to, sent_wall)))
-                    .ok_or_else(|| {
-                        LockError::Unavailable(format!(
-                            "Redis extended the lease after its {} ms had passed",
-                            set_to.as_millis()
-                        ))
-                    })
+                    .ok_or(LockError::NotHeld)
             }
             0 => Err(LockError::NotHeld),
             _ => Err(LockError::NotOwner),
