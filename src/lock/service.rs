@@ -313,6 +313,14 @@ mod tests {
         }
     }
 
+    /// Takes the free lock `name` for `ttl_ms` under a token of its own.
+    async fn hold(locks: &Locks, name: &str, ttl_ms: u64) {
+        locks
+            .acquire(request(name, &Token::generate(), ttl_ms), Duration::ZERO)
+            .await
+            .expect("free");
+    }
+
     fn service(max_waiters: usize) -> (Arc<MemoryBackend>, Locks, CancellationToken) {
         let store = Arc::new(MemoryBackend::new());
         let shutdown = CancellationToken::new();
@@ -390,10 +398,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_is_granted_at_the_holders_lease_end() {
         let (_, locks, _stop) = service(10);
-        locks
-            .acquire(request("k", &Token::generate(), 1_000), Duration::ZERO)
-            .await
-            .expect("free");
+        hold(&locks, "k", 1_000).await;
         let b = waiter(&locks, "k", &Token::generate(), LONG);
         let (outcome, after) = b.await.expect("task");
         assert!(matches!(outcome, Ok(Acquired::Granted(_))), "{outcome:?}");
@@ -408,10 +413,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_wait_that_runs_out_tells_when_the_lease_ends() {
         let (_, locks, _stop) = service(10);
-        locks
-            .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
-            .await
-            .expect("free");
+        hold(&locks, "k", 10_000).await;
         let b = waiter(&locks, "k", &Token::generate(), Duration::from_secs(2));
         let (outcome, after) = b.await.expect("task");
         match outcome {
@@ -427,10 +429,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_held_lock_without_a_wait_is_refused_at_once() {
         let (_, locks, _stop) = service(10);
-        locks
-            .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
-            .await
-            .expect("free");
+        hold(&locks, "k", 10_000).await;
         let outcome = locks
             .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
             .await;
@@ -582,10 +581,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_waiters_but_grants_a_free_lock() {
         let (_, locks, _stop) = service(1);
-        locks
-            .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
-            .await
-            .expect("free");
+        hold(&locks, "k", 10_000).await;
         let _b = waiter(&locks, "k", &Token::generate(), LONG);
         until_waiting(&locks, "k", 1).await;
         let c = locks
@@ -601,10 +597,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn shutdown_ends_every_wait() {
         let (_, locks, stop) = service(10);
-        locks
-            .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
-            .await
-            .expect("free");
+        hold(&locks, "k", 10_000).await;
         let b = waiter(&locks, "k", &Token::generate(), LONG);
         let c = waiter(&locks, "k", &Token::generate(), LONG);
         until_waiting(&locks, "k", 2).await;
