@@ -8,13 +8,10 @@ use lockd::app::Application;
 use lockd::config::Settings;
 use lockd::lock::memory::MemoryBackend;
 
-#[tokio::test]
-async fn served_openapi_matches_the_committed_spec() {
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse().expect("address"),
-        ..Settings::default()
-    };
-    let app = Application::with_backend(&settings, Arc::new(MemoryBackend::new()))
+/// The document a lockd built with `settings` serves at `/openapi.json`;
+/// the server is stopped once it is read.
+async fn served_document(settings: &Settings) -> serde_json::Value {
+    let app = Application::with_backend(settings, Arc::new(MemoryBackend::new()))
         .await
         .expect("app builds");
     let addr = app.local_addr().expect("bound");
@@ -22,13 +19,24 @@ async fn served_openapi_matches_the_committed_spec() {
     let server = tokio::spawn(app.run_until(async {
         let _ = stopped.await;
     }));
-
-    let served: serde_json::Value = reqwest::get(format!("http://{addr}/openapi.json"))
+    let served = reqwest::get(format!("http://{addr}/openapi.json"))
         .await
         .expect("request")
         .json()
         .await
         .expect("JSON");
+    let _ = stop.send(());
+    server.await.expect("server task").expect("server ran");
+    served
+}
+
+#[tokio::test]
+async fn served_openapi_matches_the_committed_spec() {
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("address"),
+        ..Settings::default()
+    };
+    let served = served_document(&settings).await;
     let committed_text = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi/openapi.json"),
     )
@@ -59,9 +67,6 @@ async fn served_openapi_matches_the_committed_spec() {
             assert_eq!(schema, problem, "{method} {status}");
         }
     }
-
-    let _ = stop.send(());
-    server.await.expect("server task").expect("server ran");
 }
 
 /// The served document states this server's own limits: the maxima of
@@ -77,21 +82,7 @@ async fn served_openapi_states_this_servers_maxima_and_required_token() {
         max_wait_ms: 200,
         ..Settings::default()
     };
-    let app = Application::with_backend(&settings, Arc::new(MemoryBackend::new()))
-        .await
-        .expect("app builds");
-    let addr = app.local_addr().expect("bound");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(app.run_until(async {
-        let _ = stopped.await;
-    }));
-
-    let served: serde_json::Value = reqwest::get(format!("http://{addr}/openapi.json"))
-        .await
-        .expect("request")
-        .json()
-        .await
-        .expect("JSON");
+    let served = served_document(&settings).await;
     let schemas = &served["components"]["schemas"];
     for (body, field, max) in [
         ("AcquireBody", "ttl_ms", 20_000),
@@ -112,7 +103,4 @@ async fn served_openapi_states_this_servers_maxima_and_required_token() {
             .unwrap_or_else(|| panic!("{method} has no Lock-Token"));
         assert_eq!(header["required"], true, "{method}: {header}");
     }
-
-    let _ = stop.send(());
-    server.await.expect("server task").expect("server ran");
 }
