@@ -5,20 +5,16 @@
 //! Every case runs against both backends (`redis::cNN_*` and
 //! `memory::cNN_*`), except C05, which is about Redis's script cache.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::support::{Reply, TestApp, assert_lease_ms, backend_tests, ms_until, random_token};
 use futures::future::join_all;
 use lockd::app::Application;
 use lockd::config::Settings;
 use lockd::lock::Ttl;
 use reqwest::Method;
 use serde_json::json;
-use support::{Reply, TestApp, assert_lease_ms, backend_tests, ms_until, random_token};
 
 backend_tests!(
     c01_extend_after_expiry_fails,

@@ -10,18 +10,14 @@
 //! backend try) and, on Redis, `INFO commandstats`: that is how these tests
 //! see that only a queue's head retries and that nobody polls.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::support::{Reply, TestApp, backend_tests, lock_key, metric, ms_until};
 use futures::future::join_all;
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Reply, TestApp, backend_tests, lock_key, metric, ms_until};
 use tokio::sync::oneshot;
 use tokio::time::sleep;
 

@@ -6,16 +6,14 @@
 //! [`LinkProxy`] (a slow node, or a node that hangs with a command in
 //! flight). Each node is read directly to check what was left on it.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::{
+    LinkProxy, RedisServer, Reply, TestApp, eventually, metric, random_token, samples,
+};
 use serde_json::json;
-use support::{LinkProxy, RedisServer, Reply, TestApp, eventually, metric, random_token, samples};
 
 /// The node timeout of most tests, in ms: short enough for quick answers
 /// when a node hangs, long enough for a loaded machine.
@@ -709,7 +707,7 @@ async fn extend_succeeds_on_a_quorum_and_otherwise_answers_as_the_majority_says(
     assert_eq!(extended.fence(), grant.fence());
     expect_validity(&extended, 5_000, took);
     for i in [0, 1] {
-        let pttl = app.node(i).pttl(&support::lock_key("k")).await;
+        let pttl = app.node(i).pttl(&crate::support::lock_key("k")).await;
         assert!(pttl > 4_000 && pttl <= 5_000, "node {i} PTTL {pttl}");
     }
 

@@ -4,14 +4,10 @@
 //! never hang; `/healthz` stays 200 while `/readyz` says 503; and lockd
 //! recovers by itself when Redis is back.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::{Reply, TestApp, metric, random_token};
 use reqwest::Method;
-use support::{Reply, TestApp, metric, random_token};
 
 /// The Redis timeout of these tests, in ms.
 const TIMEOUT_MS: u64 = 300;

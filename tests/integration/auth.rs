@@ -4,16 +4,12 @@
 //! the rest, `/metrics` behind the `metrics` permission, and the open
 //! routes. Each refusal is a problem document and writes nothing.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::path::PathBuf;
 
+use crate::support::{Reply, TestApp, random_token};
 use lockd::auth::{Permission, secret_sha256};
 use lockd::config::Settings;
 use reqwest::Method;
-use support::{Reply, TestApp, random_token};
 
 /// A key for the keys file: id, secret, prefixes, permissions.
 struct TestKey {
@@ -58,7 +54,7 @@ fn keys_file(keys: &[&TestKey]) -> (tempfile::TempDir, PathBuf) {
     let path = dir.path().join("keys.toml");
     let text: String = keys
         .iter()
-        .map(|k| support::key_entry(k.id, &k.secret, k.prefixes, k.permissions, k.rate))
+        .map(|k| crate::support::key_entry(k.id, &k.secret, k.prefixes, k.permissions, k.rate))
         .collect();
     std::fs::write(&path, text).unwrap();
     (dir, path)

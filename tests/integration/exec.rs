@@ -5,38 +5,22 @@
 //!
 //! Commands run under `lockd exec` are small `sh` scripts that talk back
 //! through files in a scratch directory (`$DIR`). Every spawned `lockd` is
-//! a [`Running`] guard: dropping it kills lockd and the command's process
+//! a [`Lockd`] guard: dropping it kills lockd and the command's process
 //! group, so a failing test leaves no process behind. Waits poll with
 //! deadlines; the deadlines are generous for a busy 2-core machine.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill, killpg};
-use nix::unistd::{Pid, getpgid, getpgrp};
+use crate::support::{
+    self, LIMIT, LOCKD, Lockd, TestApp, assert_lease_ms, eventually, free_port, metric, run,
+};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use serde_json::Value;
-use support::{TestApp, assert_lease_ms, eventually, free_port, metric};
 
-/// The binary under test.
-const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
-/// The variables the client subcommands read; removed from every `lockd`
-/// started here unless a test sets them.
-const CLIENT_VARS: [&str; 6] = [
-    "LOCKD_SERVER",
-    "LOCKD_NAME",
-    "LOCKD_TOKEN",
-    "LOCKD_FENCE",
-    "LOCKD_API_KEY",
-    "LOCKD_CA_CERT",
-];
-/// The longest any `lockd` invocation may take before the test gives up.
-const LIMIT: Duration = Duration::from_secs(40);
 /// How long a command may take to start under `lockd exec`.
 const STARTUP: Duration = Duration::from_secs(20);
 /// A script line that waits until the test creates `$DIR/go`.
@@ -90,16 +74,11 @@ impl Scratch {
     }
 }
 
-/// `lockd` with the client variables removed, `$DIR` and `$LOCKD_BIN` (this
-/// binary, for scripts that call it) set, and stdin closed.
+/// `lockd` as [`support::lockd`] starts it, with `$DIR` and `$LOCKD_BIN`
+/// (this binary, for scripts that call it) set.
 fn lockd(dir: &Scratch) -> Command {
-    let mut cmd = Command::new(LOCKD);
-    for var in CLIENT_VARS {
-        cmd.env_remove(var);
-    }
-    cmd.env("DIR", dir.root())
-        .env("LOCKD_BIN", LOCKD)
-        .stdin(Stdio::null());
+    let mut cmd = support::lockd();
+    cmd.env("DIR", dir.root()).env("LOCKD_BIN", LOCKD);
     cmd
 }
 
@@ -121,7 +100,7 @@ fn exec<S: AsRef<OsStr>>(
 }
 
 /// `sh -c <script>`, after a line that records the shell's pid in
-/// `$PGID_FILE` so that [`Running`] can kill the command's process group.
+/// `$PGID_FILE` so that [`Lockd`] can kill the command's process group.
 fn sh(script: &str) -> Vec<String> {
     vec![
         "sh".into(),
@@ -130,193 +109,11 @@ fn sh(script: &str) -> Vec<String> {
     ]
 }
 
-/// A `lockd` process started by a test; dropping it kills lockd and the
-/// process group of the command it runs (when the command recorded its pid
-/// in `$PGID_FILE`, as [`sh`] scripts do).
-struct Running {
-    child: Child,
-    since: Instant,
-    files: tempfile::TempDir,
-    what: String,
-}
-
-/// How a `lockd` invocation ended.
-struct Exit {
-    status: ExitStatus,
-    /// From spawn to exit.
-    took: Duration,
-    stdout: String,
-    stderr: String,
-}
-
-impl Exit {
-    /// The exit code (panics if lockd was killed by a signal).
-    #[track_caller]
-    fn code(&self) -> i32 {
-        self.status.code().unwrap_or_else(|| {
-            panic!(
-                "lockd itself was killed: {:?}; stderr:\n{}",
-                self.status, self.stderr
-            )
-        })
-    }
-
-    /// Asserts the exit code, with stdout and stderr in the message.
-    #[track_caller]
-    fn expect(&self, code: i32) -> &Self {
-        assert_eq!(
-            self.code(),
-            code,
-            "unexpected exit code after {:?}\nstdout:\n{}\nstderr:\n{}",
-            self.took,
-            self.stdout,
-            self.stderr
-        );
-        self
-    }
-
-    /// stdout as JSON.
-    #[track_caller]
-    fn json(&self) -> Value {
-        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
-            panic!(
-                "stdout is not JSON ({e}): {:?}\nstderr:\n{}",
-                self.stdout, self.stderr
-            )
-        })
-    }
-}
-
-impl Running {
-    fn spawn(mut cmd: Command) -> Self {
-        let files = tempfile::tempdir().expect("temp dir for lockd's output");
-        let out = std::fs::File::create(files.path().join("stdout")).expect("stdout file");
-        let err = std::fs::File::create(files.path().join("stderr")).expect("stderr file");
-        cmd.stdout(out)
-            .stderr(err)
-            .env("PGID_FILE", files.path().join("pgid"));
-        let what = format!("{cmd:?}");
-        let child = cmd.spawn().expect("spawn lockd");
-        Self {
-            child,
-            since: Instant::now(),
-            files,
-            what,
-        }
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits"))
-    }
-
-    fn output(&self, which: &str) -> String {
-        std::fs::read_to_string(self.files.path().join(which)).unwrap_or_default()
-    }
-
-    /// The pid of the command's shell, once it has recorded it.
-    fn command_pid(&self) -> Option<Pid> {
-        self.output("pgid").trim().parse().ok().map(Pid::from_raw)
-    }
-
-    /// Sends `sig` to lockd.
-    fn signal(&self, sig: Signal) {
-        kill(self.pid(), sig).unwrap_or_else(|e| panic!("kill -{sig} lockd: {e}"));
-    }
-
-    fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().expect("poll lockd")
-    }
-
-    /// Waits for lockd to exit, up to `within`.
-    async fn wait(&mut self, within: Duration) -> Exit {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.exited() {
-                return Exit {
-                    status,
-                    took: self.since.elapsed(),
-                    stdout: self.output("stdout"),
-                    stderr: self.output("stderr"),
-                };
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not exit within {within:?}; stderr so far:\n{}",
-                self.what,
-                self.output("stderr")
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Waits until `path` exists; fails if lockd exits first, or after
-    /// `within`.
-    async fn wait_for_file(&mut self, path: &Path, within: Duration) {
-        let deadline = Instant::now() + within;
-        while !path.exists() {
-            if let Some(status) = self.exited() {
-                panic!(
-                    "lockd exited ({status}) before {} appeared; stdout:\n{}\nstderr:\n{}",
-                    path.display(),
-                    self.output("stdout"),
-                    self.output("stderr")
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not appear within {within:?}; lockd's stderr:\n{}",
-                path.display(),
-                self.output("stderr")
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        // The command may outlive lockd (it was killed, or it left
-        // processes behind): kill its process group, never our own.
-        if let Some(pid) = self.command_pid() {
-            let ours = getpgrp();
-            match getpgid(Some(pid)) {
-                Ok(group) if group == pid && group != ours => {
-                    let _ = killpg(pid, Signal::SIGKILL);
-                }
-                Ok(group) if group != pid => {
-                    let _ = kill(pid, Signal::SIGKILL);
-                }
-                Ok(_) => {}
-                Err(_) if pid != ours => {
-                    // The leader is gone; members of its group may not be.
-                    let _ = killpg(pid, Signal::SIGKILL);
-                }
-                Err(_) => {}
-            }
-        }
-    }
-}
-
-/// Runs `cmd` to its end.
-async fn run(cmd: Command) -> Exit {
-    Running::spawn(cmd).wait(LIMIT).await
-}
-
 /// `lockd keygen <args> --keys-file <keys>`: the secret it printed.
-fn keygen(dir: &Scratch, keys: &Path, args: &[&str]) -> String {
-    let minted = lockd(dir)
-        .arg("keygen")
-        .args(args)
-        .arg("--keys-file")
-        .arg(keys)
-        .output()
-        .unwrap();
-    assert!(minted.status.success(), "{minted:?}");
-    String::from_utf8(minted.stdout).unwrap().trim().to_owned()
+async fn keygen(dir: &Scratch, keys: &Path, args: &[&str]) -> String {
+    let mut cmd = lockd(dir);
+    cmd.arg("keygen").args(args).arg("--keys-file").arg(keys);
+    run(cmd).await.expect(0).stdout.trim().to_owned()
 }
 
 /// Asserts that lock `name` is free: the API answers 404 and Redis has no
@@ -389,54 +186,6 @@ async fn wait_for_a_waiter(app: &TestApp) {
     assert!(waiting, "no request waited for a lock within {STARTUP:?}");
 }
 
-/// A `lockd serve` process over the test's redis-server, killed on drop
-/// (after a SIGCONT, in case a test left it stopped).
-struct Served {
-    child: Child,
-    base: String,
-}
-
-impl Served {
-    async fn start(redis_url: &str) -> Self {
-        let listen = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(LOCKD)
-            .args(["serve", "--listen", &listen, "--redis-url", redis_url])
-            .env("LOCKD_LOG", "warn")
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn lockd serve");
-        let served = Self {
-            child,
-            base: format!("http://{listen}"),
-        };
-        let health = format!("{}/healthz", served.base);
-        let up = eventually(Duration::from_secs(30), || async {
-            reqwest::get(&health).await.is_ok()
-        })
-        .await;
-        assert!(up, "lockd serve did not answer /healthz within 30 s");
-        served
-    }
-
-    fn signal(&self, sig: Signal) {
-        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits"));
-        kill(pid, sig).unwrap_or_else(|e| panic!("kill -{sig} lockd serve: {e}"));
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 // ---------------------------------------------------------------------------
 // One holder at a time
 // ---------------------------------------------------------------------------
@@ -448,7 +197,7 @@ async fn a_second_exec_on_the_same_name_fails_fast_with_75() {
     let server = app.url("");
     let name = "exec:one";
     let script = format!(r#"touch "$DIR/started"; {WAIT_FOR_GO}"#);
-    let mut first = Running::spawn(exec(&dir, &server, &[], name, &sh(&script)));
+    let mut first = Lockd::spawn(exec(&dir, &server, &[], name, &sh(&script)));
     first.wait_for_file(&dir.path("started"), STARTUP).await;
 
     // The first holds it, under its default owner `hostname:pid`.
@@ -507,10 +256,10 @@ async fn a_waiting_exec_runs_after_the_holder_finishes() {
     let first_script = format!(
         r#"echo first-start >> "$DIR/log"; touch "$DIR/started"; {WAIT_FOR_GO}; echo first-end >> "$DIR/log""#
     );
-    let mut first = Running::spawn(exec(&dir, &server, &[], name, &sh(&first_script)));
+    let mut first = Lockd::spawn(exec(&dir, &server, &[], name, &sh(&first_script)));
     first.wait_for_file(&dir.path("started"), STARTUP).await;
 
-    let mut second = Running::spawn(exec(
+    let mut second = Lockd::spawn(exec(
         &dir,
         &server,
         &["--wait-ms", "20000"],
@@ -538,10 +287,10 @@ async fn c09_a_waiting_exec_counts_its_lease_from_the_grant_not_the_request() {
     let server = app.url("");
     let name = "exec:long-wait";
     let first_script = format!(r#"touch "$DIR/started"; {WAIT_FOR_GO}"#);
-    let mut first = Running::spawn(exec(&dir, &server, &[], name, &sh(&first_script)));
+    let mut first = Lockd::spawn(exec(&dir, &server, &[], name, &sh(&first_script)));
     first.wait_for_file(&dir.path("started"), STARTUP).await;
 
-    let mut second = Running::spawn(exec(
+    let mut second = Lockd::spawn(exec(
         &dir,
         &server,
         &[
@@ -646,7 +395,7 @@ async fn the_command_has_its_own_process_group_unless_foreground() {
     let script =
         format!(r#"echo $$ > "$DIR/pid.tmp"; mv "$DIR/pid.tmp" "$DIR/pid"; {WAIT_FOR_GO}"#);
 
-    let mut own = Running::spawn(exec(&dir, &server, &[], name, &sh(&script)));
+    let mut own = Lockd::spawn(exec(&dir, &server, &[], name, &sh(&script)));
     own.wait_for_file(&dir.path("pid"), STARTUP).await;
     let pid: u32 = dir.read("pid").trim().parse().unwrap();
     assert_eq!(process_group(pid), Some(pid), "not a group leader");
@@ -656,10 +405,10 @@ async fn the_command_has_its_own_process_group_unless_foreground() {
 
     std::fs::remove_file(dir.path("go")).unwrap();
     std::fs::remove_file(dir.path("pid")).unwrap();
-    let mut fg = Running::spawn(exec(&dir, &server, &["--foreground"], name, &sh(&script)));
+    let mut fg = Lockd::spawn(exec(&dir, &server, &["--foreground"], name, &sh(&script)));
     fg.wait_for_file(&dir.path("pid"), STARTUP).await;
     let pid: u32 = dir.read("pid").trim().parse().unwrap();
-    let exec_pid = fg.child.id();
+    let exec_pid = u32::try_from(fg.pid().as_raw()).unwrap();
     assert_eq!(
         process_group(pid),
         process_group(exec_pid),
@@ -682,7 +431,7 @@ async fn a_command_longer_than_the_ttl_keeps_the_lock_by_renewing() {
     let server = app.url("");
     let name = "exec:renew";
     let script = format!(r#"touch "$DIR/started"; {WAIT_FOR_GO}"#);
-    let mut running = Running::spawn(exec(
+    let mut running = Lockd::spawn(exec(
         &dir,
         &server,
         &["--ttl-ms", "900"],
@@ -702,7 +451,7 @@ async fn a_command_longer_than_the_ttl_keeps_the_lock_by_renewing() {
             app.redis_server().lock_token(name).await.as_deref(),
             Some(token.as_str()),
             "the lease lapsed while the command ran; lockd's stderr:\n{}",
-            running.output("stderr")
+            running.stderr()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -722,7 +471,7 @@ async fn a_child_whose_lease_is_deleted_is_stopped_with_70() {
         touch "$DIR/started"
         while :; do sleep 0.05; done
     "#;
-    let mut running = Running::spawn(exec(&dir, &server, &["--ttl-ms", "900"], name, &sh(script)));
+    let mut running = Lockd::spawn(exec(&dir, &server, &["--ttl-ms", "900"], name, &sh(script)));
     running.wait_for_file(&dir.path("started"), STARTUP).await;
     assert!(app.redis_server().lock_token(name).await.is_some());
 
@@ -756,10 +505,10 @@ async fn a_child_whose_lock_is_taken_by_another_holder_is_stopped_with_70() {
         touch "$DIR/started"
         while :; do sleep 0.05; done
     "#;
-    let mut running = Running::spawn(exec(&dir, &server, &["--ttl-ms", "900"], name, &sh(script)));
+    let mut running = Lockd::spawn(exec(&dir, &server, &["--ttl-ms", "900"], name, &sh(script)));
     running.wait_for_file(&dir.path("started"), STARTUP).await;
     // Another client overwrites the lock (as after an expiry and a new grant).
-    let thief = support::random_token();
+    let thief = crate::support::random_token();
     app.redis_server().set_lock(name, &thief, 60_000).await;
 
     let exit = running.wait(LIMIT).await;
@@ -783,7 +532,7 @@ async fn a_child_that_ignores_sigterm_is_killed_after_the_grace() {
         touch "$DIR/started"
         while :; do sleep 0.05; done
     "#;
-    let mut running = Running::spawn(exec(
+    let mut running = Lockd::spawn(exec(
         &dir,
         &server,
         &["--ttl-ms", "900", "--kill-grace-ms", "500"],
@@ -838,7 +587,7 @@ async fn a_grandchild_that_ignores_sigterm_dies_with_a_lost_lease() {
         touch "$DIR/started"
         while :; do sleep 0.05; done
     "#;
-    let mut running = Running::spawn(exec(
+    let mut running = Lockd::spawn(exec(
         &dir,
         &server,
         &["--ttl-ms", "900", "--kill-grace-ms", "5000"],
@@ -878,7 +627,7 @@ async fn ctrl_z_stops_the_command_too_and_fg_resumes_it() {
     let server = app.url("");
     let name = "exec:ctrl-z";
     let script = r#"touch "$DIR/started"; while [ ! -f "$DIR/go" ]; do sleep 0.05; done; echo done > "$DIR/done""#;
-    let mut running = Running::spawn(exec(
+    let mut running = Lockd::spawn(exec(
         &dir,
         &server,
         &["--ttl-ms", "30000"],
@@ -917,7 +666,11 @@ async fn ctrl_z_stops_the_command_too_and_fg_resumes_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_server_means_a_lost_lease() {
     let app = TestApp::redis().await;
-    let served = Served::start(&app.redis_server().url()).await;
+    let served = Lockd::serve(
+        &["--redis-url", &app.redis_server().url()],
+        &[("LOCKD_LOG", "warn")],
+    )
+    .await;
     let dir = Scratch::new();
     let name = "exec:paused";
     let script = r#"
@@ -925,9 +678,9 @@ async fn a_paused_server_means_a_lost_lease() {
         touch "$DIR/started"
         while :; do sleep 0.05; done
     "#;
-    let mut running = Running::spawn(exec(
+    let mut running = Lockd::spawn(exec(
         &dir,
-        &served.base,
+        &served.url(""),
         &["--ttl-ms", "1500", "--kill-grace-ms", "500"],
         name,
         &sh(script),
@@ -958,13 +711,17 @@ async fn a_paused_server_means_a_lost_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_server_does_not_delay_the_exit_by_the_release() {
     let app = TestApp::redis().await;
-    let served = Served::start(&app.redis_server().url()).await;
+    let served = Lockd::serve(
+        &["--redis-url", &app.redis_server().url()],
+        &[("LOCKD_LOG", "warn")],
+    )
+    .await;
     let dir = Scratch::new();
     let name = "exec:paused-exit";
     let script = r#"touch "$DIR/started"; while :; do sleep 0.05; done"#;
-    let mut running = Running::spawn(exec(
+    let mut running = Lockd::spawn(exec(
         &dir,
-        &served.base,
+        &served.url(""),
         &["--ttl-ms", "1500", "--kill-grace-ms", "500"],
         name,
         &sh(script),
@@ -996,7 +753,7 @@ async fn a_store_outage_means_a_lost_lease() {
         touch "$DIR/started"
         while :; do sleep 0.05; done
     "#;
-    let mut running = Running::spawn(exec(
+    let mut running = Lockd::spawn(exec(
         &dir,
         &server,
         &["--ttl-ms", "1500", "--kill-grace-ms", "500"],
@@ -1095,7 +852,7 @@ async fn signals_sent_to_exec_reach_the_child() {
     for (sig, seen, code) in [(Signal::SIGTERM, "TERM", 7), (Signal::SIGINT, "INT", 8)] {
         let _ = std::fs::remove_file(dir.path("started"));
         let _ = std::fs::remove_file(dir.path("got"));
-        let mut running = Running::spawn(exec(&dir, &server, &[], name, &sh(script)));
+        let mut running = Lockd::spawn(exec(&dir, &server, &[], name, &sh(script)));
         running.wait_for_file(&dir.path("started"), STARTUP).await;
         running.signal(sig);
         let exit = running.wait(LIMIT).await;
@@ -1124,7 +881,7 @@ async fn every_forwarded_signal_reaches_the_child() {
         exit 5
     "#
     );
-    let mut running = Running::spawn(exec(&dir, &server, &[], name, &sh(&script)));
+    let mut running = Lockd::spawn(exec(&dir, &server, &[], name, &sh(&script)));
     running.wait_for_file(&dir.path("started"), STARTUP).await;
     let mut expected = Vec::new();
     for (sig, seen) in [
@@ -1140,7 +897,7 @@ async fn every_forwarded_signal_reaches_the_child() {
             arrived,
             "after {sig} the command saw {:?}; lockd's stderr:\n{}",
             dir.lines("got"),
-            running.output("stderr")
+            running.stderr()
         );
         assert!(running.exited().is_none(), "{sig} stopped lockd exec");
     }
@@ -1159,7 +916,7 @@ async fn a_signal_before_the_command_started_exits_128_plus_n() {
     held.expect_status(201);
     let token = held.token();
     for (sig, code) in [(Signal::SIGTERM, 143), (Signal::SIGINT, 130)] {
-        let mut waiting = Running::spawn(exec(
+        let mut waiting = Lockd::spawn(exec(
             &dir,
             &server,
             &["--wait-ms", "30000"],
@@ -1369,7 +1126,7 @@ async fn shell_subcommands_print_json_and_exit_by_status() {
     assert_eq!(extended.json()["fence"], grant["fence"]);
 
     // A wrong token is someone else's problem: 409.
-    let wrong = support::random_token();
+    let wrong = crate::support::random_token();
     run(shell(&dir, &server, &["release", name, "--token", &wrong]))
         .await
         .expect(75);
@@ -1394,7 +1151,7 @@ async fn shell_subcommands_print_json_and_exit_by_status() {
     assert_free(&app, name).await;
 
     // A chosen token: a retry renews (200) instead of failing.
-    let chosen = support::random_token();
+    let chosen = crate::support::random_token();
     for _ in 0..2 {
         let taken = run(shell(
             &dir,
@@ -1449,7 +1206,7 @@ async fn shell_acquire_waits_with_wait_ms() {
     let name = "shell:wait";
     let held = app.acquire_ttl(name, 60_000).await;
     held.expect_status(201);
-    let mut waiting = Running::spawn(shell(
+    let mut waiting = Lockd::spawn(shell(
         &dir,
         &server,
         &["acquire", name, "--wait-ms", "20000", "--ttl-ms", "5000"],
@@ -1470,17 +1227,16 @@ async fn shell_acquire_waits_with_wait_ms() {
 async fn a_key_from_lockd_keygen_lets_exec_and_status_in_and_none_gets_64() {
     let dir = Scratch::new();
     let keys = dir.path("keys.toml");
-    let secret = keygen(&dir, &keys, &["--id", "cron", "--prefix", "cron:"]);
+    let secret = keygen(&dir, &keys, &["--id", "cron", "--prefix", "cron:"]).await;
     assert!(secret.starts_with("lockd_"), "{secret}");
     let file = std::fs::read_to_string(&keys).unwrap();
     assert!(!file.contains(&secret), "the keys file holds the secret");
     // The same id twice is refused, and the file is left as it was.
-    let again = lockd(&dir)
+    let mut again = lockd(&dir);
+    again
         .args(["keygen", "--id", "cron", "--prefix", "x:", "--keys-file"])
-        .arg(&keys)
-        .output()
-        .unwrap();
-    assert_eq!(again.status.code(), Some(2));
+        .arg(&keys);
+    run(again).await.expect(2);
     assert_eq!(std::fs::read_to_string(&keys).unwrap(), file);
 
     let app = TestApp::redis_with(|s| s.auth_keys_file = Some(keys.clone())).await;
@@ -1559,7 +1315,8 @@ async fn a_release_refused_by_the_rate_limit_is_retried_until_it_passes() {
             "--requests-per-second",
             "1",
         ],
-    );
+    )
+    .await;
     let app = TestApp::redis_with(|s| s.auth_keys_file = Some(keys.clone())).await;
     // The acquire spends the one request of this second; the release right
     // after the command gets 429 and must be retried, not given up.

@@ -2,13 +2,9 @@
 //! requests in flight (503 `overloaded`, with room kept for waiters and for
 //! holders' extends and releases, and probes still answered).
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::Duration;
 
-use support::{TestApp, assert_lease_ms};
+use crate::support::{TestApp, assert_lease_ms};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
 
@@ -27,10 +23,10 @@ async fn stalled_request(app: &TestApp, name: &str) -> TcpStream {
 
 /// Waits until the server has started serving `n` requests (gauge).
 async fn until_in_flight(app: &TestApp, n: f64) {
-    let seen = support::eventually(Duration::from_secs(5), || async {
+    let seen = crate::support::eventually(Duration::from_secs(5), || async {
         let text = app.metrics().await;
         // The scrape itself is one request in flight.
-        support::metric(&text, "lockd_http_requests_in_flight", &[]).unwrap_or(0.0) > n
+        crate::support::metric(&text, "lockd_http_requests_in_flight", &[]).unwrap_or(0.0) > n
     })
     .await;
     assert!(seen, "fewer than {n} requests in flight");
@@ -66,7 +62,7 @@ async fn requests_over_the_cap_get_503_overloaded_and_probes_still_answer() {
 
     // The room comes back when the stalled requests go.
     drop((first, second));
-    let served = support::eventually(Duration::from_secs(5), || async {
+    let served = crate::support::eventually(Duration::from_secs(5), || async {
         app.acquire("cap:c", None).await.status == 201
     })
     .await;

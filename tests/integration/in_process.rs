@@ -3,8 +3,6 @@
 //! For answers that depend on the HTTP layers alone: validation and the
 //! shape of problem documents.
 
-#![allow(clippy::unwrap_used)]
-
 use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode, header};

@@ -4,13 +4,11 @@
 //! Also the lock's own TTL for an extend that names none, and grants that
 //! arrive too late to be leases.
 
-mod support;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::support::{RedisServer, TestApp, backend_tests, eventually, lock_key};
 use serde_json::json;
-use support::{RedisServer, TestApp, backend_tests, eventually, lock_key};
 
 /// A lock's fence, through a grant and its release.
 async fn grant_and_release(app: &TestApp, name: &str) -> u64 {
@@ -322,7 +320,7 @@ backend_tests!(an_extend_without_a_ttl_keeps_the_locks_own_ttl);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_that_arrives_after_its_lease_is_never_answered_201() {
     let redis = std::sync::Arc::new(RedisServer::spawn().await);
-    let proxy = support::LinkProxy::start(redis.port()).await;
+    let proxy = crate::support::LinkProxy::start(redis.port()).await;
     let url = proxy.url();
     let app = TestApp::redis_on(redis.clone(), |s| {
         s.redis_url = vec![url.into()];

@@ -5,21 +5,17 @@
 //! in headers and problem documents; request timeouts; `/docs`; and
 //! readiness during a graceful shutdown.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::BTreeSet;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{Reply, TestApp, backend_tests, eventually, metric, random_token, samples};
 use futures::future::select_all;
 use lockd::config::Settings;
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::{Reply, TestApp, backend_tests, eventually, metric, random_token, samples};
 use tokio::task::JoinHandle;
 
 backend_tests!(

@@ -3,21 +3,17 @@
 //! problem documents, renewals and fences, mutual exclusion under
 //! contention, and metrics. The Redis data model has its own Redis-only test.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::support::{
+    TestApp, assert_lease_ms, backend_tests, lock_key, metric, ms_until, random_token, samples,
+};
 use futures::future::join_all;
 use reqwest::Method;
 use serde_json::json;
-use support::{
-    TestApp, assert_lease_ms, backend_tests, lock_key, metric, ms_until, random_token, samples,
-};
 
 backend_tests!(
     bad_lock_names_are_refused_with_a_problem_and_write_nothing,
@@ -836,7 +832,7 @@ async fn redis_keys_follow_the_documented_data_model() {
 }
 
 /// The `ttl_ms` field of a lock's metadata hash.
-async fn hash_ttl_ms(redis: &support::RedisServer, meta: &str) -> Option<u64> {
+async fn hash_ttl_ms(redis: &crate::support::RedisServer, meta: &str) -> Option<u64> {
     redis
         .cmd(::redis::cmd("HGET").arg(meta).arg("ttl_ms"))
         .await
@@ -877,7 +873,7 @@ async fn a_token_given_twice_is_refused_and_changes_nothing(app: &TestApp) {
 }
 
 /// The PTTLs of two keys read in one MULTI, so no time passes between them.
-async fn pttls_at_once(redis: &support::RedisServer, a: &str, b: &str) -> (i64, i64) {
+async fn pttls_at_once(redis: &crate::support::RedisServer, a: &str, b: &str) -> (i64, i64) {
     let mut conn = redis.connection().await;
     ::redis::pipe()
         .atomic()

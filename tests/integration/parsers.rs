@@ -7,14 +7,10 @@
 //! Each rule is restated here from docs/api.md, independently of the parser,
 //! so that a parser and its rule cannot drift apart unnoticed.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
+use crate::support::{TestApp, WIRE_SLACK_MS, assert_lease_ms};
 use lockd::lock::{LockName, Owner, Token, Ttl};
 use proptest::prelude::*;
 use reqwest::Method;
-use support::{TestApp, WIRE_SLACK_MS, assert_lease_ms};
 
 /// docs/api.md: 1 to 200 characters of `A-Za-z0-9._-:@`, other than `.` and `..`.
 fn name_rule(s: &str) -> bool {

@@ -69,19 +69,15 @@
 //! percentiles per kind of request and answer, and Redis's stalls (see them
 //! with `--nocapture`).
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::support::{RedisServer, TestApp};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 use serde_json::{Value, json};
-use support::{RedisServer, TestApp};
 
 // ---------------------------------------------------------------------------
 // Parameters

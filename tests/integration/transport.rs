@@ -9,38 +9,16 @@
 //! timeout, so that "the server closed the connection" (EOF or reset) is
 //! told apart from "nothing came yet".
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::{self, LOCKD, Lockd, RedisServer, assert_lease_ms, run};
 use reqwest::StatusCode;
 use serde_json::Value;
-use support::{RedisServer, assert_lease_ms, free_port};
-
-/// The binary under test.
-const LOCKD: &str = env!("CARGO_BIN_EXE_lockd");
-
-/// Variables of `lockd serve` and of the client subcommands that a test
-/// run's environment must not leak into the processes started here.
-const LOCKD_VARS: [&str; 10] = [
-    "LOCKD_CONFIG",
-    "LOCKD_TLS_CERT",
-    "LOCKD_TLS_KEY",
-    "LOCKD_LOG_FORMAT",
-    "RUST_LOG",
-    "LOCKD_SERVER",
-    "LOCKD_NAME",
-    "LOCKD_TOKEN",
-    "LOCKD_FENCE",
-    "LOCKD_CA_CERT",
-];
 
 // ---------------------------------------------------------------------------
 // Harness
@@ -118,109 +96,9 @@ impl TestCert {
     }
 }
 
-/// A `lockd serve` process, killed on drop if it still runs. Its stderr
-/// goes to a file.
-struct Lockd {
-    child: Child,
-    addr: String,
-    scheme: &'static str,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Lockd {
-    /// Starts `lockd serve --listen <free port> <args>` with `env` and waits
-    /// until `/healthz` answers to `probe` (which must trust the
-    /// certificate for `https`).
-    async fn start(
-        scheme: &'static str,
-        args: &[&str],
-        env: &[(&str, &str)],
-        probe: &reqwest::Client,
-    ) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir for lockd's log");
-        let log = dir.path().join("lockd.stderr");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let mut command = Command::new(LOCKD);
-        for var in LOCKD_VARS {
-            command.env_remove(var);
-        }
-        let child = command
-            .args(["serve", "--listen", &addr])
-            .args(args)
-            .env("LOCKD_LOG", "info")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn lockd");
-        let mut lockd = Self {
-            child,
-            addr,
-            scheme,
-            log,
-            _dir: dir,
-        };
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(30) {
-            if probe.get(lockd.url("/healthz")).send().await.is_ok() {
-                return lockd;
-            }
-            if let Some(exit) = lockd.child.try_wait().unwrap() {
-                panic!("lockd exited at start-up ({exit}):\n{}", lockd.logs());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("lockd did not answer within 30 s:\n{}", lockd.logs());
-    }
-
-    /// `<scheme>://<addr><path>`.
-    fn url(&self, path: &str) -> String {
-        format!("{}://{}{}", self.scheme, self.addr, path)
-    }
-
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Lockd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Runs `command` to its end (killing it after 30 s) and returns its output.
-async fn run_to_exit(mut command: Command) -> Output {
-    tokio::task::spawn_blocking(move || {
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn lockd");
-        let started = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if started.elapsed() > Duration::from_secs(30) {
-                let _ = child.kill();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap()
-}
-
 /// `lockd serve --listen 127.0.0.1:0 <args>`, with a clean environment.
 fn serve_command(args: &[&str]) -> Command {
-    let mut command = Command::new(LOCKD);
-    for var in LOCKD_VARS {
-        command.env_remove(var);
-    }
+    let mut command = support::lockd();
     command
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
@@ -324,7 +202,7 @@ async fn https_serves_the_lock_api_and_plain_http_gets_nothing() {
     let cert = TestCert::new();
     let redis = RedisServer::spawn().await;
     let https = cert.client();
-    let lockd = Lockd::start(
+    let lockd = Lockd::serve_over(
         "https",
         &[
             "--redis-url",
@@ -339,9 +217,9 @@ async fn https_serves_the_lock_api_and_plain_http_gets_nothing() {
     )
     .await;
     assert!(
-        lockd.logs().contains(r#"scheme="https""#),
+        lockd.stderr().contains(r#"scheme="https""#),
         "{}",
-        lockd.logs()
+        lockd.stderr()
     );
 
     let grant = https
@@ -407,12 +285,12 @@ async fn https_serves_the_lock_api_and_plain_http_gets_nothing() {
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap()
-        .post(format!("http://{}/locks/tls:b", lockd.addr))
+        .post(format!("http://{}/locks/tls:b", lockd.addr()))
         .send()
         .await;
     assert!(plain.is_err(), "plain HTTP got an answer: {plain:?}");
     let raw = send_raw(
-        &lockd.addr,
+        lockd.addr(),
         b"POST /locks/tls:b HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n".to_vec(),
     )
     .await;
@@ -445,7 +323,7 @@ async fn tls_files_may_come_from_the_environment_and_the_config_file() {
         ),
     );
     let https = cert.client();
-    let lockd = Lockd::start(
+    let lockd = Lockd::serve_over(
         "https",
         &["--dev", "--config", config.to_str().unwrap()],
         &[("LOCKD_TLS_CERT", cert.cert())],
@@ -505,14 +383,14 @@ fn assert_cut_off_in_time(closed: &Closed, what: &str) {
 async fn a_request_head_not_complete_within_the_header_read_timeout_is_cut_off() {
     let timeout = HEADER_TIMEOUT_MS.to_string();
     let http = reqwest::Client::new();
-    let lockd = Lockd::start(
+    let lockd = Lockd::serve_over(
         "http",
         &["--dev", "--header-read-timeout-ms", &timeout],
         &[],
         &http,
     )
     .await;
-    let addr = lockd.addr.clone();
+    let addr = lockd.addr().to_owned();
 
     let half = send_raw(&addr, b"POST /locks/x HTTP/1.1\r\nHost: a\r\n".to_vec()).await;
     assert_cut_off_in_time(&half, "half a head");
@@ -589,7 +467,7 @@ async fn a_request_head_not_complete_within_the_header_read_timeout_is_cut_off()
 async fn over_tls_the_handshake_and_the_head_each_get_the_header_read_timeout() {
     let cert = TestCert::new();
     let timeout = HEADER_TIMEOUT_MS.to_string();
-    let lockd = Lockd::start(
+    let lockd = Lockd::serve_over(
         "https",
         &[
             "--dev",
@@ -605,7 +483,7 @@ async fn over_tls_the_handshake_and_the_head_each_get_the_header_read_timeout() 
     )
     .await;
 
-    let addr = lockd.addr.clone();
+    let addr = lockd.addr().to_owned();
     let no_handshake = tokio::task::spawn_blocking(move || {
         let mut stream = connect(&addr);
         read_until_closed(&mut stream, Instant::now())
@@ -614,7 +492,7 @@ async fn over_tls_the_handshake_and_the_head_each_get_the_header_read_timeout() 
     .unwrap();
     assert_cut_off_in_time(&no_handshake, "no TLS handshake");
 
-    let addr = lockd.addr.clone();
+    let addr = lockd.addr().to_owned();
     let config = cert.rustls_config();
     let (alpn, half) = tokio::task::spawn_blocking(move || {
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
@@ -652,7 +530,7 @@ async fn over_tls_the_handshake_and_the_head_each_get_the_header_read_timeout() 
 async fn an_over_long_request_head_gets_431_and_the_server_serves_on() {
     let cert = TestCert::new();
     let https = cert.client();
-    let lockd = Lockd::start(
+    let lockd = Lockd::serve_over(
         "https",
         &["--dev", "--tls-cert", cert.cert(), "--tls-key", cert.key()],
         &[],
@@ -687,20 +565,20 @@ async fn an_over_long_request_head_gets_431_and_the_server_serves_on() {
     // The same on a plain listener, byte for byte: hyper's own answer, with
     // no body, then the connection is closed.
     let http = reqwest::Client::new();
-    let plain = Lockd::start("http", &["--dev"], &[], &http).await;
-    let refused = send_raw(&plain.addr, head_of(20 * 1024)).await;
+    let plain = Lockd::serve_over("http", &["--dev"], &[], &http).await;
+    let refused = send_raw(plain.addr(), head_of(20 * 1024)).await;
     assert!(refused.by_server, "{refused:?}");
     assert_eq!(
         status_line(&refused.received),
         "HTTP/1.1 431 Request Header Fields Too Large"
     );
-    let served = send_raw(&plain.addr, head_of(12 * 1024)).await;
+    let served = send_raw(plain.addr(), head_of(12 * 1024)).await;
     assert_eq!(status_line(&served.received), "HTTP/1.1 200 OK");
     // At the default the limit is exact on a fresh connection (hyper's
     // buffer grows 8 KiB, 16 KiB and stops).
-    let served = send_raw(&plain.addr, head_of(16384)).await;
+    let served = send_raw(plain.addr(), head_of(16384)).await;
     assert_eq!(status_line(&served.received), "HTTP/1.1 200 OK");
-    let refused = send_raw(&plain.addr, head_of(16385)).await;
+    let refused = send_raw(plain.addr(), head_of(16385)).await;
     assert_eq!(
         status_line(&refused.received),
         "HTTP/1.1 431 Request Header Fields Too Large"
@@ -713,18 +591,18 @@ async fn an_over_long_request_head_gets_431_and_the_server_serves_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_header_bytes_sets_the_limit_within_twice_the_setting() {
     let http = reqwest::Client::new();
-    let lockd = Lockd::start(
+    let lockd = Lockd::serve_over(
         "http",
         &["--dev", "--max-header-bytes", "32768"],
         &[],
         &http,
     )
     .await;
-    let served = send_raw(&lockd.addr, head_of(20 * 1024)).await;
+    let served = send_raw(lockd.addr(), head_of(20 * 1024)).await;
     assert_eq!(status_line(&served.received), "HTTP/1.1 200 OK");
-    let served = send_raw(&lockd.addr, head_of(32768)).await;
+    let served = send_raw(lockd.addr(), head_of(32768)).await;
     assert_eq!(status_line(&served.received), "HTTP/1.1 200 OK");
-    let refused = send_raw(&lockd.addr, head_of(2 * 32768)).await;
+    let refused = send_raw(lockd.addr(), head_of(2 * 32768)).await;
     assert_eq!(
         status_line(&refused.received),
         "HTTP/1.1 431 Request Header Fields Too Large"
@@ -737,8 +615,8 @@ async fn max_header_bytes_sets_the_limit_within_twice_the_setting() {
 
 /// Runs `lockd serve` with `args`, expects exit 2, and returns its stderr.
 async fn refused_at_startup(args: &[&str]) -> String {
-    let out = run_to_exit(serve_command(args)).await;
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let out = run(serve_command(args)).await;
+    let stderr = out.stderr.clone();
     assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
     stderr
 }
@@ -801,10 +679,7 @@ async fn unusable_transport_settings_exit_2_naming_the_problem() {
 /// A client subcommand with a clean environment and `$DIR`/`$LOCKD_BIN`
 /// set for scripts.
 fn client_command(dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(LOCKD);
-    for var in LOCKD_VARS {
-        command.env_remove(var);
-    }
+    let mut command = support::lockd();
     command.args(args).env("DIR", dir).env("LOCKD_BIN", LOCKD);
     command
 }
@@ -816,7 +691,7 @@ fn client_command(dir: &Path, args: &[&str]) -> Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
     let cert = TestCert::new();
-    let lockd = Lockd::start(
+    let lockd = Lockd::serve_over(
         "https",
         &["--dev", "--tls-cert", cert.cert(), "--tls-key", cert.key()],
         &[],
@@ -827,7 +702,7 @@ async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
     let dir = tempfile::tempdir().unwrap();
     let script = r#"echo "$LOCKD_FENCE" > "$DIR/fence"; "$LOCKD_BIN" status > "$DIR/status""#;
 
-    let out = run_to_exit(client_command(
+    let out = run(client_command(
         dir.path(),
         &[
             "exec",
@@ -843,7 +718,7 @@ async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
         ],
     ))
     .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let fence = std::fs::read_to_string(dir.path().join("fence")).unwrap();
     let fence: u64 = fence.trim().parse().expect("LOCKD_FENCE is a number");
@@ -856,31 +731,26 @@ async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
     // Released at the end; the shell subcommands read LOCKD_CA_CERT.
     let mut free = client_command(dir.path(), &["status", "tls:exec", "--server", &server]);
     free.env("LOCKD_CA_CERT", cert.cert());
-    let free = run_to_exit(free).await;
-    assert_eq!(
-        free.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&free.stderr)
-    );
+    let free = run(free).await;
+    assert_eq!(free.status.code(), Some(1), "{}", &free.stderr);
 
     // Without --ca-cert the certificate is refused before the command runs.
     std::fs::remove_file(dir.path().join("fence")).unwrap();
-    let out = run_to_exit(client_command(
+    let out = run(client_command(
         dir.path(),
         &[
             "exec", "--server", &server, "tls:exec", "--", "sh", "-c", script,
         ],
     ))
     .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert_eq!(out.status.code(), Some(69), "{stderr}");
     assert!(stderr.contains("certificate"), "{stderr}");
     assert!(!dir.path().join("fence").exists());
 
     // A --ca-cert file with no certificate is a usage error (64).
     let junk = cert.file("junk.pem", "not a certificate\n");
-    let out = run_to_exit(client_command(
+    let out = run(client_command(
         dir.path(),
         &[
             "acquire",
@@ -892,7 +762,7 @@ async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
         ],
     ))
     .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("--ca-cert"), "{stderr}");
 }
@@ -905,7 +775,7 @@ async fn lockd_exec_with_ca_cert_runs_a_command_under_a_lock_over_https() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_untrusted_certificate_is_named_as_the_problem_and_ca_cert_suggested() {
     let cert = TestCert::new();
-    let lockd = Lockd::start(
+    let lockd = Lockd::serve_over(
         "https",
         &["--dev", "--tls-cert", cert.cert(), "--tls-key", cert.key()],
         &[],
@@ -914,12 +784,12 @@ async fn an_untrusted_certificate_is_named_as_the_problem_and_ca_cert_suggested(
     .await;
     let server = lockd.url("");
     let dir = tempfile::tempdir().unwrap();
-    let status = run_to_exit(client_command(
+    let status = run(client_command(
         dir.path(),
         &["status", "tls:untrusted", "--server", &server],
     ))
     .await;
-    let exec = run_to_exit(client_command(
+    let exec = run(client_command(
         dir.path(),
         &[
             "exec",
@@ -935,7 +805,7 @@ async fn an_untrusted_certificate_is_named_as_the_problem_and_ca_cert_suggested(
     .await;
     assert!(!dir.path().join("ran").exists(), "the command ran");
     for out in [&status, &exec] {
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = &out.stderr;
         assert_eq!(out.status.code(), Some(69), "{stderr}");
         assert!(
             stderr.contains(&format!("{server} answered"))
@@ -951,14 +821,14 @@ async fn an_untrusted_certificate_is_named_as_the_problem_and_ca_cert_suggested(
     }
 
     // A plain-HTTP server asked over https:// is named as such.
-    let plain = Lockd::start("http", &["--dev"], &[], &reqwest::Client::new()).await;
+    let plain = Lockd::serve_over("http", &["--dev"], &[], &reqwest::Client::new()).await;
     let https = plain.url("").replacen("http://", "https://", 1);
-    let out = run_to_exit(client_command(
+    let out = run(client_command(
         dir.path(),
         &["status", "tls:plain", "--server", &https],
     ))
     .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert_eq!(out.status.code(), Some(69), "{stderr}");
     assert!(
         stderr.contains("not in TLS") && stderr.contains("http://"),
@@ -973,7 +843,7 @@ async fn an_untrusted_certificate_is_named_as_the_problem_and_ca_cert_suggested(
 /// A keys file entry with every lock permission.
 fn key_entry(id: &str, secret: &str, prefix: &str, rate: Option<u32>) -> String {
     use lockd::auth::Permission::{Acquire, Extend, Read, Release};
-    support::key_entry(
+    crate::support::key_entry(
         id,
         secret,
         &[prefix],
@@ -991,7 +861,7 @@ fn key_entry(id: &str, secret: &str, prefix: &str, rate: Option<u32>) -> String 
 async fn logs_of_a_hostile_run_over_tls_name_no_secret_and_no_token() {
     let redis = RedisServer::spawn().await;
     let cert = TestCert::new();
-    let secret = |who: &str| format!("{who}-{}", support::random_token());
+    let secret = |who: &str| format!("{who}-{}", crate::support::random_token());
     let (a, b, slow, stranger) = (secret("a"), secret("b"), secret("slow"), secret("x"));
     let keys = cert.file(
         "keys.toml",
@@ -1000,7 +870,7 @@ async fn logs_of_a_hostile_run_over_tls_name_no_secret_and_no_token() {
             + &key_entry("throttled", &slow, "s:", Some(1))),
     );
     let client = cert.client();
-    let lockd = Lockd::start(
+    let lockd = Lockd::serve_over(
         "https",
         &[
             "--redis-url",
@@ -1019,7 +889,7 @@ async fn logs_of_a_hostile_run_over_tls_name_no_secret_and_no_token() {
     )
     .await;
     let url = |path: &str| lockd.url(path);
-    let chosen = support::random_token();
+    let chosen = crate::support::random_token();
     let grant: Value = client
         .post(url("/locks/b:job"))
         .bearer_auth(&b)
@@ -1087,7 +957,7 @@ async fn logs_of_a_hostile_run_over_tls_name_no_secret_and_no_token() {
     // Raw abuse: plain HTTP to the TLS port, an over-long head with a
     // secret in it (over TLS), and a head that never completes.
     let plain = send_raw(
-        &lockd.addr,
+        lockd.addr(),
         format!("GET /locks/a:job HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {a}\r\n\r\n")
             .into_bytes(),
     )
@@ -1102,7 +972,7 @@ async fn logs_of_a_hostile_run_over_tls_name_no_secret_and_no_token() {
         .unwrap();
     assert_eq!(huge.status(), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     let config = cert.rustls_config();
-    let addr = lockd.addr.clone();
+    let addr = lockd.addr().to_owned();
     let bearer = format!("Bearer {b}");
     tokio::task::spawn_blocking(move || {
         let server = rustls::pki_types::ServerName::try_from("localhost").unwrap();
@@ -1118,7 +988,7 @@ async fn logs_of_a_hostile_run_over_tls_name_no_secret_and_no_token() {
     .await
     .unwrap();
 
-    let logs = lockd.logs();
+    let logs = lockd.stderr();
     assert!(
         logs.contains("tenant-a") && logs.contains("throttled"),
         "{logs}"

@@ -8,127 +8,19 @@
 //! file (not a pipe that nobody reads while it runs: trace logs would fill
 //! the pipe and block lockd).
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{Lockd, RedisServer, free_port, lock_key, metric, random_token};
+use nix::sys::signal::Signal;
 use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{RedisServer, free_port, lock_key, metric, random_token};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 // ---------------------------------------------------------------------------
-// The lockd process
+// Harness
 // ---------------------------------------------------------------------------
-
-/// A `lockd serve` process, killed (SIGKILL) on drop if it still runs.
-struct Lockd {
-    child: Option<Child>,
-    /// `127.0.0.1:<port>` of the main listener.
-    addr: String,
-    /// Where its stderr goes.
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Lockd {
-    /// Starts `lockd serve --listen <free port> <args>` with `LOCKD_LOG=log`
-    /// and waits until `/healthz` answers on the main listener.
-    async fn start(args: &[&str], log: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir for lockd's log");
-        let log_path = dir.path().join("lockd.stderr");
-        let addr = format!("127.0.0.1:{}", free_port());
-        let stderr = std::fs::File::create(&log_path).expect("create the log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_lockd"))
-            .arg("serve")
-            .args(["--listen", &addr])
-            .args(args)
-            .env("LOCKD_LOG", log)
-            .env_remove("RUST_LOG")
-            .env_remove("LOCKD_LOG_FORMAT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(stderr))
-            .spawn()
-            .expect("spawn lockd");
-        let mut lockd = Self {
-            child: Some(child),
-            addr,
-            log: log_path,
-            _dir: dir,
-        };
-        let client = http_client(Duration::from_secs(2));
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(30) {
-            if client.get(lockd.url("/healthz")).send().await.is_ok() {
-                return lockd;
-            }
-            if let Some(exit) = lockd.child_mut().try_wait().expect("poll lockd") {
-                panic!("lockd exited at start-up ({exit}):\n{}", lockd.logs());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!(
-            "lockd did not answer /healthz within 30 s:\n{}",
-            lockd.logs()
-        );
-    }
-
-    fn child_mut(&mut self) -> &mut Child {
-        self.child.as_mut().expect("lockd was started")
-    }
-
-    /// `http://<main address><path>`.
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-
-    /// Sends SIGTERM (without blocking the runtime).
-    async fn sigterm(&mut self) {
-        let pid = self.child_mut().id().to_string();
-        let status = tokio::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .await
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {pid} failed");
-    }
-
-    /// Waits (polling, without blocking the runtime) until lockd exits, at
-    /// most `within`; `None` if it still runs.
-    async fn exited_within(&mut self, within: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(exit) = self.child_mut().try_wait().expect("poll lockd") {
-                return Some(exit);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Everything lockd wrote to stderr so far.
-    fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("<cannot read logs: {e}>"))
-    }
-}
-
-impl Drop for Lockd {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
 
 /// A redis-server frozen with SIGSTOP; thawed (SIGCONT) on drop.
 struct Frozen<'a>(&'a RedisServer);
@@ -389,7 +281,7 @@ async fn assert_waits_ended(waiters: Vec<Pending>, sigterm_at: Instant, lockd: &
         wrong.is_empty(),
         "waits not ended with 503 shutting-down:\n{}\nlogs:\n{}",
         wrong.join("\n"),
-        lockd.logs()
+        lockd.stderr()
     );
 }
 
@@ -409,7 +301,7 @@ async fn sigterm_with_waiters_present() {
     const REDIS_TIMEOUT: Duration = Duration::from_millis(3000);
     let redis = RedisServer::spawn().await;
     let metrics_addr = format!("127.0.0.1:{}", free_port());
-    let mut lockd = Lockd::start(
+    let mut lockd = Lockd::serve(
         &[
             "--redis-url",
             &redis.url(),
@@ -420,7 +312,7 @@ async fn sigterm_with_waiters_present() {
             "--shutdown-timeout-ms",
             "8000",
         ],
-        "info",
+        &[("LOCKD_LOG", "info")],
     )
     .await;
     let metrics_url = format!("http://{metrics_addr}/metrics");
@@ -455,7 +347,7 @@ async fn sigterm_with_waiters_present() {
     )
     .await;
 
-    lockd.sigterm().await;
+    lockd.signal(Signal::SIGTERM);
     let sigterm_at = Instant::now();
 
     // The waits end at once with 503 shutting-down and Retry-After.
@@ -471,7 +363,7 @@ async fn sigterm_with_waiters_present() {
     // The main port takes no new connection (the listener may take a moment
     // to close after SIGTERM is handled).
     let closed_by = Instant::now() + Duration::from_secs(2);
-    while answers_on_a_new_connection(&lockd.addr).await {
+    while answers_on_a_new_connection(lockd.addr()).await {
         assert!(
             Instant::now() < closed_by,
             "the main port still answers new connections 2 s after readiness turned 503"
@@ -480,9 +372,9 @@ async fn sigterm_with_waiters_present() {
     }
     assert!(!stuck.is_finished(), "the stuck GET finished early");
     assert!(
-        lockd.child_mut().try_wait().unwrap().is_none(),
+        lockd.exited().is_none(),
         "lockd exited with a request in flight:\n{}",
-        lockd.logs()
+        lockd.stderr()
     );
 
     // Redis thaws: the stuck request finishes, and lockd exits.
@@ -502,7 +394,7 @@ async fn sigterm_with_waiters_present() {
         answer.status,
         StatusCode::NOT_FOUND,
         "the stuck GET (Redis frozen for {frozen_for:?}) got {answer:?}; logs:\n{}",
-        lockd.logs()
+        lockd.stderr()
     );
     answer.expect_problem(404, "lock-not-held");
     let limit = SHUTDOWN_TIMEOUT + Duration::from_secs(3);
@@ -510,7 +402,7 @@ async fn sigterm_with_waiters_present() {
         .exited_within(limit.saturating_sub(sigterm_at.elapsed()))
         .await;
     let took = sigterm_at.elapsed();
-    let logs = lockd.logs();
+    let logs = lockd.stderr();
     let exit = exit.unwrap_or_else(|| panic!("lockd still runs {took:?} after SIGTERM:\n{logs}"));
     assert_eq!(exit.code(), Some(0), "{exit}; logs:\n{logs}");
     assert!(took < limit, "lockd took {took:?} to exit");
@@ -557,7 +449,7 @@ async fn sigterm_ends_every_wait_even_when_redis_hangs() {
     for round in 0..3 {
         eprintln!("round {round}");
         let redis = RedisServer::spawn().await;
-        let mut lockd = Lockd::start(
+        let mut lockd = Lockd::serve(
             &[
                 "--redis-url",
                 &redis.url(),
@@ -566,7 +458,7 @@ async fn sigterm_ends_every_wait_even_when_redis_hangs() {
                 "--shutdown-timeout-ms",
                 "8000",
             ],
-            "info",
+            &[("LOCKD_LOG", "info")],
         )
         .await;
         let metrics_url = lockd.url("/metrics");
@@ -577,12 +469,12 @@ async fn sigterm_ends_every_wait_even_when_redis_hangs() {
 
         // (On failure, the guard thaws Redis.)
         let frozen = Frozen::freeze(&redis);
-        lockd.sigterm().await;
+        lockd.signal(Signal::SIGTERM);
         let sigterm_at = Instant::now();
         assert_waits_ended(waiters, sigterm_at, &lockd).await;
         frozen.thaw();
         let exit = lockd.exited_within(Duration::from_secs(11)).await;
-        let logs = lockd.logs();
+        let logs = lockd.stderr();
         let exit = exit.unwrap_or_else(|| panic!("lockd did not exit after SIGTERM:\n{logs}"));
         assert_eq!(exit.code(), Some(0), "{exit}; logs:\n{logs}");
         for (name, holder) in names.iter().zip(holders) {
@@ -601,7 +493,7 @@ async fn sigterm_ends_every_wait_even_when_redis_hangs() {
 async fn shutdown_timeout_bounds_a_stuck_request() {
     const SHUTDOWN_TIMEOUT: Duration = Duration::from_millis(1000);
     let redis = RedisServer::spawn().await;
-    let mut lockd = Lockd::start(
+    let mut lockd = Lockd::serve(
         &[
             "--redis-url",
             &redis.url(),
@@ -610,7 +502,7 @@ async fn shutdown_timeout_bounds_a_stuck_request() {
             "--redis-timeout-ms",
             "20000",
         ],
-        "info",
+        &[("LOCKD_LOG", "info")],
     )
     .await;
     let http = http_client(Duration::from_secs(30));
@@ -637,13 +529,13 @@ async fn shutdown_timeout_bounds_a_stuck_request() {
     )
     .await;
 
-    lockd.sigterm().await;
+    lockd.signal(Signal::SIGTERM);
     let sigterm_at = Instant::now();
     let limit = SHUTDOWN_TIMEOUT + Duration::from_secs(3);
     let exit = lockd.exited_within(limit).await;
     let took = sigterm_at.elapsed();
     frozen.thaw();
-    let logs = lockd.logs();
+    let logs = lockd.stderr();
     let exit = exit.unwrap_or_else(|| panic!("lockd still runs {took:?} after SIGTERM:\n{logs}"));
     assert_eq!(exit.code(), Some(0), "{exit}; logs:\n{logs}");
     assert!(
@@ -1086,9 +978,9 @@ fn assert_no_token(logs: &str, tokens: &[String]) {
 /// Stops lockd with SIGTERM and returns its logs, after checking that it
 /// exited 0.
 async fn stop(lockd: &mut Lockd) -> String {
-    lockd.sigterm().await;
+    lockd.signal(Signal::SIGTERM);
     let exit = lockd.exited_within(Duration::from_secs(15)).await;
-    let logs = lockd.logs();
+    let logs = lockd.stderr();
     let exit = exit.unwrap_or_else(|| panic!("lockd did not exit on SIGTERM:\n{logs}"));
     assert_eq!(exit.code(), Some(0), "{exit}; logs:\n{logs}");
     logs
@@ -1101,9 +993,9 @@ async fn stop(lockd: &mut Lockd) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_of_a_full_workload_name_no_token() {
     let redis = RedisServer::spawn().await;
-    let mut lockd = Lockd::start(
+    let mut lockd = Lockd::serve(
         &["--redis-url", &redis.url(), "--log-format", "json"],
-        "trace",
+        &[("LOCKD_LOG", "trace")],
     )
     .await;
     let mut w = Workload::new(&lockd);
@@ -1200,9 +1092,9 @@ async fn logs_of_a_full_workload_name_no_token() {
 async fn the_access_log_names_a_percent_encoded_lock_by_its_decoded_name() {
     let redis = RedisServer::spawn().await;
     for format in ["json", "pretty"] {
-        let mut lockd = Lockd::start(
+        let mut lockd = Lockd::serve(
             &["--redis-url", &redis.url(), "--log-format", format],
-            "info",
+            &[("LOCKD_LOG", "info")],
         )
         .await;
         let client = http_client(Duration::from_secs(5));
@@ -1263,7 +1155,7 @@ async fn the_access_log_names_a_percent_encoded_lock_by_its_decoded_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logs_in_pretty_format_name_no_token() {
     let redis = RedisServer::spawn().await;
-    let mut lockd = Lockd::start(&["--redis-url", &redis.url()], "trace").await;
+    let mut lockd = Lockd::serve(&["--redis-url", &redis.url()], &[("LOCKD_LOG", "trace")]).await;
     let mut w = Workload::new(&lockd);
     full_workload(&mut w).await;
     let Workload { sent, tokens, .. } = w;

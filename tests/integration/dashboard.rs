@@ -4,13 +4,11 @@
 //! without any error, so this test scrapes a real lockd and checks every
 //! metric name the dashboard's queries use.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use crate::support::{TestApp, metric};
 use serde_json::{Value, json};
-use support::{TestApp, metric};
 
 /// The dashboard, relative to the crate root.
 const DASHBOARD: &str = "deploy/grafana/lockd-dashboard.json";

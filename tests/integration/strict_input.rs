@@ -5,15 +5,11 @@
 //! twice. The framing cases are sent raw over a `TcpStream`, since an HTTP
 //! client would normalise them away.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{PROBLEM_JSON, TestApp};
 use reqwest::Method;
 use serde_json::Value;
-use support::{PROBLEM_JSON, TestApp};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 

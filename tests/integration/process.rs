@@ -1,145 +1,24 @@
 //! The `lockd` binary as an operator runs it: logs, secrets, signals.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
-use std::io::Read as _;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use support::{RedisServer, free_port, random_token};
+use nix::sys::signal::Signal;
 
-/// Starts `lockd serve` with `args` and waits until `/healthz` answers.
-async fn start_lockd(args: &[&str], log: &str) -> (Child, String) {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lockd"))
-        .arg("serve")
-        .args(["--listen", &listen])
-        .args(args)
-        .env("LOCKD_LOG", log)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn lockd");
-    let base = format!("http://{listen}");
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(20) {
-        if reqwest::get(format!("{base}/healthz")).await.is_ok() {
-            return (child, base);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("lockd did not answer /healthz within 20 s");
+use crate::support::{Lockd, RedisServer, free_port, lockd, random_token, run_blocking};
+
+/// Starts `lockd serve` with `args` and `LOCKD_LOG=log`; waits until
+/// `/healthz` answers. Returns the guard and `http://<address>`.
+async fn start_lockd(args: &[&str], log: &str) -> (Lockd, String) {
+    let lockd = Lockd::serve(args, &[("LOCKD_LOG", log)]).await;
+    let base = lockd.url("");
+    (lockd, base)
 }
 
 /// Sends SIGTERM, waits for the exit, and returns the exit code and stderr.
-fn terminate(mut child: Child) -> (Option<i32>, String) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success());
-    let started = Instant::now();
-    let exit = loop {
-        if let Some(exit) = child.try_wait().expect("wait for lockd") {
-            break exit;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "lockd did not exit within 20 s of SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr piped")
-        .read_to_string(&mut logs)
-        .expect("read logs");
-    (exit.code(), logs)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn logs_never_show_tokens_or_the_redis_password_and_sigterm_exits_0() {
-    let redis = RedisServer::spawn().await;
-    let password = format!("pw-{}", random_token());
-    redis
-        .cmd::<()>(
-            redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("requirepass")
-                .arg(&password),
-        )
-        .await;
-    let url = format!("redis://:{password}@127.0.0.1:{}", redis.port());
-    let (child, base) = start_lockd(&["--redis-url", &url], "trace").await;
-    let http = reqwest::Client::new();
-
-    let mut tokens = Vec::new();
-    let grant: serde_json::Value = http
-        .post(format!("{base}/locks/logs:a?ttl_ms=5000"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let token = grant["token"].as_str().expect("a token").to_owned();
-    tokens.push(token.clone());
-    let chosen = random_token();
-    tokens.push(chosen.clone());
-    let steps = [
-        http.post(format!("{base}/locks/logs:b"))
-            .body(format!(r#"{{"token":"{chosen}","ttl_ms":5000}}"#)),
-        http.patch(format!("{base}/locks/logs:a"))
-            .header("Lock-Token", &token),
-        http.get(format!("{base}/locks/logs:a")),
-        // Refused requests must not log the token either.
-        http.delete(format!("{base}/locks/logs:a?token={token}")),
-        http.delete(format!("{base}/locks/logs:b"))
-            .header("Lock-Token", &token),
-        http.delete(format!("{base}/locks/logs:a"))
-            .header("Lock-Token", &token),
-        http.delete(format!("{base}/locks/logs:b"))
-            .body(format!(r#"{{"token":"{chosen}"}}"#)),
-    ];
-    let mut statuses = Vec::new();
-    for step in steps {
-        statuses.push(step.send().await.unwrap().status().as_u16());
-    }
-    assert_eq!(statuses, [201, 200, 200, 400, 409, 204, 204]);
-
-    // Errors are logged too: Redis goes away, the answer is 503.
-    redis.stop();
-    let down = http
-        .post(format!("{base}/locks/logs:c"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(down.status().as_u16(), 503);
-
-    let (code, logs) = terminate(child);
-    assert_eq!(code, Some(0), "lockd must exit 0 on SIGTERM; logs:\n{logs}");
-    assert!(
-        logs.contains("lockd listening"),
-        "no logs captured:\n{logs}"
-    );
-    assert!(
-        logs.contains("unavailable"),
-        "the outage was not logged:\n{logs}"
-    );
-    for secret in tokens.iter().chain([&password]) {
-        assert!(
-            !logs.contains(secret.as_str()),
-            "a secret is in the logs:\n{logs}"
-        );
-    }
+async fn terminate(mut lockd: Lockd) -> (Option<i32>, String) {
+    let exit = lockd.terminate().await;
+    (exit.status.code(), exit.stderr)
 }
 
 #[tokio::test]
@@ -151,7 +30,7 @@ async fn dev_mode_warns_that_locks_are_not_shared() {
         .await
         .unwrap();
     assert_eq!(grant.status().as_u16(), 201);
-    let (code, logs) = terminate(child);
+    let (code, logs) = terminate(child).await;
     assert_eq!(code, Some(0));
     assert!(logs.contains("NOT shared"), "no dev-mode warning:\n{logs}");
 }
@@ -159,21 +38,19 @@ async fn dev_mode_warns_that_locks_are_not_shared() {
 #[tokio::test]
 async fn lockd_dev_takes_boolish_values_from_the_environment() {
     for (value, dev) in [("1", true), ("yes", true), ("on", true), ("0", false)] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_lockd"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--redis-url"])
+        let mut cmd = lockd();
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--redis-url"])
             .arg("redis://127.0.0.1:1")
             .env("LOCKD_DEV", value)
-            .env("LOCKD_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn lockd");
+            .env("LOCKD_LOG", "info");
+        let mut child = Lockd::spawn(cmd);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let exited = child.try_wait().expect("poll lockd");
+        let exited = child.exited();
         assert!(
             exited.is_none(),
             "LOCKD_DEV={value}: lockd exited {exited:?}"
         );
-        let (code, logs) = terminate(child);
+        let (code, logs) = terminate(child).await;
         assert_eq!(code, Some(0));
         assert_eq!(
             logs.contains("NOT shared"),
@@ -197,9 +74,7 @@ async fn a_client_that_never_finishes_its_request_cannot_hold_shutdown() {
         .expect("send half a request");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
-    let (code, logs) = tokio::task::spawn_blocking(move || terminate(child))
-        .await
-        .expect("join");
+    let (code, logs) = terminate(child).await;
     assert_eq!(code, Some(0), "{logs}");
     let took = started.elapsed();
     assert!(
@@ -211,12 +86,10 @@ async fn a_client_that_never_finishes_its_request_cannot_hold_shutdown() {
 
 #[test]
 fn a_bad_setting_exits_2_with_a_clear_message() {
-    let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
-        .args(["serve", "--default-ttl-ms", "5000", "--max-ttl-ms", "1000"])
-        .output()
-        .expect("run lockd");
+    let out =
+        run_blocking(lockd().args(["serve", "--default-ttl-ms", "5000", "--max-ttl-ms", "1000"]));
     assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert!(stderr.contains("default_ttl_ms"), "{stderr}");
 }
 
@@ -270,13 +143,13 @@ fn a_bad_fence_retention_or_restart_delay_exits_2_naming_the_flag() {
         },
     ];
     for case in cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
-            .arg("serve")
-            .args(case.args)
-            .envs(case.env.iter().copied())
-            .output()
-            .expect("run lockd");
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let out = run_blocking(
+            lockd()
+                .arg("serve")
+                .args(case.args)
+                .envs(case.env.iter().copied()),
+        );
+        let stderr = &out.stderr;
         let shown = format!("{:?} {:?}: {stderr}", case.args, case.env);
         assert_eq!(out.status.code(), Some(2), "{shown}");
         assert!(stderr.contains(case.names), "{shown}");
@@ -289,16 +162,16 @@ fn serve_with_config(toml: &str) -> (Option<i32>, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lockd.toml");
     std::fs::write(&path, toml).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
-        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&path)
-        .env_remove("LOCKD_DEFAULT_TTL_MS")
-        .env_remove("LOCKD_REDIS_URL")
-        .env_remove("LOCKD_LISTEN")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run lockd");
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let out = run_blocking(
+        lockd()
+            .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .env_remove("LOCKD_DEFAULT_TTL_MS")
+            .env_remove("LOCKD_REDIS_URL")
+            .env_remove("LOCKD_LISTEN")
+            .stdin(Stdio::null()),
+    );
+    let stderr = out.stderr.clone();
     (
         out.status.code(),
         stderr,
@@ -350,24 +223,24 @@ fn keygen_with_an_id_already_in_the_keys_file_says_so_and_how_to_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let keys = dir.path().join("keys.toml");
     let keygen = |prefix: &str| {
-        Command::new(env!("CARGO_BIN_EXE_lockd"))
-            .args([
-                "keygen",
-                "--id",
-                "billing",
-                "--prefix",
-                prefix,
-                "--keys-file",
-            ])
-            .arg(&keys)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run lockd keygen")
+        run_blocking(
+            lockd()
+                .args([
+                    "keygen",
+                    "--id",
+                    "billing",
+                    "--prefix",
+                    prefix,
+                    "--keys-file",
+                ])
+                .arg(&keys)
+                .stdin(Stdio::null()),
+        )
     };
     assert!(keygen("billing:").status.success());
     let before = std::fs::read_to_string(&keys).unwrap();
     let again = keygen("other:");
-    let stderr = String::from_utf8_lossy(&again.stderr);
+    let stderr = &again.stderr;
     assert_eq!(again.status.code(), Some(2), "{stderr}");
     assert!(again.stdout.is_empty(), "a secret was printed for no key");
     assert!(
@@ -406,7 +279,7 @@ async fn other_forms_of_the_redis_password_stay_out_of_stderr_and_a_refused_pass
     let (child, base) = start_lockd(&["--redis-url", &url], "debug").await;
     let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
     assert_eq!(ready.status().as_u16(), 503);
-    let (code, logs) = terminate(child);
+    let (code, logs) = terminate(child).await;
     assert_eq!(code, Some(0));
     assert!(!logs.contains(&password), "password in the logs:\n{logs}");
     assert!(logs.contains("password=***"), "no redacted URL:\n{logs}");
@@ -422,12 +295,8 @@ async fn other_forms_of_the_redis_password_stay_out_of_stderr_and_a_refused_pass
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_lockd"))
-        .args(["serve", "--config"])
-        .arg(&file)
-        .output()
-        .expect("run lockd");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = run_blocking(lockd().args(["serve", "--config"]).arg(&file));
+    let stderr = &out.stderr;
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(!stderr.contains(&password), "password on stderr:\n{stderr}");
     assert!(stderr.contains("invalid settings"), "{stderr}");
@@ -440,7 +309,7 @@ fn write_keys(path: &std::path::Path, keys: &[(&str, &str, &str)]) {
     let text: String = keys
         .iter()
         .map(|(id, secret, prefix)| {
-            support::key_entry(
+            crate::support::key_entry(
                 id,
                 secret,
                 &[prefix],
@@ -483,16 +352,10 @@ async fn api_keys_reload_on_sighup_and_a_broken_file_keeps_the_old_keys() {
     assert_eq!(status_with_key(&base, &old).await, 404, "the old key works");
     assert_eq!(status_with_key(&base, &new).await, 401);
 
-    let hangup = |child: &Child| {
-        let sent = Command::new("kill")
-            .args(["-HUP", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
-    };
+    let hangup = |child: &Lockd| child.signal(Signal::SIGHUP);
     write_keys(&keys, &[("new", &new, "jobs:")]);
     hangup(&child);
-    let reloaded = support::eventually(Duration::from_secs(5), || async {
+    let reloaded = crate::support::eventually(Duration::from_secs(5), || async {
         status_with_key(&base, &new).await == 404
     })
     .await;
@@ -509,7 +372,7 @@ async fn api_keys_reload_on_sighup_and_a_broken_file_keeps_the_old_keys() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(status_with_key(&base, &new).await, 404);
 
-    let (code, logs) = terminate(child);
+    let (code, logs) = terminate(child).await;
     assert_eq!(code, Some(0), "logs:\n{logs}");
     assert!(logs.contains("API keys reloaded"), "{logs}");
     assert!(logs.contains("API keys NOT reloaded"), "{logs}");
@@ -525,12 +388,9 @@ async fn api_keys_reload_on_sighup_and_a_broken_file_keeps_the_old_keys() {
 async fn a_public_address_without_api_keys_is_refused_unless_insecure_no_auth() {
     let port = free_port();
     let public = format!("0.0.0.0:{port}");
-    let refused = Command::new(env!("CARGO_BIN_EXE_lockd"))
-        .args(["serve", "--dev", "--listen", &public])
-        .output()
-        .unwrap();
+    let refused = run_blocking(lockd().args(["serve", "--dev", "--listen", &public]));
     assert_eq!(refused.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let stderr = &refused.stderr;
     assert!(
         stderr.contains("without API keys") && stderr.contains("--insecure-no-auth"),
         "{stderr}"
@@ -543,24 +403,22 @@ async fn a_public_address_without_api_keys_is_refused_unless_insecure_no_auth() 
     );
 
     // With the explicit flag it serves, and says what that means.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lockd"))
-        .args(["serve", "--dev", "--insecure-no-auth", "--listen", &public])
-        .env("LOCKD_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let up = support::eventually(Duration::from_secs(20), || async {
+    let mut cmd = lockd();
+    cmd.args(["serve", "--dev", "--insecure-no-auth", "--listen", &public])
+        .env("LOCKD_LOG", "info");
+    let child = Lockd::spawn(cmd);
+    let up = crate::support::eventually(Duration::from_secs(20), || async {
         reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
             .await
             .is_ok()
     })
     .await;
-    if !up {
-        let _ = child.kill();
-    }
-    assert!(up, "lockd --insecure-no-auth did not serve");
-    let (code, logs) = terminate(child);
+    assert!(
+        up,
+        "lockd --insecure-no-auth did not serve:\n{}",
+        child.stderr()
+    );
+    let (code, logs) = terminate(child).await;
     assert_eq!(code, Some(0));
     assert!(logs.contains("--insecure-no-auth"), "no warning:\n{logs}");
 }
@@ -621,7 +479,7 @@ async fn logs_of_every_auth_outcome_name_the_key_id_never_a_secret_or_token() {
         statuses.push(step.send().await.unwrap().status().as_u16());
     }
     assert_eq!(statuses, [403, 403, 401, 401, 401, 401, 401, 204]);
-    let (code, logs) = terminate(child);
+    let (code, logs) = terminate(child).await;
     assert_eq!(code, Some(0));
     assert!(
         logs.contains("tenant-a") && logs.contains("tenant-b"),

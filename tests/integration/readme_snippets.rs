@@ -8,16 +8,12 @@
 //! test here runs fails [`every_marked_snippet_is_run_by_a_test`], so none
 //! stops being tested when it moves or is added.
 
-#![allow(clippy::unwrap_used)]
-
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::{TestApp, metric};
 use serde_json::Value;
-use support::{TestApp, metric};
 
 /// The snippets these tests run.
 const TESTED: [&str; 4] = ["cron-sh", "retry-bash", "retry-python", "retry-js"];
@@ -227,7 +223,7 @@ async fn readme_cron_snippet_runs_the_job_with_the_lock_and_defers_only_on_409()
 /// non-zero and does not claim that another host runs the job.
 #[tokio::test]
 async fn readme_cron_snippet_fails_and_claims_no_other_host_when_lockd_is_stopped() {
-    let nowhere = format!("http://127.0.0.1:{}", support::free_port());
+    let nowhere = format!("http://127.0.0.1:{}", crate::support::free_port());
     let (code, stdout, stderr) = run_cron_snippet(&nowhere).await;
     assert_ne!(code, Some(0), "exit 0 with lockd stopped: {stdout}{stderr}");
     assert!(code.is_some(), "killed by a signal: {stdout}{stderr}");

@@ -1,0 +1,26 @@
+//! lockd's integration tests, in one binary.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+mod api;
+mod auth;
+mod cases;
+mod dashboard;
+mod exec;
+mod fences;
+mod in_process;
+mod limits;
+mod observability;
+mod openapi;
+mod parsers;
+mod process;
+mod readme_snippets;
+mod redis_outage;
+mod redlock;
+mod shutdown;
+mod strict_input;
+mod torture;
+mod transport;
+mod waiting;
