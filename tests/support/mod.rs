@@ -787,7 +787,7 @@ impl Reply {
 pub struct TestApp {
     /// Where lockd listens.
     pub addr: SocketAddr,
-    /// Where `/metrics` is served when `settings.metrics_listen` was set.
+    /// Where `/metrics` is served when `settings.metrics.listen` was set.
     pub metrics_addr: Option<SocketAddr>,
     /// An HTTP client (with a timeout, so no test can hang).
     pub client: reqwest::Client,
@@ -801,14 +801,13 @@ pub struct TestApp {
 
 /// The default test settings: any port, and a short Redis timeout.
 fn test_settings(redis_url: String) -> Settings {
-    Settings {
-        listen: "127.0.0.1:0".parse().expect("valid address"),
-        redis_url: vec![redis_url.into()],
-        // Tests that restart Redlock nodes test other things than the
-        // delayed restart, which has tests of its own that turn it on.
-        redlock_restart_delay_ms: Some(0),
-        ..Settings::default()
-    }
+    let mut settings = Settings::default();
+    settings.listen.addr = "127.0.0.1:0".parse().expect("valid address");
+    settings.store.redis_urls = vec![redis_url.into()];
+    // Tests that restart Redlock nodes test other things than the
+    // delayed restart, which has tests of its own that turn it on.
+    settings.store.redlock_restart_delay = Some(Duration::ZERO);
+    settings
 }
 
 /// How much of a lease the time on the wire may take in these tests: a
@@ -848,7 +847,8 @@ impl TestApp {
             Store::Redlock(nodes) => {
                 let urls = self
                     .settings
-                    .redis_url
+                    .store
+                    .redis_urls
                     .iter()
                     .map(|u| u.expose().to_owned());
                 Self::redlock_over(nodes.clone(), urls.collect(), tweak).await
@@ -883,8 +883,8 @@ impl TestApp {
     /// time out as a quorum failure.
     pub async fn redlock_conformance(tweak: impl FnOnce(&mut Settings)) -> Self {
         Self::redlock(3, |settings| {
-            settings.drift_factor = 0.0;
-            settings.node_timeout_ms = settings.redis_timeout_ms;
+            settings.store.drift_factor = 0.0;
+            settings.store.node_timeout = settings.store.redis_timeout;
             tweak(settings);
         })
         .await
@@ -902,7 +902,7 @@ impl TestApp {
         assert!(nodes.len() >= 2, "Redlock needs several nodes");
         LazyLock::force(&TRACING);
         let mut settings = test_settings(String::new());
-        settings.redis_url = urls.into_iter().map(Into::into).collect();
+        settings.store.redis_urls = urls.into_iter().map(Into::into).collect();
         tweak(&mut settings);
         let app = Application::build(&settings)
             .await
@@ -927,7 +927,7 @@ impl TestApp {
     /// The `node` label of node `i` in lockd's metrics: `host:port` of the
     /// URL lockd uses for it.
     pub fn node_label(&self, i: usize) -> String {
-        let url = self.settings.redis_url[i].expose();
+        let url = self.settings.store.redis_urls[i].expose();
         url.strip_prefix("redis://")
             .unwrap_or(url)
             .trim_end_matches('/')
