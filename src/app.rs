@@ -21,7 +21,7 @@ use crate::http::state::{App, AppState};
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::{RedisBackend, RedisConfig};
 use crate::lock::redlock::{Redlock, quorum};
-use crate::lock::{LockError, Locks, Node, Single, Store, Ttl};
+use crate::lock::{LockError, Locks, Node, Single, Store};
 use crate::metrics::{Instrumented, Metrics, PoolStatus};
 use crate::transport::{TlsError, Transport};
 
@@ -89,8 +89,7 @@ impl Application {
     /// cannot be built. Redis being down is not an error: requests get 503
     /// until it comes back.
     pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
-        check(settings)?;
-        let metrics = Arc::new(Metrics::new(settings.metrics_max_namespaces)?);
+        let metrics = Arc::new(Metrics::new(settings.metrics.max_namespaces)?);
         let backend = build_backend(settings, &metrics)?;
         Self::assemble(settings, backend, metrics).await
     }
@@ -104,8 +103,7 @@ impl Application {
         settings: &Settings,
         backend: Arc<dyn Node>,
     ) -> Result<Self, StartupError> {
-        check(settings)?;
-        let metrics = Arc::new(Metrics::new(settings.metrics_max_namespaces)?);
+        let metrics = Arc::new(Metrics::new(settings.metrics.max_namespaces)?);
         metrics.watch_pool("custom", PoolStatus::default);
         let node = Arc::new(Instrumented::new(backend, metrics.clone(), "custom".into()));
         Self::assemble(settings, Arc::new(Single::new(node)), metrics).await
@@ -117,9 +115,9 @@ impl Application {
         metrics: Arc<Metrics>,
     ) -> Result<Self, StartupError> {
         let (state, auth, stopping) = shared_state(settings, backend, metrics)?;
-        let transport = Transport::from_settings(settings)?;
-        let listener = bind(settings.listen).await?;
-        let metrics = match settings.metrics_listen {
+        let transport = Transport::from_settings(&settings.listen)?;
+        let listener = bind(settings.listen.addr).await?;
+        let metrics = match settings.metrics.listen {
             Some(addr) => Some((bind(addr).await?, metrics_router(state.clone()))),
             None => None,
         };
@@ -128,7 +126,7 @@ impl Application {
             router: router(state, metrics.is_none()),
             metrics,
             stopping,
-            shutdown_timeout: Duration::from_millis(settings.shutdown_timeout_ms),
+            shutdown_timeout: settings.service.shutdown_timeout,
             auth,
             transport,
         })
@@ -226,11 +224,10 @@ impl Application {
 /// # Errors
 /// As for [`Application::build`], binding aside.
 pub fn build_router(settings: &Settings) -> Result<Router, StartupError> {
-    check(settings)?;
-    let metrics = Arc::new(Metrics::new(settings.metrics_max_namespaces)?);
+    let metrics = Arc::new(Metrics::new(settings.metrics.max_namespaces)?);
     let backend = build_backend(settings, &metrics)?;
     let (state, _, _) = shared_state(settings, backend, metrics)?;
-    Ok(router(state, settings.metrics_listen.is_none()))
+    Ok(router(state, settings.metrics.listen.is_none()))
 }
 
 /// The state the routers share, with the API keys (reloaded on SIGHUP) and
@@ -240,17 +237,17 @@ fn shared_state(
     backend: Arc<dyn Store>,
     metrics: Arc<Metrics>,
 ) -> Result<(AppState, Option<Arc<Auth>>, CancellationToken), StartupError> {
-    let limits =
-        Limits::from_settings(settings).map_err(|e| StartupError::Settings(e.to_string()))?;
-    let auth = match &settings.auth_keys_file {
+    let limits = Limits::from_settings(&settings.limits)
+        .map_err(|e| StartupError::Settings(e.to_string()))?;
+    let auth = match &settings.auth.keys_file {
         Some(path) => {
             let auth = Auth::load(path)?;
             tracing::info!(file = %path.display(), keys = auth.keys().len(), "API keys loaded");
             Some(Arc::new(auth))
         }
         None => {
-            if settings.insecure_no_auth {
-                tracing::warn!(listen = %settings.listen, "no API keys (--insecure-no-auth): anyone who can reach lockd can take and release any lock");
+            if settings.auth.insecure_no_auth {
+                tracing::warn!(listen = %settings.listen.addr, "no API keys (--insecure-no-auth): anyone who can reach lockd can take and release any lock");
             }
             None
         }
@@ -259,14 +256,17 @@ fn shared_state(
     let contention = metrics.clone();
     let state = AppState::new(App {
         locks: Arc::new(
-            Locks::new(backend, settings.max_waiters, stopping.clone())
+            Locks::new(backend, settings.limits.max_waiters.get(), stopping.clone())
                 .on_contention(Arc::new(move |name| contention.observe_contention(name))),
         ),
         limits,
         metrics,
         stopping: stopping.clone(),
         auth: auth.clone(),
-        admission: Admission::new(settings.max_requests, settings.max_waiters),
+        admission: Admission::new(
+            settings.limits.max_requests.get(),
+            settings.limits.max_waiters.get(),
+        ),
     });
     Ok((state, auth, stopping))
 }
@@ -310,12 +310,6 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartupError> {
         .map_err(|source| StartupError::Bind { addr, source })
 }
 
-fn check(settings: &Settings) -> Result<(), StartupError> {
-    settings
-        .check()
-        .map_err(|e| StartupError::Settings(e.to_string()))
-}
-
 /// The lock store for `settings`, each node instrumented.
 fn build_backend(
     settings: &Settings,
@@ -324,26 +318,26 @@ fn build_backend(
     let instrument = |backend: Arc<dyn Node>, node: String| -> Arc<dyn Node> {
         Arc::new(Instrumented::new(backend, metrics.clone(), node))
     };
-    if settings.dev {
+    let store = &settings.store;
+    if store.dev {
         tracing::warn!(
             "dev mode: locks are kept in this process's memory and are NOT shared \
              with other lockd processes; do not use this in production"
         );
         // No connections: the pool gauges read 0, so dashboards look the same.
         metrics.watch_pool("memory", PoolStatus::default);
-        let memory =
-            MemoryBackend::with_fence_retention(Duration::from_millis(settings.fence_retention_ms));
+        let memory = MemoryBackend::with_fence_retention(store.fence_retention);
         let node = instrument(Arc::new(memory), "memory".into());
         return Ok(Arc::new(Single::new(node)));
     }
-    let redlock = settings.redis_url.len() > 1;
-    let node = |url: &RedisUrl, timeout_ms: u64| -> Result<Arc<dyn Node>, StartupError> {
+    let redlock = store.redis_urls.len() > 1;
+    let node = |url: &RedisUrl, timeout: Duration| -> Result<Arc<dyn Node>, StartupError> {
         let backend = RedisBackend::new(&RedisConfig {
             url: url.expose().to_owned(),
-            key_prefix: settings.key_prefix.clone(),
-            timeout: Duration::from_millis(timeout_ms),
-            pool_size: settings.pool_size,
-            fence_retention: Duration::from_millis(settings.fence_retention_ms),
+            key_prefix: store.key_prefix.clone(),
+            timeout,
+            pool_size: store.pool_size.get(),
+            fence_retention: store.fence_retention,
             restart_delay: redlock.then(|| settings.redlock_restart_delay()),
             standalone: !redlock,
         })?;
@@ -359,10 +353,10 @@ fn build_backend(
         });
         Ok(instrument(Arc::new(backend), node_address(url.expose())))
     };
-    let urls = &settings.redis_url;
+    let urls = &store.redis_urls;
     if let [url] = urls.as_slice() {
         tracing::info!(redis = %url, "using one Redis (a failover can lose locks; see docs/design.md)");
-        return Ok(Arc::new(Single::new(node(url, settings.redis_timeout_ms)?)));
+        return Ok(Arc::new(Single::new(node(url, store.redis_timeout)?)));
     }
     let shown: Vec<String> = urls.iter().map(ToString::to_string).collect();
     tracing::info!(nodes = ?shown, quorum = quorum(urls.len()), "using Redlock");
@@ -374,14 +368,12 @@ fn build_backend(
     }
     let nodes = urls
         .iter()
-        .map(|url| node(url, settings.node_timeout_ms))
+        .map(|url| node(url, store.node_timeout))
         .collect::<Result<Vec<_>, _>>()?;
-    let max_ttl = Ttl::from_millis(settings.max_ttl_ms, settings.max_ttl_ms, "max_ttl_ms")
-        .map_err(|e| StartupError::Settings(e.to_string()))?;
     Ok(Arc::new(Redlock::new(
         nodes,
-        settings.drift_factor,
-        max_ttl,
+        store.drift_factor,
+        settings.limits.max_ttl,
     )))
 }
 

@@ -2,10 +2,51 @@
 //! ([`crate::cli::ServeArgs`]) over an optional TOML file (`--config`, read
 //! with figment) over defaults.
 //! `config/lockd.example.toml` documents every setting.
+//!
+//! # Two shapes, one set of defaults
+//! - [`RawSettings`] is the shape users write: flat, one field per key,
+//!   each named as in the file, as its flag (`max_ttl_ms`: `--max-ttl-ms`)
+//!   and as its environment variable (`LOCKD_MAX_TTL_MS`), durations in
+//!   whole milliseconds. figment extracts it (flags over the file over the
+//!   defaults) and refuses an unknown key.
+//! - [`Settings`] is what lockd runs with: grouped by concern, with typed
+//!   values (durations as [`Duration`], lease lengths as [`Ttl`], counts
+//!   that must be at least 1 as [`NonZeroUsize`], the TLS files as one
+//!   [`TlsFiles`]). `TryFrom<RawSettings>` builds it, each group by its own
+//!   function, which checks that group's values; so a `Settings` from
+//!   [`Settings::load`] has been checked, and there is no separate check.
+//! - The defaults are [`Settings::default`]; [`RawSettings::default`] is
+//!   their flat form (`From<&Settings>`), which `load` lays under the file.
+//!
+//! # Groups
+//!
+//! | Field of `Settings` | Concern | Keys |
+//! | --- | --- | --- |
+//! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes` |
+//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
+//! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms` |
+//! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
+//! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
+//! | `service`: [`ServiceSettings`] | the process itself | `log_format`, `shutdown_timeout_ms` |
+//!
+//! The groups are built and checked in the order limits, store, metrics,
+//! auth, listener, so that the first value at fault is the one named. The
+//! metrics and auth groups check their values against the main listener's
+//! address too (`metrics_listen` must differ from `listen`; no API keys
+//! only on loopback).
+//!
+//! The fields are public, for code that builds settings (the tests:
+//! `Settings::default()` and edits on the groups). What the types hold
+//! (a TTL from 1 ms to 365 days, a count of at least 1, both TLS files or
+//! none) holds there too; the rest is the editor's to keep in range, and
+//! [`crate::http::limits::Limits`] still refuses a default TTL above the
+//! maximum.
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
@@ -26,11 +67,227 @@ pub enum LogFormat {
     Json,
 }
 
-/// The service's settings, after flags, environment, file and defaults are
-/// merged. `Debug` hides any password in the Redis URLs (see [`RedisUrl`]).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// The service's settings, grouped by concern, with typed values: what
+/// [`Settings::load`] gives, checked. `Debug` hides any password in the
+/// Redis URLs (see [`RedisUrl`]).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Settings {
+    /// The main listener: address, TLS, limits on request heads.
+    pub listen: ListenSettings,
+    /// Where locks are kept: memory or Redis (one node, or Redlock's
+    /// several), and how lockd talks to it.
+    pub store: StoreSettings,
+    /// The limits a request is held to: TTLs, waits, admission, time.
+    pub limits: LimitSettings,
+    /// API keys, or their absence.
+    pub auth: AuthSettings,
+    /// The metrics listener and series.
+    pub metrics: MetricsSettings,
+    /// The process itself: its logs and its shutdown.
+    pub service: ServiceSettings,
+}
+
+/// The main listener (keys `listen`, `tls_cert`, `tls_key`,
+/// `header_read_timeout_ms`, `max_header_bytes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenSettings {
+    /// Address to listen on; port 0 picks a free port (`listen`).
+    pub addr: SocketAddr,
+    /// The certificate and key to serve HTTPS with; `None`: plain HTTP
+    /// (`tls_cert` and `tls_key`, both or neither).
+    pub tls: Option<TlsFiles>,
+    /// Longest time a client may take to send a request head; also how
+    /// long an idle keep-alive connection stays open, and, with TLS, how
+    /// long the handshake may take. At least 1 ms
+    /// (`header_read_timeout_ms`).
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers), in bytes; at least
+    /// [`MIN_HEADER_BYTES`] (`max_header_bytes`).
+    pub max_header_bytes: usize,
+}
+
+/// The files of HTTPS, both PEM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, the server's certificate first (`tls_cert`).
+    pub cert: PathBuf,
+    /// The private key of `cert` (`tls_key`).
+    pub key: PathBuf,
+}
+
+/// Where locks are kept (keys `dev`, `redis_url`, `key_prefix`,
+/// `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`,
+/// `fence_retention_ms`, `redlock_restart_delay_ms`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreSettings {
+    /// Keep locks in this process's memory instead of Redis (`dev`).
+    pub dev: bool,
+    /// Redis URLs, at least one, no node twice: one runs the
+    /// single-instance backend, several run Redlock over them
+    /// (`redis_url`).
+    pub redis_urls: Vec<RedisUrl>,
+    /// Prefix of every Redis key lockd writes; no braces (`key_prefix`).
+    pub key_prefix: String,
+    /// Longest time one Redis operation may take, single Redis; at least
+    /// 1 ms (`redis_timeout_ms`).
+    pub redis_timeout: Duration,
+    /// Most pooled Redis connections, per node (`pool_size`).
+    pub pool_size: NonZeroUsize,
+    /// Redlock: the longest one node may take to answer; at least 1 ms
+    /// (`node_timeout_ms`).
+    pub node_timeout: Duration,
+    /// Redlock: clock drift allowed, as a fraction of the TTL, from 0 to
+    /// below 0.5 (`drift_factor`).
+    pub drift_factor: f64,
+    /// How long a fencing counter is kept after its lock's last grant;
+    /// from 1 s to 365 days (`fence_retention_ms`).
+    pub fence_retention: Duration,
+    /// Redlock: how long a restarted node counts toward no quorum, from its
+    /// start, at most 365 days; `None`: the longest TTL (see
+    /// [`Settings::redlock_restart_delay`]) (`redlock_restart_delay_ms`).
+    pub redlock_restart_delay: Option<Duration>,
+}
+
+/// The limits a request is held to (keys `default_ttl_ms`, `max_ttl_ms`,
+/// `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitSettings {
+    /// Lease length when a request gives no `ttl_ms`; at most `max_ttl`
+    /// (`default_ttl_ms`).
+    pub default_ttl: Ttl,
+    /// Longest lease a request may ask for (`max_ttl_ms`).
+    pub max_ttl: Ttl,
+    /// Longest `wait_ms` a request may ask for (`max_wait_ms`).
+    pub max_wait: Duration,
+    /// Most requests waiting for locks at once (`max_waiters`).
+    pub max_waiters: NonZeroUsize,
+    /// Most `/locks` acquires and inspects at once besides the waiting
+    /// ones; also the room of extends and releases, kept apart
+    /// (`max_requests`).
+    pub max_requests: NonZeroUsize,
+    /// Longest time a request (beyond its `wait_ms`) may take; at least
+    /// 1 ms (`request_timeout_ms`).
+    pub request_timeout: Duration,
+}
+
+/// API keys, or their absence (keys `auth_keys_file`, `insecure_no_auth`):
+/// not both; neither only on a loopback `listen`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuthSettings {
+    /// The API keys file; `None`: no key needed (`auth_keys_file`).
+    pub keys_file: Option<PathBuf>,
+    /// Allow a non-loopback `listen` without API keys
+    /// (`insecure_no_auth`).
+    pub insecure_no_auth: bool,
+}
+
+/// The metrics listener and series (keys `metrics_listen`,
+/// `metrics_max_namespaces`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsSettings {
+    /// Where `/metrics` is served when not on the main listener; not the
+    /// main listener's address (`metrics_listen`).
+    pub listen: Option<SocketAddr>,
+    /// Most namespaces with their own metric series
+    /// (`metrics_max_namespaces`).
+    pub max_namespaces: usize,
+}
+
+/// The process itself (keys `log_format`, `shutdown_timeout_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceSettings {
+    /// Log line format (`log_format`).
+    pub log_format: LogFormat,
+    /// Longest time a graceful shutdown waits for requests in flight
+    /// (`shutdown_timeout_ms`).
+    pub shutdown_timeout: Duration,
+}
+
+/// `n` as a count of at least 1, for the defaults below: evaluated when
+/// compiling, so a zero default fails the build.
+const fn count(n: usize) -> NonZeroUsize {
+    match NonZeroUsize::new(n) {
+        Some(n) => n,
+        None => panic!("a count must be at least 1"),
+    }
+}
+
+/// `ms` as a [`Ttl`], for the defaults below: evaluated when compiling, so
+/// a default out of range fails the build.
+const fn ttl(ms: u64) -> Ttl {
+    match Ttl::new(ms) {
+        Some(ttl) => ttl,
+        None => panic!("a TTL must be from 1 ms to 365 days"),
+    }
+}
+
+impl Default for ListenSettings {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            tls: None,
+            header_read_timeout: Duration::from_millis(5_000),
+            max_header_bytes: 16_384,
+        }
+    }
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            dev: false,
+            redis_urls: vec![RedisUrl::from("redis://127.0.0.1:6379")],
+            key_prefix: "lockd:".into(),
+            redis_timeout: Duration::from_millis(1_000),
+            pool_size: const { count(16) },
+            node_timeout: Duration::from_millis(50),
+            drift_factor: 0.01,
+            fence_retention: Duration::from_millis(3_600_000),
+            redlock_restart_delay: None,
+        }
+    }
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        Self {
+            default_ttl: const { ttl(30_000) },
+            max_ttl: const { ttl(3_600_000) },
+            max_wait: Duration::from_millis(60_000),
+            max_waiters: const { count(10_000) },
+            max_requests: const { count(1024) },
+            request_timeout: Duration::from_millis(10_000),
+        }
+    }
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            max_namespaces: 100,
+        }
+    }
+}
+
+impl Default for ServiceSettings {
+    fn default() -> Self {
+        Self {
+            log_format: LogFormat::Pretty,
+            shutdown_timeout: Duration::from_millis(10_000),
+        }
+    }
+}
+
+/// The settings as users write them: flat, one field per key of the file,
+/// each also a flag (`--KEY` with `-` for `_`) and an environment variable
+/// (`LOCKD_KEY`), durations in whole milliseconds. figment extracts it;
+/// [`Settings::try_from`] groups and checks it. Its default is the flat
+/// form of [`Settings::default`]. `Debug` hides any password in the Redis
+/// URLs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSettings {
     /// Address to listen on; port 0 picks a free port.
     pub listen: SocketAddr,
     /// PEM certificate chain to serve HTTPS with; with `tls_key`. Unset:
@@ -99,35 +356,56 @@ pub struct Settings {
     pub insecure_no_auth: bool,
 }
 
-impl Default for Settings {
+impl Default for RawSettings {
     fn default() -> Self {
+        Self::from(&Settings::default())
+    }
+}
+
+/// `duration` in whole milliseconds (`u64::MAX` for one longer than that
+/// can count).
+pub fn whole_millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl From<&Settings> for RawSettings {
+    /// The flat form of `settings`, key by key.
+    fn from(settings: &Settings) -> Self {
+        let Settings {
+            listen,
+            store,
+            limits,
+            auth,
+            metrics,
+            service,
+        } = settings;
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            tls_cert: None,
-            tls_key: None,
-            header_read_timeout_ms: 5_000,
-            max_header_bytes: 16_384,
-            redis_url: vec![RedisUrl::from("redis://127.0.0.1:6379")],
-            key_prefix: "lockd:".into(),
-            default_ttl_ms: 30_000,
-            max_ttl_ms: 3_600_000,
-            redis_timeout_ms: 1_000,
-            pool_size: 16,
-            node_timeout_ms: 50,
-            drift_factor: 0.01,
-            fence_retention_ms: 3_600_000,
-            redlock_restart_delay_ms: None,
-            max_wait_ms: 60_000,
-            max_waiters: 10_000,
-            max_requests: 1024,
-            dev: false,
-            metrics_listen: None,
-            metrics_max_namespaces: 100,
-            request_timeout_ms: 10_000,
-            shutdown_timeout_ms: 10_000,
-            log_format: LogFormat::Pretty,
-            auth_keys_file: None,
-            insecure_no_auth: false,
+            listen: listen.addr,
+            tls_cert: listen.tls.as_ref().map(|tls| tls.cert.clone()),
+            tls_key: listen.tls.as_ref().map(|tls| tls.key.clone()),
+            header_read_timeout_ms: whole_millis(listen.header_read_timeout),
+            max_header_bytes: listen.max_header_bytes,
+            redis_url: store.redis_urls.clone(),
+            key_prefix: store.key_prefix.clone(),
+            default_ttl_ms: limits.default_ttl.as_millis(),
+            max_ttl_ms: limits.max_ttl.as_millis(),
+            redis_timeout_ms: whole_millis(store.redis_timeout),
+            pool_size: store.pool_size.get(),
+            node_timeout_ms: whole_millis(store.node_timeout),
+            drift_factor: store.drift_factor,
+            fence_retention_ms: whole_millis(store.fence_retention),
+            redlock_restart_delay_ms: store.redlock_restart_delay.map(whole_millis),
+            max_wait_ms: whole_millis(limits.max_wait),
+            max_waiters: limits.max_waiters.get(),
+            max_requests: limits.max_requests.get(),
+            dev: store.dev,
+            metrics_listen: metrics.listen,
+            metrics_max_namespaces: metrics.max_namespaces,
+            request_timeout_ms: whole_millis(limits.request_timeout),
+            shutdown_timeout_ms: whole_millis(service.shutdown_timeout),
+            log_format: service.log_format,
+            auth_keys_file: auth.keys_file.clone(),
+            insecure_no_auth: auth.insecure_no_auth,
         }
     }
 }
@@ -315,20 +593,25 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<RedisUrl>, 
 }
 
 impl Settings {
-    /// Redlock's restart delay: `redlock_restart_delay_ms`, or `max_ttl_ms`.
-    pub fn redlock_restart_delay(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(self.redlock_restart_delay_ms.unwrap_or(self.max_ttl_ms))
+    /// Redlock's restart delay: `store.redlock_restart_delay`, or else the
+    /// longest TTL (`limits.max_ttl`).
+    pub fn redlock_restart_delay(&self) -> Duration {
+        self.store
+            .redlock_restart_delay
+            .unwrap_or(self.limits.max_ttl.as_duration())
     }
 
     /// Merges defaults, the `--config` file and the flags (which clap has
     /// already merged with the environment), in that order of precedence
-    /// from lowest to highest, then checks the result.
+    /// from lowest to highest, then groups and checks the result (see
+    /// [`Settings::try_from`]).
     ///
     /// # Errors
     /// [`ConfigError`] when the file cannot be read, has an unknown key or a
-    /// value of the wrong type, or when the values do not fit together.
+    /// value of the wrong type, or when the values are out of range or do
+    /// not fit together.
     pub fn load(args: &ServeArgs) -> Result<Self, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        let mut figment = Figment::from(Serialized::defaults(RawSettings::default()));
         if let Some(path) = &args.config {
             // figment skips a missing file silently; a named file must exist.
             std::fs::metadata(path).map_err(|source| ConfigError::Read {
@@ -337,59 +620,85 @@ impl Settings {
             })?;
             figment = figment.merge(Toml::file_exact(path));
         }
-        let settings: Settings = figment
+        let raw: RawSettings = figment
             .merge(Serialized::defaults(args))
             .extract()
             .map_err(Box::new)?;
-        settings.check()?;
-        Ok(settings)
+        Self::try_from(raw)
     }
+}
 
-    /// Checks the values that each parse alone but must fit together: each
-    /// concern in turn (limits, store, metrics, auth, listener and
-    /// transport), each naming the setting at fault.
+impl TryFrom<RawSettings> for Settings {
+    type Error = ConfigError;
+
+    /// Builds each group from `raw`, checking its values: limits, store,
+    /// metrics, auth, listener and transport, in that order, so that the
+    /// error names the first setting at fault.
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming the setting at fault.
-    pub fn check(&self) -> Result<(), ConfigError> {
-        self.check_limits()
-            .and_then(|()| self.check_store())
-            .and_then(|()| self.check_metrics())
-            .and_then(|()| self.check_auth())
-            .and_then(|()| self.check_listen())
-            .map_err(ConfigError::Invalid)
+    fn try_from(raw: RawSettings) -> Result<Self, ConfigError> {
+        let grouped = || -> Result<Self, String> {
+            let limits = LimitSettings::from_raw(&raw)?;
+            let store = StoreSettings::from_raw(&raw)?;
+            let metrics = MetricsSettings::from_raw(&raw)?;
+            let auth = AuthSettings::from_raw(&raw)?;
+            let listen = ListenSettings::from_raw(&raw)?;
+            let service = ServiceSettings::from_raw(&raw);
+            Ok(Self {
+                listen,
+                store,
+                limits,
+                auth,
+                metrics,
+                service,
+            })
+        };
+        grouped().map_err(ConfigError::Invalid)
     }
+}
 
+impl LimitSettings {
     /// The limits a request is held to: TTLs, waits, admission, timeouts.
-    fn check_limits(&self) -> Result<(), String> {
-        if !(1..=Ttl::CEILING_MS).contains(&self.max_ttl_ms) {
-            return Err(format!(
+    fn from_raw(raw: &RawSettings) -> Result<Self, String> {
+        let max_ttl = Ttl::new(raw.max_ttl_ms).ok_or_else(|| {
+            format!(
                 "max_ttl_ms must be from 1 to {} (365 days)",
                 Ttl::CEILING_MS
-            ));
-        }
-        if !(1..=self.max_ttl_ms).contains(&self.default_ttl_ms) {
-            return Err(format!(
-                "default_ttl_ms (--default-ttl-ms, {}) must be from 1 to max_ttl_ms ({}); \
-                 a lower --max-ttl-ms needs a --default-ttl-ms at most as long",
-                self.default_ttl_ms, self.max_ttl_ms
-            ));
-        }
-        at_least_one("max_waiters", self.max_waiters)?;
-        at_least_one("max_requests", self.max_requests)?;
-        at_least_one("request_timeout_ms", self.request_timeout_ms)
+            )
+        })?;
+        let default_ttl =
+            Ttl::from_millis(raw.default_ttl_ms, max_ttl.as_millis(), "default_ttl_ms").map_err(
+                |_| {
+                    format!(
+                        "default_ttl_ms (--default-ttl-ms, {}) must be from 1 to max_ttl_ms ({}); \
+                     a lower --max-ttl-ms needs a --default-ttl-ms at most as long",
+                        raw.default_ttl_ms, raw.max_ttl_ms
+                    )
+                },
+            )?;
+        Ok(Self {
+            default_ttl,
+            max_ttl,
+            max_wait: Duration::from_millis(raw.max_wait_ms),
+            max_waiters: at_least_one("max_waiters", raw.max_waiters)?,
+            max_requests: at_least_one("max_requests", raw.max_requests)?,
+            request_timeout: at_least_1_ms("request_timeout_ms", raw.request_timeout_ms)?,
+        })
     }
+}
 
+impl StoreSettings {
     /// The lock store: the Redis nodes, their connections and timeouts,
     /// Redlock's parameters, the fences and the key prefix.
-    fn check_store(&self) -> Result<(), String> {
-        at_least_one("redis_timeout_ms", self.redis_timeout_ms)?;
-        at_least_one("pool_size", self.pool_size)?;
-        if self.redis_url.is_empty() {
+    fn from_raw(raw: &RawSettings) -> Result<Self, String> {
+        let redis_timeout = at_least_1_ms("redis_timeout_ms", raw.redis_timeout_ms)?;
+        let pool_size = at_least_one("pool_size", raw.pool_size)?;
+        if raw.redis_url.is_empty() {
             return Err("redis_url needs at least one URL".into());
         }
         let mut seen = std::collections::HashSet::new();
-        if let Some(twice) = self
+        if let Some(twice) = raw
             .redis_url
             .iter()
             .find(|u| !seen.insert(node_address(u.expose())))
@@ -398,17 +707,17 @@ impl Settings {
                 "redis_url lists {twice} twice; Redlock masters must be independent"
             ));
         }
-        at_least_one("node_timeout_ms", self.node_timeout_ms)?;
-        if !(0.0..0.5).contains(&self.drift_factor) {
+        let node_timeout = at_least_1_ms("node_timeout_ms", raw.node_timeout_ms)?;
+        if !(0.0..0.5).contains(&raw.drift_factor) {
             return Err("drift_factor must be from 0 to below 0.5".into());
         }
-        if !(1000..=Ttl::CEILING_MS).contains(&self.fence_retention_ms) {
+        if !(1000..=Ttl::CEILING_MS).contains(&raw.fence_retention_ms) {
             return Err(format!(
                 "fence_retention_ms (--fence-retention-ms) must be from 1000 (1 s) to {} (365 days)",
                 Ttl::CEILING_MS
             ));
         }
-        if self
+        if raw
             .redlock_restart_delay_ms
             .is_some_and(|ms| ms > Ttl::CEILING_MS)
         {
@@ -417,47 +726,70 @@ impl Settings {
                 Ttl::CEILING_MS
             ));
         }
-        if self.key_prefix.contains(['{', '}']) {
+        if raw.key_prefix.contains(['{', '}']) {
             return Err("key_prefix must not contain braces: they mark the hash tag".into());
         }
-        Ok(())
+        Ok(Self {
+            dev: raw.dev,
+            redis_urls: raw.redis_url.clone(),
+            key_prefix: raw.key_prefix.clone(),
+            redis_timeout,
+            pool_size,
+            node_timeout,
+            drift_factor: raw.drift_factor,
+            fence_retention: Duration::from_millis(raw.fence_retention_ms),
+            redlock_restart_delay: raw.redlock_restart_delay_ms.map(Duration::from_millis),
+        })
     }
+}
 
+impl MetricsSettings {
     /// The metrics listener, apart from the main one.
-    fn check_metrics(&self) -> Result<(), String> {
-        if self
+    fn from_raw(raw: &RawSettings) -> Result<Self, String> {
+        if raw
             .metrics_listen
-            .is_some_and(|m| m == self.listen && m.port() != 0)
+            .is_some_and(|m| m == raw.listen && m.port() != 0)
         {
             return Err("metrics_listen must differ from listen".into());
         }
-        Ok(())
+        Ok(Self {
+            listen: raw.metrics_listen,
+            max_namespaces: raw.metrics_max_namespaces,
+        })
     }
+}
 
+impl AuthSettings {
     /// API keys, or their absence: only on loopback unless insecure.
-    fn check_auth(&self) -> Result<(), String> {
-        if self.auth_keys_file.is_some() && self.insecure_no_auth {
+    fn from_raw(raw: &RawSettings) -> Result<Self, String> {
+        if raw.auth_keys_file.is_some() && raw.insecure_no_auth {
             return Err(
                 "insecure_no_auth and auth_keys_file contradict each other; give one".into(),
             );
         }
-        if self.auth_keys_file.is_none()
-            && !self.insecure_no_auth
-            && !self.listen.ip().is_loopback()
-        {
+        if raw.auth_keys_file.is_none() && !raw.insecure_no_auth && !raw.listen.ip().is_loopback() {
             return Err(format!(
                 "refusing to listen on {} without API keys: anyone who can reach it could \
                  take and release any lock. Give --auth-keys-file (see `lockd keygen`), \
                  listen on a loopback address, or, for development only, --insecure-no-auth",
-                self.listen
+                raw.listen
             ));
         }
-        Ok(())
+        Ok(Self {
+            keys_file: raw.auth_keys_file.clone(),
+            insecure_no_auth: raw.insecure_no_auth,
+        })
     }
+}
 
+impl ListenSettings {
     /// The main listener's transport: TLS files, limits on request heads.
-    fn check_listen(&self) -> Result<(), String> {
-        match (&self.tls_cert, &self.tls_key) {
+    fn from_raw(raw: &RawSettings) -> Result<Self, String> {
+        let tls = match (&raw.tls_cert, &raw.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
             (Some(_), None) => {
                 return Err(
                     "tls_cert is set but tls_key is not: HTTPS needs both; give \
@@ -472,24 +804,45 @@ impl Settings {
                         .into(),
                 );
             }
-            _ => {}
-        }
-        at_least_one("header_read_timeout_ms", self.header_read_timeout_ms)?;
-        if self.max_header_bytes < MIN_HEADER_BYTES {
+            (None, None) => None,
+        };
+        let header_read_timeout =
+            at_least_1_ms("header_read_timeout_ms", raw.header_read_timeout_ms)?;
+        if raw.max_header_bytes < MIN_HEADER_BYTES {
             return Err(format!(
                 "max_header_bytes must be at least {MIN_HEADER_BYTES} (hyper's smallest read buffer)"
             ));
         }
-        Ok(())
+        Ok(Self {
+            addr: raw.listen,
+            tls,
+            header_read_timeout,
+            max_header_bytes: raw.max_header_bytes,
+        })
     }
 }
 
-/// `Err("KEY must be at least 1")` for a zero `value`.
-fn at_least_one<N: Default + PartialEq>(key: &str, value: N) -> Result<(), String> {
-    if value == N::default() {
+impl ServiceSettings {
+    /// The process's logs and shutdown: any value will do.
+    fn from_raw(raw: &RawSettings) -> Self {
+        Self {
+            log_format: raw.log_format,
+            shutdown_timeout: Duration::from_millis(raw.shutdown_timeout_ms),
+        }
+    }
+}
+
+/// `value` as a count, or `Err("KEY must be at least 1")` for zero.
+fn at_least_one(key: &str, value: usize) -> Result<NonZeroUsize, String> {
+    NonZeroUsize::new(value).ok_or_else(|| format!("{key} must be at least 1"))
+}
+
+/// `ms` milliseconds, or `Err("KEY must be at least 1")` for zero.
+fn at_least_1_ms(key: &str, ms: u64) -> Result<Duration, String> {
+    if ms == 0 {
         return Err(format!("{key} must be at least 1"));
     }
-    Ok(())
+    Ok(Duration::from_millis(ms))
 }
 
 #[cfg(test)]
@@ -512,10 +865,10 @@ mod tests {
             ..ServeArgs::default()
         };
         let settings = Settings::load(&args).expect("valid settings");
-        assert_eq!(settings.max_ttl_ms, 5000);
-        assert_eq!(settings.default_ttl_ms, 4000);
-        assert_eq!(settings.pool_size, 7);
-        assert_eq!(settings.key_prefix, "lockd:");
+        assert_eq!(settings.limits.max_ttl.as_millis(), 5000);
+        assert_eq!(settings.limits.default_ttl.as_millis(), 4000);
+        assert_eq!(settings.store.pool_size.get(), 7);
+        assert_eq!(settings.store.key_prefix, "lockd:");
     }
 
     #[test]
@@ -574,9 +927,8 @@ mod tests {
             ..ServeArgs::default()
         };
         let from_file = Settings::load(&args).expect("example file loads");
-        let as_json = |s: &Settings| serde_json::to_value(s).expect("serializes");
-        let defaults = as_json(&Settings::default());
-        assert_eq!(as_json(&from_file), defaults);
+        assert_eq!(from_file, Settings::default());
+        let defaults = serde_json::to_value(RawSettings::default()).expect("serializes");
         let text = std::fs::read_to_string(path).expect("read example");
         for (key, default) in defaults.as_object().expect("an object") {
             // A setting with no default is shown commented out.
@@ -590,14 +942,14 @@ mod tests {
     }
 
     /// The settings table of docs/configuration.md: one row per key of
-    /// `Settings`, with its flag, its environment variable and its default
+    /// [`RawSettings`], with its flag, its environment variable and its default
     /// (`none` for an unset one, or the setting it falls back to; `off` and
     /// `on` for a switch; otherwise the value in backticks).
     #[test]
     fn the_configuration_doc_lists_every_setting_with_its_default() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/configuration.md");
         let text = std::fs::read_to_string(path).expect("read docs/configuration.md");
-        let defaults = serde_json::to_value(Settings::default()).expect("serializes");
+        let defaults = serde_json::to_value(RawSettings::default()).expect("serializes");
         let defaults = defaults.as_object().expect("an object");
         let mut rows = BTreeMap::new();
         for line in text.lines().filter(|l| l.starts_with("| `--")) {
@@ -694,26 +1046,96 @@ mod tests {
         };
         let settings = Settings::load(&args).expect("valid settings");
         assert_eq!(
-            settings.tls_cert.as_deref(),
-            Some(std::path::Path::new("/etc/lockd/cert.pem"))
+            settings.listen.tls,
+            Some(TlsFiles {
+                cert: "/etc/lockd/cert.pem".into(),
+                key: "/etc/lockd/key.pem".into(),
+            })
         );
+        assert_eq!(settings.listen.max_header_bytes, 32768);
         assert_eq!(
-            settings.tls_key.as_deref(),
-            Some(std::path::Path::new("/etc/lockd/key.pem"))
+            settings.listen.header_read_timeout,
+            Duration::from_millis(750)
         );
-        assert_eq!(settings.max_header_bytes, 32768);
-        assert_eq!(settings.header_read_timeout_ms, 750);
     }
 
     #[test]
     fn debug_hides_the_redis_password() {
-        let settings = Settings {
-            redis_url: vec!["redis://:hunter2@127.0.0.1:6379".into()],
-            ..Settings::default()
-        };
+        let mut settings = Settings::default();
+        settings.store.redis_urls = vec!["redis://:hunter2@127.0.0.1:6379".into()];
         assert!(!format!("{settings:?}").contains("hunter2"));
-        let url = &settings.redis_url[0];
+        assert!(!format!("{:?}", RawSettings::from(&settings)).contains("hunter2"));
+        let url = &settings.store.redis_urls[0];
         assert!(!url.to_string().contains("hunter2"), "{url}");
         assert_eq!(url.expose(), "redis://:hunter2@127.0.0.1:6379");
+    }
+
+    #[test]
+    fn the_defaults_are_one_set_in_both_shapes() {
+        let raw = RawSettings::default();
+        let grouped = Settings::try_from(raw.clone()).expect("the defaults are valid");
+        assert_eq!(grouped, Settings::default());
+        assert_eq!(RawSettings::from(&grouped), raw);
+        // Every key survives the round trip, set or not.
+        let mut raw = raw;
+        raw.tls_cert = Some("/etc/lockd/cert.pem".into());
+        raw.tls_key = Some("/etc/lockd/key.pem".into());
+        raw.redlock_restart_delay_ms = Some(0);
+        raw.metrics_listen = Some("127.0.0.1:9464".parse().expect("address"));
+        raw.auth_keys_file = Some("/etc/lockd/keys.toml".into());
+        raw.max_wait_ms = 0;
+        let grouped = Settings::try_from(raw.clone()).expect("valid");
+        assert_eq!(RawSettings::from(&grouped), raw);
+    }
+
+    #[test]
+    fn each_group_names_its_setting_at_fault() {
+        let refused = |edit: fn(&mut RawSettings)| {
+            let mut raw = RawSettings::default();
+            edit(&mut raw);
+            match Settings::try_from(raw) {
+                Err(ConfigError::Invalid(why)) => why,
+                other => panic!("accepted: {other:?}"),
+            }
+        };
+        assert!(refused(|r| r.max_ttl_ms = 0).starts_with("max_ttl_ms"));
+        assert!(refused(|r| r.max_ttl_ms = Ttl::CEILING_MS + 1).starts_with("max_ttl_ms"));
+        assert!(refused(|r| r.default_ttl_ms = 0).contains("--default-ttl-ms"));
+        assert!(refused(|r| r.max_waiters = 0).starts_with("max_waiters"));
+        assert!(refused(|r| r.max_requests = 0).starts_with("max_requests"));
+        assert!(refused(|r| r.request_timeout_ms = 0).starts_with("request_timeout_ms"));
+        assert!(refused(|r| r.redis_timeout_ms = 0).starts_with("redis_timeout_ms"));
+        assert!(refused(|r| r.pool_size = 0).starts_with("pool_size"));
+        assert!(refused(|r| r.redis_url.clear()).starts_with("redis_url"));
+        assert!(refused(|r| r.node_timeout_ms = 0).starts_with("node_timeout_ms"));
+        assert!(refused(|r| r.drift_factor = 0.5).starts_with("drift_factor"));
+        assert!(refused(|r| r.fence_retention_ms = 999).contains("--fence-retention-ms"));
+        assert!(
+            refused(|r| r.redlock_restart_delay_ms = Some(Ttl::CEILING_MS + 1))
+                .contains("--redlock-restart-delay-ms")
+        );
+        assert!(refused(|r| r.key_prefix = "{x}".into()).starts_with("key_prefix"));
+        assert!(refused(|r| r.metrics_listen = Some(r.listen)).starts_with("metrics_listen"));
+        assert!(
+            refused(|r| {
+                r.auth_keys_file = Some("keys.toml".into());
+                r.insecure_no_auth = true;
+            })
+            .contains("contradict")
+        );
+        assert!(
+            refused(|r| r.listen = "0.0.0.0:8080".parse().expect("address"))
+                .contains("--insecure-no-auth")
+        );
+        assert!(refused(|r| r.header_read_timeout_ms = 0).starts_with("header_read_timeout_ms"));
+        // The first group at fault is the one named: limits before the
+        // listener.
+        assert!(
+            refused(|r| {
+                r.max_header_bytes = 0;
+                r.max_waiters = 0;
+            })
+            .starts_with("max_waiters")
+        );
     }
 }

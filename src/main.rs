@@ -32,7 +32,7 @@ async fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            init_logging(settings.log_format);
+            init_logging(settings.service.log_format);
             let app = match Application::build(&settings).await {
                 Ok(app) => app,
                 Err(e) => {

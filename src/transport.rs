@@ -42,7 +42,7 @@ use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::config::{MIN_HEADER_BYTES, Settings};
+use crate::config::{ListenSettings, MIN_HEADER_BYTES};
 use crate::framing::{self, Flagged, Watched};
 
 /// Why the TLS certificate or key cannot be used.
@@ -109,17 +109,17 @@ impl Transport {
     /// # Errors
     /// [`TlsError`] when a file cannot be read, holds no certificate or no
     /// key, or the key does not fit the certificate.
-    pub fn from_settings(settings: &Settings) -> Result<Self, TlsError> {
-        let tls = match (&settings.tls_cert, &settings.tls_key) {
-            (Some(cert), Some(key)) => Some(RustlsConfig::from_config(Arc::new(server_config(
-                cert, key,
+    pub fn from_settings(settings: &ListenSettings) -> Result<Self, TlsError> {
+        let tls = match &settings.tls {
+            Some(files) => Some(RustlsConfig::from_config(Arc::new(server_config(
+                &files.cert,
+                &files.key,
             )?))),
-            // `Settings::check` refuses one without the other.
-            _ => None,
+            None => None,
         };
         Ok(Self {
             tls,
-            header_read_timeout: Duration::from_millis(settings.header_read_timeout_ms),
+            header_read_timeout: settings.header_read_timeout,
             max_header_bytes: settings.max_header_bytes,
         })
     }
@@ -182,7 +182,8 @@ impl Transport {
             .http1()
             .timer(TokioTimer::new())
             .header_read_timeout(self.header_read_timeout)
-            // hyper panics below its minimum; `Settings::check` refuses it.
+            // hyper panics below its minimum; loading the settings refuses
+            // it, and settings edited in code get the minimum.
             .max_buf_size(self.max_header_bytes.max(MIN_HEADER_BYTES));
         server.accept_error_handler(|peer, error| match peer {
             // A TLS handshake that failed or timed out (such as plain HTTP

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::problem::ApiError;
-use crate::config::Settings;
+use crate::config::{LimitSettings, whole_millis};
 use crate::lock::{ExtendTtl, InvalidInput, Ttl};
 
 /// Every limit of this server that a request's input is held to.
@@ -25,22 +25,17 @@ impl Limits {
     /// `--max-wait-ms`, `--request-timeout-ms`).
     ///
     /// # Errors
-    /// When the default TTL is not from 1 to the maximum.
-    pub fn from_settings(settings: &Settings) -> Result<Self, InvalidInput> {
-        let default = Ttl::from_millis(
-            settings.default_ttl_ms,
-            settings.max_ttl_ms,
-            "default_ttl_ms",
-        )?;
+    /// When the default TTL is longer than the maximum (which loaded
+    /// settings never are; settings edited in code may be).
+    pub fn from_settings(settings: &LimitSettings) -> Result<Self, InvalidInput> {
+        let max_ms = settings.max_ttl.as_millis();
+        let default = Ttl::from_millis(settings.default_ttl.as_millis(), max_ms, "default_ttl_ms")?;
         Ok(Self {
-            ttl: TtlPolicy {
-                default,
-                max_ms: settings.max_ttl_ms,
-            },
+            ttl: TtlPolicy { default, max_ms },
             wait: WaitPolicy {
-                max_ms: settings.max_wait_ms,
+                max_ms: whole_millis(settings.max_wait),
             },
-            request_timeout: Duration::from_millis(settings.request_timeout_ms),
+            request_timeout: settings.request_timeout,
         })
     }
 }

@@ -25,7 +25,7 @@ use super::locks::{acquire, extend, inspect, release};
 use super::openapi::{self, ApiDoc};
 use super::state::AppState;
 use super::{admission, auth, deadline, ops, target, telemetry};
-use crate::config::Settings;
+use crate::config::LimitSettings;
 use crate::metrics::Metrics;
 
 /// The `/docs` page: the OpenAPI document (utoipa-scalar puts it in place
@@ -101,7 +101,7 @@ pub fn document(limits: &Limits) -> OpenApi {
 /// The document of a server with the default settings, as pretty JSON, as
 /// committed in `openapi/openapi.json`.
 pub fn pretty_json() -> String {
-    let doc = Limits::from_settings(&Settings::default())
+    let doc = Limits::from_settings(&LimitSettings::default())
         .map_err(|e| e.to_string())
         .and_then(|limits| {
             document(&limits)

@@ -105,6 +105,19 @@ impl Ttl {
     /// The shortest TTL: 1 ms.
     pub const MIN: Self = Self(1);
 
+    /// The longest TTL: [`Self::CEILING_MS`] (365 days).
+    pub const MAX: Self = Self(Self::CEILING_MS);
+
+    /// A TTL of `ms` milliseconds when `ms` is in `1..=CEILING_MS`; usable
+    /// in constants (the settings' defaults).
+    pub const fn new(ms: u64) -> Option<Self> {
+        if ms >= 1 && ms <= Self::CEILING_MS {
+            Some(Self(ms))
+        } else {
+            None
+        }
+    }
+
     /// Parses a TTL in milliseconds, accepting `1..=max_ms` (and never more
     /// than [`Self::CEILING_MS`]).
     ///
@@ -258,6 +271,10 @@ mod tests {
         assert!(Ttl::from_millis(11, 10, "ttl_ms").is_err());
         assert!(Ttl::from_millis(Ttl::CEILING_MS + 1, u64::MAX, "ttl_ms").is_err());
         assert!(Ttl::from_millis(Ttl::CEILING_MS, u64::MAX, "ttl_ms").is_ok());
+        assert_eq!(Ttl::new(1), Some(Ttl::MIN));
+        assert_eq!(Ttl::new(Ttl::CEILING_MS), Some(Ttl::MAX));
+        assert_eq!(Ttl::new(0), None);
+        assert_eq!(Ttl::new(Ttl::CEILING_MS + 1), None);
     }
 
     #[test]

@@ -778,7 +778,7 @@ async fn redis_keys_follow_the_documented_data_model() {
         (meta_pttl - pttl).abs() <= 2,
         "meta PTTL {meta_pttl}, lock {pttl}"
     );
-    let retention = i64::try_from(app.settings.fence_retention_ms).unwrap();
+    let retention = i64::try_from(app.settings.store.fence_retention.as_millis()).unwrap();
     let counter_pttl = redis.pttl(&fence).await;
     assert!(
         counter_pttl > retention - 1000 && counter_pttl <= retention,
@@ -933,7 +933,10 @@ async fn a_json_null_body_is_an_empty_body(app: &TestApp) {
             .await;
         taken.expect_status(201);
         let token = taken.token();
-        assert_lease_ms(Some(taken.u64("ttl_ms")), app.settings.default_ttl_ms);
+        assert_lease_ms(
+            Some(taken.u64("ttl_ms")),
+            app.settings.limits.default_ttl.as_millis(),
+        );
         let holder = [json, ("Lock-Token", token.as_str())];
         // A retry with the header and a null body renews, like an empty one.
         let again = app

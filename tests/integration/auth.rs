@@ -66,7 +66,7 @@ async fn app_with_keys(
 ) -> (TestApp, tempfile::TempDir) {
     let (dir, path) = keys_file(keys);
     let app = TestApp::redis_with(|s| {
-        s.auth_keys_file = Some(path);
+        s.auth.keys_file = Some(path);
         tweak(s);
     })
     .await;
@@ -277,7 +277,7 @@ async fn metrics_need_the_metrics_permission_and_health_stays_open() {
 async fn metrics_on_their_own_listener_need_no_key() {
     let worker = TestKey::new("worker", &["*"], ALL_LOCK);
     let (app, _dir) = app_with_keys(&[&worker], |s| {
-        s.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        s.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
     })
     .await;
     let addr = app.metrics_addr.expect("metrics listener");

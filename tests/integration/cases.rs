@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{Reply, TestApp, assert_lease_ms, backend_tests, ms_until, random_token};
 use futures::future::join_all;
-use lockd::app::Application;
+use lockd::cli::ServeArgs;
 use lockd::config::Settings;
 use lockd::lock::Ttl;
 use reqwest::Method;
@@ -414,26 +414,26 @@ async fn c03_huge_max_ttl_setting_still_refuses_absurd_ttls(app: &TestApp) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c03_largest_max_ttl_setting_still_refuses_absurd_ttls_on_redis() {
-    let app = TestApp::redis_with(|s| s.max_ttl_ms = Ttl::CEILING_MS).await;
+    let app = TestApp::redis_with(|s| s.limits.max_ttl = Ttl::MAX).await;
     c03_huge_max_ttl_setting_still_refuses_absurd_ttls(&app).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c03_largest_max_ttl_setting_still_refuses_absurd_ttls_on_memory() {
-    let app = TestApp::memory_with(|s| s.max_ttl_ms = Ttl::CEILING_MS).await;
+    let app = TestApp::memory_with(|s| s.limits.max_ttl = Ttl::MAX).await;
     c03_huge_max_ttl_setting_still_refuses_absurd_ttls(&app).await;
 }
 
-#[tokio::test]
-async fn c03_a_max_ttl_setting_above_the_ceiling_is_refused_at_start_up() {
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse().expect("address"),
-        max_ttl_ms: Ttl::CEILING_MS + 1,
+#[test]
+fn c03_a_max_ttl_setting_above_the_ceiling_is_refused_at_start_up() {
+    let args = ServeArgs {
+        listen: Some("127.0.0.1:0".parse().expect("address")),
+        max_ttl_ms: Some(Ttl::CEILING_MS + 1),
         dev: true,
-        ..Settings::default()
+        ..ServeArgs::default()
     };
-    let built = Application::build(&settings).await;
-    assert!(built.is_err(), "max_ttl_ms above 365 days must be refused");
+    let loaded = Settings::load(&args);
+    assert!(loaded.is_err(), "max_ttl_ms above 365 days must be refused");
 }
 
 // ---------------------------------------------------------------------------

@@ -744,7 +744,7 @@ async fn a_paused_server_does_not_delay_the_exit_by_the_release() {
 /// renewals fail, the lease runs out and the command is stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_outage_means_a_lost_lease() {
-    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 200).await;
+    let app = TestApp::redis_with(|s| s.store.redis_timeout = Duration::from_millis(200)).await;
     let dir = Scratch::new();
     let server = app.url("");
     let name = "exec:outage";
@@ -975,7 +975,7 @@ async fn an_unreachable_server_exits_69_without_running_the_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_error_exits_69() {
-    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 200).await;
+    let app = TestApp::redis_with(|s| s.store.redis_timeout = Duration::from_millis(200)).await;
     let dir = Scratch::new();
     let server = app.url("");
     let name = "exec:503";
@@ -1187,7 +1187,7 @@ async fn shell_subcommands_print_json_and_exit_by_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shell_subcommands_exit_69_on_a_server_error() {
-    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 200).await;
+    let app = TestApp::redis_with(|s| s.store.redis_timeout = Duration::from_millis(200)).await;
     let dir = Scratch::new();
     let server = app.url("");
     app.redis_server().sigstop();
@@ -1239,7 +1239,7 @@ async fn a_key_from_lockd_keygen_lets_exec_and_status_in_and_none_gets_64() {
     run(again).await.expect(2);
     assert_eq!(std::fs::read_to_string(&keys).unwrap(), file);
 
-    let app = TestApp::redis_with(|s| s.auth_keys_file = Some(keys.clone())).await;
+    let app = TestApp::redis_with(|s| s.auth.keys_file = Some(keys.clone())).await;
     let server = app.url("");
     // The key from --api-key reaches the command too: its `lockd status`
     // is let in (exit 0: held).
@@ -1317,7 +1317,7 @@ async fn a_release_refused_by_the_rate_limit_is_retried_until_it_passes() {
         ],
     )
     .await;
-    let app = TestApp::redis_with(|s| s.auth_keys_file = Some(keys.clone())).await;
+    let app = TestApp::redis_with(|s| s.auth.keys_file = Some(keys.clone())).await;
     // The acquire spends the one request of this second; the release right
     // after the command gets 429 and must be retried, not given up.
     let mut job = exec(&dir, &app.url(""), &[], "rl:job", &sh("true"));

@@ -53,7 +53,7 @@ async fn fences_strictly_increase_across_release_flushall_and_a_restart_without_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_strictly_increase_when_every_redlock_node_loses_its_data() {
     // With the delayed restart off: the fence alone must hold.
-    let app = TestApp::redlock(3, |s| s.redlock_restart_delay_ms = Some(0)).await;
+    let app = TestApp::redlock(3, |s| s.store.redlock_restart_delay = Some(Duration::ZERO)).await;
     let mut fences = vec![grant_and_release(&app, "f:r").await];
     for node in app.nodes() {
         node.flushall().await;
@@ -74,7 +74,7 @@ async fn fences_strictly_increase_when_every_redlock_node_loses_its_data() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_short_retention_200_released_names_leave_nothing_in_redis() {
-    let app = TestApp::redis_with(|s| s.fence_retention_ms = 1500).await;
+    let app = TestApp::redis_with(|s| s.store.fence_retention = Duration::from_millis(1500)).await;
     let redis = app.redis_server();
     for i in 0..200 {
         grant_and_release(&app, &format!("once:{i}")).await;
@@ -94,7 +94,7 @@ async fn with_a_short_retention_200_released_names_leave_nothing_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fence_counter_has_a_ttl_after_every_grant_and_a_lock_held_past_it_gets_a_higher_fence()
 {
-    let app = TestApp::redis_with(|s| s.fence_retention_ms = 1000).await;
+    let app = TestApp::redis_with(|s| s.store.fence_retention = Duration::from_millis(1000)).await;
     let redis = app.redis_server();
     let counter = format!("{}:fence", lock_key("held:long"));
     let grant = app.acquire_ttl("held:long", 10_000).await;
@@ -174,7 +174,7 @@ async fn an_old_plain_counter_gets_a_fence_above_it_and_a_ttl() {
 /// larger than the one before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_two_grants_share_a_fence_when_redlock_nodes_restart_empty() {
-    let app = TestApp::redlock(3, |s| s.redlock_restart_delay_ms = Some(0)).await;
+    let app = TestApp::redlock(3, |s| s.store.redlock_restart_delay = Some(Duration::ZERO)).await;
     let mut fences = Vec::new();
     for round in 0..9 {
         let node = app.node(round % 3);
@@ -223,9 +223,9 @@ async fn a_majority_of_redlock_nodes_restarted_empty_lets_no_second_holder_in_du
     // The delay defaults to max_ttl_ms: every lease a node may have lost
     // has run out by then.
     let app = TestApp::redlock(3, |s| {
-        s.max_ttl_ms = 3000;
-        s.default_ttl_ms = 3000;
-        s.redlock_restart_delay_ms = None;
+        s.limits.max_ttl = lockd::lock::Ttl::new(3000).expect("a TTL");
+        s.limits.default_ttl = lockd::lock::Ttl::new(3000).expect("a TTL");
+        s.store.redlock_restart_delay = None;
     })
     .await;
     let a_sent = std::time::Instant::now();
@@ -323,8 +323,8 @@ async fn a_grant_that_arrives_after_its_lease_is_never_answered_201() {
     let proxy = crate::support::LinkProxy::start(redis.port()).await;
     let url = proxy.url();
     let app = TestApp::redis_on(redis.clone(), |s| {
-        s.redis_url = vec![url.into()];
-        s.redis_timeout_ms = 3000;
+        s.store.redis_urls = vec![url.into()];
+        s.store.redis_timeout = Duration::from_millis(3000);
     })
     .await;
     // Connect while the link is fast.
@@ -362,7 +362,7 @@ async fn a_grant_that_arrives_after_its_lease_is_never_answered_201() {
 /// the lock set for a full lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_that_timed_out_in_a_stalled_redis_is_deleted_when_redis_runs_it() {
-    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 300).await;
+    let app = TestApp::redis_with(|s| s.store.redis_timeout = Duration::from_millis(300)).await;
     let redis = app.redis_server();
     app.acquire_ttl("stall:warm", 1000).await.expect_status(201);
     redis

@@ -12,10 +12,8 @@ use serde_json::Value;
 use tower::ServiceExt as _;
 
 fn router() -> Router {
-    let settings = Settings {
-        dev: true,
-        ..Settings::default()
-    };
+    let mut settings = Settings::default();
+    settings.store.dev = true;
     build_router(&settings).unwrap()
 }
 

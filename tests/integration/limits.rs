@@ -2,6 +2,7 @@
 //! requests in flight (503 `overloaded`, with room kept for waiters and for
 //! holders' extends and releases, and probes still answered).
 
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use crate::support::{TestApp, assert_lease_ms};
@@ -36,9 +37,9 @@ async fn until_in_flight(app: &TestApp, n: f64) {
 async fn requests_over_the_cap_get_503_overloaded_and_probes_still_answer() {
     // Room for 1 request + 1 waiter: 2 in all.
     let app = TestApp::redis_with(|s| {
-        s.max_requests = 1;
-        s.max_waiters = 1;
-        s.request_timeout_ms = 20_000;
+        s.limits.max_requests = NonZeroUsize::MIN;
+        s.limits.max_waiters = NonZeroUsize::MIN;
+        s.limits.request_timeout = Duration::from_millis(20_000);
     })
     .await;
     let first = stalled_request(&app, "cap:a").await;
@@ -73,8 +74,8 @@ async fn requests_over_the_cap_get_503_overloaded_and_probes_still_answer() {
 async fn c11_parked_waiters_cannot_take_the_room_of_other_requests() {
     // 1 request + 2 waiters: two parked waiters leave one slot.
     let app = TestApp::redis_with(|s| {
-        s.max_requests = 1;
-        s.max_waiters = 2;
+        s.limits.max_requests = NonZeroUsize::MIN;
+        s.limits.max_waiters = NonZeroUsize::new(2).expect("not 0");
     })
     .await;
     app.acquire("cap:held", None).await.expect_status(201);
@@ -96,9 +97,9 @@ async fn c11_parked_waiters_cannot_take_the_room_of_other_requests() {
 async fn holders_extend_and_release_while_acquires_and_waiters_fill_the_cap() {
     // The acquires' room: 1 request + 1 waiter.
     let app = TestApp::redis_with(|s| {
-        s.max_requests = 1;
-        s.max_waiters = 1;
-        s.request_timeout_ms = 20_000;
+        s.limits.max_requests = NonZeroUsize::MIN;
+        s.limits.max_waiters = NonZeroUsize::MIN;
+        s.limits.request_timeout = Duration::from_millis(20_000);
     })
     .await;
     let grant = app.acquire_ttl("cap:held", 30_000).await;
@@ -132,9 +133,9 @@ async fn acquires_cannot_take_the_room_of_extends_and_releases() {
     // The acquires' room is one request and one waiter; a flood of
     // acquires that fills it leaves the holders' room whole.
     let app = TestApp::redis_with(|s| {
-        s.max_requests = 1;
-        s.max_waiters = 1;
-        s.request_timeout_ms = 20_000;
+        s.limits.max_requests = NonZeroUsize::MIN;
+        s.limits.max_waiters = NonZeroUsize::MIN;
+        s.limits.request_timeout = Duration::from_millis(20_000);
     })
     .await;
     let grant = app.acquire_ttl("cap:mine", 30_000).await;

@@ -27,7 +27,7 @@ backend_tests!(
 );
 
 backend_tests!(
-    mod short_request_timeout = |s: &mut ::lockd::config::Settings| s.request_timeout_ms = 300;
+    mod short_request_timeout = |s: &mut ::lockd::config::Settings| s.limits.request_timeout = ::std::time::Duration::from_millis(300);
     a_wait_longer_than_the_request_timeout_is_allowed,
 );
 
@@ -206,14 +206,14 @@ fn metrics_addr(app: &TestApp) -> SocketAddr {
 
 /// `metrics_listen` on any free loopback port.
 fn with_metrics_listener(s: &mut Settings) {
-    s.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    s.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
 }
 
 /// Redlock settings for tests without node faults: a node timeout long
 /// enough that a loaded machine never makes a healthy node miss a call (the
 /// first call to a node also opens its connection).
 fn patient_nodes(s: &mut Settings) {
-    s.node_timeout_ms = 2000;
+    s.store.node_timeout = Duration::from_millis(2000);
 }
 
 /// Whether `id` looks like a fresh UUID: 36 characters, 8-4-4-4-12 hex.
@@ -305,7 +305,7 @@ async fn every_family_is_in_the_first_scrape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_past_the_limit_are_counted_as_other() {
-    let app = TestApp::redis_with(|s| s.metrics_max_namespaces = 2).await;
+    let app = TestApp::redis_with(|s| s.metrics.max_namespaces = 2).await;
     // `other:z` is counted as other and keeps no place; `a` and `b` take
     // the two places; `c` and `d` come too late.
     for name in ["other:z", "a:1", "a:2", "b", "c:1", "d:x", "b:9"] {
@@ -687,7 +687,7 @@ async fn a_mixed_workload_scrape_passes_promtool() {
     if Command::new("promtool").arg("--version").output().is_err() {
         panic!("promtool is not on PATH; `scripts/ensure-deps.sh promtool` installs it");
     }
-    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 300).await;
+    let app = TestApp::redis_with(|s| s.store.redis_timeout = Duration::from_millis(300)).await;
     let holder = app.acquire_ttl("w:1", 30_000).await;
     holder.expect_status(201);
     app.acquire_ttl("w:1", 30_000)
@@ -948,8 +948,8 @@ async fn request_ids_are_echoed_or_generated_and_named_in_problems(app: &TestApp
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_other_than_waits_time_out_after_request_timeout() {
     let app = TestApp::redis_with(|s| {
-        s.redis_timeout_ms = 5000;
-        s.request_timeout_ms = 300;
+        s.store.redis_timeout = Duration::from_millis(5000);
+        s.limits.request_timeout = Duration::from_millis(300);
     })
     .await;
     let grant = app.acquire_ttl("t:1", 30_000).await;
@@ -1002,9 +1002,9 @@ async fn requests_other_than_waits_time_out_after_request_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_times_out_after_its_own_wait_plus_the_request_timeout() {
     let app = TestApp::redis_with(|s| {
-        s.redis_timeout_ms = 10_000;
-        s.request_timeout_ms = 300;
-        s.max_wait_ms = 5000;
+        s.store.redis_timeout = Duration::from_millis(10_000);
+        s.limits.request_timeout = Duration::from_millis(300);
+        s.limits.max_wait = Duration::from_millis(5000);
     })
     .await;
     app.acquire_ttl("t:0", 30_000).await.expect_status(201);
@@ -1041,7 +1041,10 @@ async fn an_acquire_times_out_after_its_own_wait_plus_the_request_timeout() {
 }
 
 async fn a_wait_longer_than_the_request_timeout_is_allowed(app: &TestApp) {
-    assert_eq!(app.settings.request_timeout_ms, 300);
+    assert_eq!(
+        app.settings.limits.request_timeout,
+        Duration::from_millis(300)
+    );
     app.acquire_ttl("l:1", 30_000).await.expect_status(201);
     let started = Instant::now();
     let reply = app
@@ -1156,7 +1159,7 @@ async fn readyz_turns_503_when_shutdown_begins() {
     let app = TestApp::redis_with(|s| {
         with_metrics_listener(s);
         // Longer than the test keeps Redis frozen, however slow the machine.
-        s.redis_timeout_ms = 8000;
+        s.store.redis_timeout = Duration::from_millis(8000);
     })
     .await;
     let addr = metrics_addr(&app);
@@ -1291,8 +1294,8 @@ async fn an_abandoned_wait_is_counted_as_cancelled_and_499() {
 async fn a_slow_body_is_cut_off_at_the_request_timeout() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let app = TestApp::redis_with(|s| {
-        s.request_timeout_ms = 500;
-        s.max_wait_ms = 30_000;
+        s.limits.request_timeout = Duration::from_millis(500);
+        s.limits.max_wait = Duration::from_millis(30_000);
     })
     .await;
     for method in ["POST", "PATCH"] {

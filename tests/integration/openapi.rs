@@ -3,9 +3,11 @@
 //! regenerate the file: `cargo run -- openapi > openapi/openapi.json`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use lockd::app::Application;
 use lockd::config::Settings;
+use lockd::lock::Ttl;
 use lockd::lock::memory::MemoryBackend;
 
 /// The document a lockd built with `settings` serves at `/openapi.json`;
@@ -32,10 +34,8 @@ async fn served_document(settings: &Settings) -> serde_json::Value {
 
 #[tokio::test]
 async fn served_openapi_matches_the_committed_spec() {
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse().expect("address"),
-        ..Settings::default()
-    };
+    let mut settings = Settings::default();
+    settings.listen.addr = "127.0.0.1:0".parse().expect("address");
     let served = served_document(&settings).await;
     let committed_text = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi/openapi.json"),
@@ -75,13 +75,11 @@ async fn served_openapi_matches_the_committed_spec() {
 /// header, so that a request valid per the document is one lockd takes.
 #[tokio::test]
 async fn served_openapi_states_this_servers_maxima_and_required_token() {
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse().expect("address"),
-        default_ttl_ms: 10_000,
-        max_ttl_ms: 20_000,
-        max_wait_ms: 200,
-        ..Settings::default()
-    };
+    let mut settings = Settings::default();
+    settings.listen.addr = "127.0.0.1:0".parse().expect("address");
+    settings.limits.default_ttl = Ttl::new(10_000).expect("a TTL");
+    settings.limits.max_ttl = Ttl::new(20_000).expect("a TTL");
+    settings.limits.max_wait = Duration::from_millis(200);
     let served = served_document(&settings).await;
     let schemas = &served["components"]["schemas"];
     for (body, field, max) in [

@@ -140,7 +140,7 @@ fn query_value(raw: &str) -> String {
 /// values, or a 400 that wrote nothing. `None` for the TTL or token leaves
 /// it out.
 async fn acquire_once(app: &TestApp, name: &str, ttl: Option<&str>, token: Option<&str>) {
-    let max = app.settings.max_ttl_ms;
+    let max = app.settings.limits.max_ttl.as_millis();
     let mut path = format!("/locks/{}", segment(name));
     if let Some(ttl) = ttl {
         path += &format!("?ttl_ms={}", query_value(ttl));
@@ -229,7 +229,9 @@ fn acquire_answers_a_grant_of_the_values_sent_or_a_400_never_a_5xx() {
         .enable_all()
         .build()
         .unwrap();
-    let app = runtime.block_on(TestApp::memory_with(|s| s.max_ttl_ms = 600_000));
+    let app = runtime.block_on(TestApp::memory_with(|s| {
+        s.limits.max_ttl = Ttl::new(600_000).expect("a TTL")
+    }));
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(300));
     let inputs = (
         names(),

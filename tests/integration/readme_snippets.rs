@@ -236,7 +236,7 @@ async fn readme_cron_snippet_fails_and_claims_no_other_host_when_lockd_is_stoppe
 /// claim that another host runs the job.
 #[tokio::test]
 async fn readme_cron_snippet_fails_and_claims_no_other_host_when_redis_is_down() {
-    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 200).await;
+    let app = TestApp::redis_with(|s| s.store.redis_timeout = Duration::from_millis(200)).await;
     app.redis_server().stop();
     let (code, stdout, stderr) = run_cron_snippet(&app.url("")).await;
     assert_ne!(code, Some(0), "exit 0 with Redis down: {stdout}{stderr}");

@@ -16,7 +16,7 @@ const TIMEOUT_MS: u64 = 300;
 const MARGIN_MS: u64 = 700;
 
 async fn app() -> TestApp {
-    TestApp::redis_with(|s| s.redis_timeout_ms = TIMEOUT_MS).await
+    TestApp::redis_with(|s| s.store.redis_timeout = Duration::from_millis(TIMEOUT_MS)).await
 }
 
 /// Sends one request and checks it gets a `backend-unavailable` 503 with

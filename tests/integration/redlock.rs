@@ -26,7 +26,10 @@ fn quorum(n: usize) -> usize {
 
 /// lockd over `n` fresh nodes with [`NODE_TIMEOUT_MS`].
 async fn redlock(n: usize) -> TestApp {
-    TestApp::redlock(n, |s| s.node_timeout_ms = NODE_TIMEOUT_MS).await
+    TestApp::redlock(n, |s| {
+        s.store.node_timeout = Duration::from_millis(NODE_TIMEOUT_MS)
+    })
+    .await
 }
 
 /// Checks a 503 `quorum-unavailable` answer: its counts and `Retry-After`.
@@ -289,7 +292,10 @@ async fn redlock_with_proxy_on_node_2(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c12_redlock_quorum_release_reaches_a_node_that_granted_late() {
-    let (app, proxy) = redlock_with_proxy_on_node_2(|s| s.node_timeout_ms = NODE_TIMEOUT_MS).await;
+    let (app, proxy) = redlock_with_proxy_on_node_2(|s| {
+        s.store.node_timeout = Duration::from_millis(NODE_TIMEOUT_MS)
+    })
+    .await;
     // Node 2 hangs with the acquire script in flight: lockd counts it as
     // down and grants on nodes 0 and 1.
     proxy.freeze_on(b"EVAL");
@@ -319,7 +325,10 @@ async fn c12_redlock_quorum_release_reaches_a_node_that_granted_late() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c12_redlock_quorum_refused_acquire_is_deleted_on_a_hung_node_once_it_is_back() {
-    let (app, proxy) = redlock_with_proxy_on_node_2(|s| s.node_timeout_ms = NODE_TIMEOUT_MS).await;
+    let (app, proxy) = redlock_with_proxy_on_node_2(|s| {
+        s.store.node_timeout = Duration::from_millis(NODE_TIMEOUT_MS)
+    })
+    .await;
     let foreign = random_token();
     app.node(0).set_lock("k", &foreign, 30_000).await;
     // Node 1 grants, node 0 is held, node 2 hangs with the acquire in
@@ -424,7 +433,8 @@ const SLOW_MS: u64 = 300;
 async fn c09_redlock_a_slow_node_that_eats_the_ttl_fails_the_acquire_and_cleans_up() {
     // The node timeout is long enough for the slow node's answer (a pool
     // check and a script: two round trips of 2 × SLOW_MS) to be awaited.
-    let (app, proxy) = redlock_with_proxy_on_node_2(|s| s.node_timeout_ms = 2_500).await;
+    let (app, proxy) =
+        redlock_with_proxy_on_node_2(|s| s.store.node_timeout = Duration::from_millis(2_500)).await;
     proxy.set_delay(Duration::from_millis(SLOW_MS));
     let round_trip = Duration::from_millis(2 * SLOW_MS);
 
@@ -499,7 +509,7 @@ struct Ledger {
 async fn no_two_clients_hold_a_lock_at_once_while_nodes_are_killed_and_restarted() {
     const RUN: Duration = Duration::from_secs(10);
     const NAMES: [&str; 2] = ["hot-a", "hot-b"];
-    let tweak = |s: &mut lockd::config::Settings| s.node_timeout_ms = 200;
+    let tweak = |s: &mut lockd::config::Settings| s.store.node_timeout = Duration::from_millis(200);
     let first = Arc::new(TestApp::redlock(3, tweak).await);
     let second = Arc::new(first.sibling(tweak).await);
     let ledgers: Arc<Vec<Ledger>> = Arc::new(NAMES.iter().map(|_| Ledger::default()).collect());
@@ -628,7 +638,7 @@ fn is_quorum_503(reply: &Reply) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_keep_growing_when_a_node_is_flushed_or_restarted_empty_between_grants() {
-    let app = TestApp::redlock(3, |s| s.node_timeout_ms = 300).await;
+    let app = TestApp::redlock(3, |s| s.store.node_timeout = Duration::from_millis(300)).await;
     let mut last = 0;
     for round in 0..9 {
         let grant = app.acquire_ttl("f", 10_000).await;

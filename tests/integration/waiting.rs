@@ -37,12 +37,12 @@ backend_tests!(
 );
 
 backend_tests!(
-    mod pool_of_16 = |s: &mut ::lockd::config::Settings| s.pool_size = 16;
+    mod pool_of_16 = |s: &mut ::lockd::config::Settings| s.store.pool_size = ::std::num::NonZeroUsize::new(16).expect("not 0");
     c11_waiters_do_not_starve_other_requests,
 );
 
 backend_tests!(
-    mod two_waiters_at_most = |s: &mut ::lockd::config::Settings| s.max_waiters = 2;
+    mod two_waiters_at_most = |s: &mut ::lockd::config::Settings| s.limits.max_waiters = ::std::num::NonZeroUsize::new(2).expect("not 0");
     a_full_wait_queue_answers_503_and_everything_else_still_works,
     a_waiting_request_for_a_free_lock_is_granted_when_the_queue_is_full,
 );
@@ -375,7 +375,7 @@ async fn c08_a_grant_that_completes_after_the_client_hung_up_is_compare_and_dele
 /// compare-and-delete it once Redis answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c08_a_503_after_a_redis_timeout_leaves_no_lock_behind() {
-    let app = TestApp::redis_with(|s| s.redis_timeout_ms = 300).await;
+    let app = TestApp::redis_with(|s| s.store.redis_timeout = Duration::from_millis(300)).await;
     let redis = app.redis_server();
     let name = "c08-timeout";
     // Load the scripts and open a pooled connection first, so that B's

@@ -29,7 +29,7 @@ pub enum Store {
     /// A real redis-server, shared by every [`TestApp::sibling`].
     Redis(Arc<RedisServer>),
     /// Redlock: several real redis-servers, in the order of the settings'
-    /// `redis_url` (which may reach them through proxies).
+    /// `store.redis_urls` (which may reach them through proxies).
     Redlock(Vec<Arc<RedisServer>>),
     /// The in-memory backend.
     Memory(Arc<MemoryBackend>),
@@ -39,7 +39,7 @@ pub enum Store {
 pub struct TestApp {
     /// Where lockd listens.
     pub addr: SocketAddr,
-    /// Where `/metrics` is served when `settings.metrics_listen` was set.
+    /// Where `/metrics` is served when `settings.metrics.listen` was set.
     pub metrics_addr: Option<SocketAddr>,
     /// An HTTP client (with a timeout, so no test can hang).
     pub client: reqwest::Client,
@@ -53,14 +53,13 @@ pub struct TestApp {
 
 /// The default test settings: any port, and a short Redis timeout.
 fn test_settings(redis_url: String) -> Settings {
-    Settings {
-        listen: "127.0.0.1:0".parse().expect("valid address"),
-        redis_url: vec![redis_url.into()],
-        // Tests that restart Redlock nodes test other things than the
-        // delayed restart, which has tests of its own that turn it on.
-        redlock_restart_delay_ms: Some(0),
-        ..Settings::default()
-    }
+    let mut settings = Settings::default();
+    settings.listen.addr = "127.0.0.1:0".parse().expect("valid address");
+    settings.store.redis_urls = vec![redis_url.into()];
+    // Tests that restart Redlock nodes test other things than the
+    // delayed restart, which has tests of its own that turn it on.
+    settings.store.redlock_restart_delay = Some(Duration::ZERO);
+    settings
 }
 
 /// How much of a lease the time on the wire may take in these tests: a
@@ -100,7 +99,8 @@ impl TestApp {
             Store::Redlock(nodes) => {
                 let urls = self
                     .settings
-                    .redis_url
+                    .store
+                    .redis_urls
                     .iter()
                     .map(|u| u.expose().to_owned());
                 Self::redlock_over(nodes.clone(), urls.collect(), tweak).await
@@ -130,13 +130,13 @@ impl TestApp {
     /// [`WIRE_SLACK_MS`] the conformance tests allow for the time on the
     /// wire. The drift allowance has tests of its own (`lock::redlock`).
     /// Each node gets the single Redis's timeout (`redis_timeout_ms`, not
-    /// the 50 ms `node_timeout_ms`), so that a test's bursts of concurrent
+    /// the 50 ms `node_timeout_ms` default), so that a test's bursts of concurrent
     /// requests queue for the pool as they do on one Redis, rather than
     /// time out as a quorum failure.
     pub async fn redlock_conformance(tweak: impl FnOnce(&mut Settings)) -> Self {
         Self::redlock(3, |settings| {
-            settings.drift_factor = 0.0;
-            settings.node_timeout_ms = settings.redis_timeout_ms;
+            settings.store.drift_factor = 0.0;
+            settings.store.node_timeout = settings.store.redis_timeout;
             tweak(settings);
         })
         .await
@@ -154,7 +154,7 @@ impl TestApp {
         assert!(nodes.len() >= 2, "Redlock needs several nodes");
         LazyLock::force(&TRACING);
         let mut settings = test_settings(String::new());
-        settings.redis_url = urls.into_iter().map(Into::into).collect();
+        settings.store.redis_urls = urls.into_iter().map(Into::into).collect();
         tweak(&mut settings);
         let app = Application::build(&settings)
             .await
@@ -162,7 +162,7 @@ impl TestApp {
         Self::serve(app, Store::Redlock(nodes), settings)
     }
 
-    /// The Redlock nodes, in the order of `redis_url` (panics for other
+    /// The Redlock nodes, in the order of `store.redis_urls` (panics for other
     /// stores).
     pub fn nodes(&self) -> &[Arc<RedisServer>] {
         match &self.store {
@@ -179,7 +179,7 @@ impl TestApp {
     /// The `node` label of node `i` in lockd's metrics: `host:port` of the
     /// URL lockd uses for it.
     pub fn node_label(&self, i: usize) -> String {
-        let url = self.settings.redis_url[i].expose();
+        let url = self.settings.store.redis_urls[i].expose();
         url.strip_prefix("redis://")
             .unwrap_or(url)
             .trim_end_matches('/')
