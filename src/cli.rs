@@ -6,10 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::client::args::{AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, StatusArgs};
-use crate::config::LogFormat;
 
 /// `lockd`: a distributed lock service over HTTP, with locks held in Redis.
 #[derive(Debug, Parser)]
@@ -191,4 +190,15 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Pretty,
+    /// One JSON object per line, with the span's fields.
+    Json,
 }

@@ -52,20 +52,9 @@ use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::ServeArgs;
+use crate::cli::{LogFormat, ServeArgs};
 use crate::lock::Ttl;
 use crate::lock::redis::{redact_url, redact_urls_in};
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// One human-readable line per event.
-    #[default]
-    Pretty,
-    /// One JSON object per line, with the span's fields.
-    Json,
-}
 
 /// The service's settings, grouped by concern, with typed values: what
 /// [`Settings::load`] gives, checked. `Debug` hides any password in the

@@ -49,7 +49,7 @@ pub fn watch<S, T>(stream: S, service: T) -> (Watched<S>, Flagged<T>) {
     )
 }
 
-/// A connection's stream, read through a [`Framing`].
+/// A connection's stream, read through a `Framing` (which follows its requests).
 #[derive(Debug)]
 pub struct Watched<S> {
     inner: S,

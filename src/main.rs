@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use lockd::app::{Application, shutdown_signal};
-use lockd::cli::{Cli, Command};
+use lockd::cli::{Cli, Command, LogFormat};
 use lockd::client;
-use lockd::config::{LogFormat, Settings};
+use lockd::config::Settings;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]

@@ -18,8 +18,8 @@
 //!
 //! The exit codes are in [`super::exit`].
 //!
-//! [`lease`] keeps the lease (acquire, renew, release, notice its loss);
-//! [`child`] runs the command (spawn, signals, process group, exit status).
+//! `lease` keeps the lease (acquire, renew, release, notice its loss);
+//! `child` runs the command (spawn, signals, process group, exit status).
 
 mod child;
 mod lease;
