@@ -13,13 +13,14 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Auth, KeysError};
-use crate::config::{RedisUrl, Settings, node_address};
+use crate::cli::RedisMode;
+use crate::config::{RedisUrl, Settings, StoreSettings, node_address};
 use crate::http::admission::Admission;
 use crate::http::limits::Limits;
 use crate::http::routes::{metrics_router, router};
 use crate::http::state::{App, AppState};
 use crate::lock::memory::MemoryBackend;
-use crate::lock::redis::{RedisBackend, RedisConfig};
+use crate::lock::redis::{Endpoint, RedisBackend, RedisConfig};
 use crate::lock::redlock::{Redlock, quorum};
 use crate::lock::{LockError, Locks, Node, Single, Store};
 use crate::metrics::{Instrumented, Metrics, PoolStatus};
@@ -42,6 +43,10 @@ pub enum StartupError {
     /// A setting is out of range.
     #[error("invalid settings: {0}")]
     Settings(String),
+    /// The Redis servers are not what `--redis-mode` says (a cluster node
+    /// given to Redlock, a plain server given as a cluster seed).
+    #[error("invalid settings: {0}")]
+    Topology(String),
     /// The API keys file could not be loaded.
     #[error("{0}")]
     Keys(#[from] KeysError),
@@ -58,7 +63,7 @@ impl StartupError {
     /// an unusable TLS file), as with a bad flag, rather than the
     /// environment (an address in use).
     pub fn is_settings(&self) -> bool {
-        matches!(self, Self::Settings(_) | Self::Tls(_))
+        matches!(self, Self::Settings(_) | Self::Topology(_) | Self::Tls(_))
     }
 }
 
@@ -89,6 +94,9 @@ impl Application {
     /// cannot be built. Redis being down is not an error: requests get 503
     /// until it comes back.
     pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
+        if !settings.store.dev {
+            check_topology(&settings.store).await?;
+        }
         let metrics = Arc::new(Metrics::new(settings.metrics.max_namespaces)?);
         let backend = build_backend(settings, &metrics)?;
         Self::assemble(settings, backend, metrics).await
@@ -330,10 +338,34 @@ fn build_backend(
         let node = instrument(Arc::new(memory), "memory".into());
         return Ok(Arc::new(Single::new(node)));
     }
-    let redlock = store.redis_urls.len() > 1;
+    let mode = store.mode();
+    if mode == RedisMode::Cluster {
+        let seeds: Vec<String> = store.redis_urls.iter().map(ToString::to_string).collect();
+        tracing::info!(?seeds, "using a Redis Cluster");
+        let backend = RedisBackend::new(&RedisConfig {
+            endpoint: Endpoint::Cluster(
+                store
+                    .redis_urls
+                    .iter()
+                    .map(|u| u.expose().to_owned())
+                    .collect(),
+            ),
+            key_prefix: store.key_prefix.clone(),
+            timeout: store.redis_timeout,
+            pool_size: store.pool_size.get(),
+            fence_retention: store.fence_retention,
+            restart_delay: None,
+            standalone: true,
+        })?;
+        let watched = backend.clone();
+        metrics.watch_pool("cluster", move || pool_status(&watched));
+        let node = instrument(Arc::new(backend), "cluster".into());
+        return Ok(Arc::new(Single::new(node)));
+    }
+    let redlock = mode == RedisMode::Redlock;
     let node = |url: &RedisUrl, timeout: Duration| -> Result<Arc<dyn Node>, StartupError> {
         let backend = RedisBackend::new(&RedisConfig {
-            url: url.expose().to_owned(),
+            endpoint: Endpoint::Server(url.expose().to_owned()),
             key_prefix: store.key_prefix.clone(),
             timeout,
             pool_size: store.pool_size.get(),
@@ -342,19 +374,11 @@ fn build_backend(
             standalone: !redlock,
         })?;
         let watched = backend.clone();
-        metrics.watch_pool(&node_address(url.expose()), move || {
-            let status = watched.pool().status();
-            PoolStatus {
-                size: status.size,
-                available: status.available,
-                waiting: status.waiting,
-                in_restart_delay: watched.in_restart_delay(),
-            }
-        });
+        metrics.watch_pool(&node_address(url.expose()), move || pool_status(&watched));
         Ok(instrument(Arc::new(backend), node_address(url.expose())))
     };
     let urls = &store.redis_urls;
-    if let [url] = urls.as_slice() {
+    if let (RedisMode::Single, [url]) = (mode, urls.as_slice()) {
         tracing::info!(redis = %url, "using one Redis (a failover can lose locks; see docs/design.md)");
         return Ok(Arc::new(Single::new(node(url, store.redis_timeout)?)));
     }
@@ -375,6 +399,84 @@ fn build_backend(
         store.drift_factor,
         settings.limits.max_ttl,
     )))
+}
+
+/// The pool gauges of one backend.
+fn pool_status(backend: &RedisBackend) -> PoolStatus {
+    let status = backend.pool().status();
+    PoolStatus {
+        size: status.size,
+        available: status.available,
+        waiting: status.waiting,
+        in_restart_delay: backend.in_restart_delay(),
+    }
+}
+
+/// How long the start-up check waits for each Redis URL.
+const TOPOLOGY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Checks, on every Redis URL that answers within
+/// [`TOPOLOGY_PROBE_TIMEOUT`], that the server is what `--redis-mode` says:
+/// a cluster node (`cluster_enabled:1` in `INFO cluster`) only in cluster
+/// mode, and only cluster nodes there. Redlock over the masters of one
+/// cluster would fail request after request with `MOVED` and a quorum it
+/// never reaches (field case C14). A URL that does not answer is not
+/// checked: lockd starts while Redis is down.
+///
+/// # Errors
+/// [`StartupError::Topology`], naming the URL (without its password) and
+/// the mode to use.
+async fn check_topology(store: &StoreSettings) -> Result<(), StartupError> {
+    let mode = store.mode();
+    for url in &store.redis_urls {
+        let Some(enabled) = cluster_enabled(url.expose()).await else {
+            continue;
+        };
+        match (mode, enabled) {
+            (RedisMode::Cluster, false) => {
+                return Err(StartupError::Topology(format!(
+                    "{url} is not a Redis Cluster node (cluster_enabled:0), but --redis-mode is \
+                     cluster; use --redis-mode single for one server, or redlock for \
+                     independent masters"
+                )));
+            }
+            (RedisMode::Single | RedisMode::Redlock, true) => {
+                return Err(StartupError::Topology(format!(
+                    "{url} is a node of a Redis Cluster (cluster_enabled:1), which --redis-mode \
+                     {} cannot use: keys live on the master of their slot. Use --redis-mode \
+                     cluster, with these URLs as seeds",
+                    mode.as_str()
+                )));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Whether the server at `url` runs in cluster mode; `None` when it does
+/// not answer `INFO cluster` in time.
+async fn cluster_enabled(url: &str) -> Option<bool> {
+    let probe = async {
+        let client = redis::Client::open(url).ok()?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(TOPOLOGY_PROBE_TIMEOUT))
+            .set_response_timeout(Some(TOPOLOGY_PROBE_TIMEOUT));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .ok()?;
+        let info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        Some(info.lines().any(|l| l.trim() == "cluster_enabled:1"))
+    };
+    tokio::time::timeout(TOPOLOGY_PROBE_TIMEOUT, probe)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.

@@ -84,6 +84,12 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_REDIS_URL", value_delimiter = ',')]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub redis_url: Vec<String>,
+    /// What the --redis-url values are: one server (single), independent
+    /// masters (redlock), or seed nodes of a Redis Cluster (cluster)
+    /// [default: single with one URL, redlock with several].
+    #[arg(long, env = "LOCKD_REDIS_MODE", value_enum)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_mode: Option<RedisMode>,
     /// Prefix of every Redis key lockd writes [default: lockd:].
     #[arg(long, env = "LOCKD_KEY_PREFIX")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -201,4 +207,35 @@ pub enum LogFormat {
     Pretty,
     /// One JSON object per line, with the span's fields.
     Json,
+}
+
+/// What the Redis URLs are (`--redis-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One Redis server: one URL.
+    Single,
+    /// Redlock over independent masters: two URLs or more (3 or 5
+    /// recommended).
+    Redlock,
+    /// A Redis Cluster: the URLs are seed nodes, and lockd discovers the
+    /// rest. Each lock lives on the master of its name's slot.
+    Cluster,
+}
+
+impl RedisMode {
+    /// The mode `urls` URLs mean when none is given: one is single, several
+    /// are Redlock.
+    pub fn inferred(urls: usize) -> Self {
+        if urls > 1 { Self::Redlock } else { Self::Single }
+    }
+
+    /// The mode's name, as `--redis-mode` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Single => "single",
+            Self::Redlock => "redlock",
+            Self::Cluster => "cluster",
+        }
+    }
 }

@@ -23,7 +23,7 @@
 //! | Field of `Settings` | Concern | Keys |
 //! | --- | --- | --- |
 //! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes` |
-//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
+//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
 //! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
 //! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
@@ -52,7 +52,7 @@ use figment::Figment;
 use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{LogFormat, ServeArgs};
+use crate::cli::{LogFormat, RedisMode, ServeArgs};
 use crate::lock::Ttl;
 use crate::lock::redis::{redact_url, redact_urls_in};
 
@@ -115,6 +115,9 @@ pub struct StoreSettings {
     /// single-instance backend, several run Redlock over them
     /// (`redis_url`).
     pub redis_urls: Vec<RedisUrl>,
+    /// What `redis_urls` are; `None`: inferred from their number (see
+    /// [`StoreSettings::mode`]) (`redis_mode`).
+    pub redis_mode: Option<RedisMode>,
     /// Prefix of every Redis key lockd writes; no braces (`key_prefix`).
     pub key_prefix: String,
     /// Longest time one Redis operation may take, single Redis; at least
@@ -226,6 +229,7 @@ impl Default for StoreSettings {
         Self {
             dev: false,
             redis_urls: vec![RedisUrl::from("redis://127.0.0.1:6379")],
+            redis_mode: None,
             key_prefix: "lockd:".into(),
             redis_timeout: Duration::from_millis(1_000),
             pool_size: const { count(16) },
@@ -295,6 +299,10 @@ pub struct RawSettings {
     /// over them. A TOML file may give one string or a list.
     #[serde(deserialize_with = "one_or_many")]
     pub redis_url: Vec<RedisUrl>,
+    /// What the Redis URLs are: `single`, `redlock` or `cluster`; unset:
+    /// single for one URL, redlock for several.
+    #[serde(default)]
+    pub redis_mode: Option<RedisMode>,
     /// Prefix of every Redis key lockd writes.
     pub key_prefix: String,
     /// Lease length when a request gives no `ttl_ms`, in milliseconds.
@@ -375,6 +383,7 @@ impl From<&Settings> for RawSettings {
             header_read_timeout_ms: whole_millis(listen.header_read_timeout),
             max_header_bytes: listen.max_header_bytes,
             redis_url: store.redis_urls.clone(),
+            redis_mode: store.redis_mode,
             key_prefix: store.key_prefix.clone(),
             default_ttl_ms: limits.default_ttl.as_millis(),
             max_ttl_ms: limits.max_ttl.as_millis(),
@@ -678,6 +687,13 @@ impl LimitSettings {
 }
 
 impl StoreSettings {
+    /// What the Redis URLs are: the mode given, or single for one URL and
+    /// Redlock for several.
+    pub fn mode(&self) -> RedisMode {
+        self.redis_mode
+            .unwrap_or_else(|| RedisMode::inferred(self.redis_urls.len()))
+    }
+
     /// The lock store: the Redis nodes, their connections and timeouts,
     /// Redlock's parameters, the fences and the key prefix.
     fn from_raw(raw: &RawSettings) -> Result<Self, String> {
@@ -686,15 +702,37 @@ impl StoreSettings {
         if raw.redis_url.is_empty() {
             return Err("redis_url needs at least one URL".into());
         }
+        let mode = raw
+            .redis_mode
+            .unwrap_or_else(|| RedisMode::inferred(raw.redis_url.len()));
         let mut seen = std::collections::HashSet::new();
         if let Some(twice) = raw
             .redis_url
             .iter()
             .find(|u| !seen.insert(node_address(u.expose())))
         {
-            return Err(format!(
-                "redis_url lists {twice} twice; Redlock masters must be independent"
-            ));
+            return Err(match mode {
+                RedisMode::Cluster => format!("redis_url lists the seed {twice} twice"),
+                _ => format!("redis_url lists {twice} twice; Redlock masters must be independent"),
+            });
+        }
+        let urls = raw.redis_url.len();
+        match mode {
+            RedisMode::Single if urls > 1 => {
+                return Err(format!(
+                    "redis_mode single (--redis-mode) takes one redis_url, not {urls}: \
+                     for independent masters use --redis-mode redlock, for the nodes of \
+                     one Redis Cluster --redis-mode cluster"
+                ));
+            }
+            RedisMode::Redlock if urls < 2 => {
+                return Err(
+                    "redis_mode redlock (--redis-mode) needs two redis_url values or more \
+                     (3 or 5 independent masters are recommended)"
+                        .into(),
+                );
+            }
+            _ => {}
         }
         let node_timeout = at_least_1_ms("node_timeout_ms", raw.node_timeout_ms)?;
         if !(0.0..0.5).contains(&raw.drift_factor) {
@@ -721,6 +759,7 @@ impl StoreSettings {
         Ok(Self {
             dev: raw.dev,
             redis_urls: raw.redis_url.clone(),
+            redis_mode: raw.redis_mode,
             key_prefix: raw.key_prefix.clone(),
             redis_timeout,
             pool_size,

@@ -1,6 +1,7 @@
 //! The Redis connection pool: deadpool's managed pool over multiplexed
-//! connections, with a manager that does not talk to Redis when it hands a
-//! connection out.
+//! connections (to one server, or a Redis Cluster connection that routes
+//! each command to the master of its key's slot), with a manager that does
+//! not talk to Redis when it hands a connection out.
 //!
 //! deadpool-redis's manager sends `UNWATCH` + `PING` each time the pool
 //! hands out a connection: one more round trip for every lock operation,
@@ -12,15 +13,78 @@
 
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use deadpool::managed::{self, Metrics, RecycleResult};
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 use super::restart::RestartWatch;
 
-/// Opens connections to one Redis server.
+/// What a [`Connector`] connects to.
+pub enum Target {
+    /// One Redis server.
+    Server(Client),
+    /// A Redis Cluster, found from its seed nodes. The connection follows
+    /// `MOVED` and `ASK`, and refreshes its slot map when the cluster
+    /// changes.
+    Cluster(ClusterClient),
+}
+
+/// One connection: to a server, or to a whole cluster. Either is
+/// multiplexed, so cloning it shares it.
+#[derive(Clone)]
+pub enum Conn {
+    /// A connection to one server.
+    Server(MultiplexedConnection),
+    /// Connections to every node of a cluster, routing by key slot.
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// Sets how long a command waits for its answer on this connection.
+    /// A cluster connection keeps the timeout it was built with: each of
+    /// its node connections is shared by every clone.
+    pub fn set_response_timeout(&mut self, timeout: Duration) {
+        if let Self::Server(conn) = self {
+            conn.set_response_timeout(timeout);
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Server(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// Opens connections to one Redis server or one cluster.
 pub struct Connector {
-    client: Client,
+    target: Target,
     config: AsyncConnectionConfig,
     /// Told the server's `run_id` and uptime at every new connection, when
     /// restarts are watched (Redlock's delayed restart).
@@ -28,16 +92,17 @@ pub struct Connector {
 }
 
 impl Connector {
-    /// A connector for `client`, with `config`'s connect and response
-    /// timeouts. With `restarts`, every new connection first reads
-    /// `INFO server` and tells the watch what it found.
+    /// A connector for `target`, with `config`'s connect and response
+    /// timeouts (a cluster client carries its own). With `restarts`, every
+    /// new connection to a server first reads `INFO server` and tells the
+    /// watch what it found.
     pub fn new(
-        client: Client,
+        target: Target,
         config: AsyncConnectionConfig,
         restarts: Option<Arc<RestartWatch>>,
     ) -> Self {
         Self {
-            client,
+            target,
             config,
             restarts,
         }
@@ -45,12 +110,17 @@ impl Connector {
 }
 
 impl managed::Manager for Connector {
-    type Type = MultiplexedConnection;
+    type Type = Conn;
     type Error = RedisError;
 
-    async fn create(&self) -> Result<MultiplexedConnection, RedisError> {
-        let mut conn = self
-            .client
+    async fn create(&self) -> Result<Conn, RedisError> {
+        let client = match &self.target {
+            Target::Server(client) => client,
+            Target::Cluster(client) => {
+                return Ok(Conn::Cluster(client.get_async_connection().await?));
+            }
+        };
+        let mut conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         if let Some(restarts) = &self.restarts {
@@ -60,12 +130,12 @@ impl managed::Manager for Connector {
                 .await?;
             restarts.observe(&info);
         }
-        Ok(conn)
+        Ok(Conn::Server(conn))
     }
 
     async fn recycle(
         &self,
-        _conn: &mut MultiplexedConnection,
+        _conn: &mut Conn,
         _metrics: &Metrics,
     ) -> RecycleResult<RedisError> {
         Ok(())

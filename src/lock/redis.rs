@@ -1,4 +1,5 @@
-//! The single-instance Redis backend.
+//! The Redis backend: locks in one Redis server, or in a Redis Cluster
+//! (each lock on the master of its slot).
 //!
 //! Data model (documented in docs/design.md so other clients can interoperate),
 //! for lock name `N` and key prefix `P` (default `lockd:`):
@@ -16,8 +17,11 @@
 //!   Each lockd instance listens with one `PSUBSCRIBE P{*}:released`
 //!   connection and wakes its first waiter for that lock.
 //!
-//! The braces are a Redis Cluster hash tag: all three keys of a lock live in
-//! one slot, so each script touches a single node.
+//! The braces are a Redis Cluster hash tag: all three keys of a lock (and
+//! its channel) live in one slot, so each script touches a single node. The
+//! name rules refuse braces in names and in the key prefix, so nothing in a
+//! name can move a key out of that slot. On a cluster, a `PUBLISH` reaches
+//! every node, so one subscription on any node hears every release.
 //!
 //! Every operation is one Lua script (see `scripts/`), run by SHA through
 //! [`redis::Script`], which loads the script again after `NOSCRIPT` (Redis
@@ -31,7 +35,7 @@ use async_trait::async_trait;
 use deadpool::Runtime;
 use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
 
-use super::pool::{Connection, Connector, Pool, PoolError};
+use super::pool::{Conn, Connection, Connector, Pool, PoolError, Target};
 use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -43,7 +47,6 @@ use super::{
     ReleaseListener, Released, Token, Ttl, unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
-use redis::aio::MultiplexedConnection;
 
 /// The fencing rule (`next_fence`), put in front of the scripts that give
 /// fences.
@@ -68,12 +71,32 @@ static RAISE_FENCE: LazyLock<Script> =
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/inspect.lua")));
 
-/// How to reach one Redis server.
+/// What a [`RedisBackend`] talks to.
+#[derive(Clone)]
+pub enum Endpoint {
+    /// One Redis server, by its `redis://` URL.
+    Server(String),
+    /// A Redis Cluster, by the URLs of some of its nodes (seeds); lockd
+    /// discovers the rest.
+    Cluster(Vec<String>),
+}
+
+impl Endpoint {
+    /// The URLs given: the server's, or the seeds'.
+    pub fn urls(&self) -> &[String] {
+        match self {
+            Self::Server(url) => std::slice::from_ref(url),
+            Self::Cluster(seeds) => seeds,
+        }
+    }
+}
+
+/// How to reach one Redis server or one cluster.
 #[derive(Clone)]
 pub struct RedisConfig {
-    /// A `redis://` or `rediss://` URL. It may carry a password: never log it
+    /// The server or cluster. Its URLs may carry a password: never log them
     /// (see [`redact_url`]).
-    pub url: String,
+    pub endpoint: Endpoint,
     /// The prefix of every key lockd writes, such as `lockd:`.
     pub key_prefix: String,
     /// The longest time one operation may take, connecting included. Past it
@@ -117,13 +140,16 @@ impl Keys {
     }
 }
 
-/// Locks held in one Redis server, through a deadpool connection pool.
-/// Cloning it shares the pool.
+/// Locks held in one Redis server or one Redis Cluster, through a deadpool
+/// connection pool. Cloning it shares the pool.
 #[derive(Clone)]
 pub struct RedisBackend {
     pool: Pool,
-    /// For the release-event connection, which is not pooled.
-    client: redis::Client,
+    /// For the release-event connection, which is not pooled: the server,
+    /// or every seed of a cluster (tried in turn).
+    subscribe_to: Arc<[redis::Client]>,
+    /// Whether this is a cluster (readiness reads `CLUSTER INFO`).
+    cluster: bool,
     prefix: String,
     timeout: Duration,
     fence_retention_ms: u64,
@@ -142,18 +168,30 @@ impl RedisBackend {
         let connection = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.timeout))
             .set_response_timeout(Some(config.timeout));
-        let bad_url = |e: redis::RedisError| {
-            LockError::Backend(format!(
-                "cannot use Redis URL {}: {e}",
-                redact_url(&config.url)
-            ))
+        let open = |url: &String| {
+            redis::Client::open(url.as_str()).map_err(|e| {
+                LockError::Backend(format!("cannot use Redis URL {}: {e}", redact_url(url)))
+            })
         };
-        let client = redis::Client::open(config.url.as_str()).map_err(bad_url)?;
-        let restarts = config.restart_delay.map(|delay| {
-            let node = client.get_connection_info().addr().to_string();
-            Arc::new(RestartWatch::new(node, delay))
-        });
-        let pool = Pool::builder(Connector::new(client.clone(), connection, restarts.clone()))
+        let clients = config
+            .endpoint
+            .urls()
+            .iter()
+            .map(open)
+            .collect::<Result<Vec<_>, _>>()?;
+        let restarts = match (&config.restart_delay, clients.as_slice()) {
+            (Some(delay), [client]) => {
+                let node = client.get_connection_info().addr().to_string();
+                Some(Arc::new(RestartWatch::new(node, *delay)))
+            }
+            _ => None,
+        };
+        let target = match &config.endpoint {
+            Endpoint::Server(_) => Target::Server(clients[0].clone()),
+            Endpoint::Cluster(seeds) => Target::Cluster(cluster_client(seeds, config.timeout)?),
+        };
+        let cluster = matches!(config.endpoint, Endpoint::Cluster(_));
+        let pool = Pool::builder(Connector::new(target, connection, restarts.clone()))
             .max_size(config.pool_size)
             .wait_timeout(Some(config.timeout))
             .create_timeout(Some(config.timeout))
@@ -163,7 +201,8 @@ impl RedisBackend {
             .map_err(|e| LockError::Backend(format!("cannot build the Redis pool: {e}")))?;
         Ok(Self {
             pool,
-            client,
+            subscribe_to: clients.into(),
+            cluster,
             prefix: config.key_prefix.clone(),
             timeout: config.timeout,
             fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
@@ -196,7 +235,7 @@ impl RedisBackend {
     async fn run_on<T: FromRedisValue>(
         &self,
         call: &ScriptInvocation<'_>,
-        sent_on: &mut Option<MultiplexedConnection>,
+        sent_on: &mut Option<Conn>,
     ) -> Result<T, LockError> {
         let attempt = async {
             let mut retried = false;
@@ -245,7 +284,7 @@ impl RedisBackend {
     /// and its lease ends within one TTL. When the connection breaks
     /// instead, a script Redis ran before that also ends within one TTL, so
     /// the delete is retried on fresh connections for that long.
-    async fn reap_timed_out(&self, req: AcquireRequest, mut conn: MultiplexedConnection) {
+    async fn reap_timed_out(&self, req: AcquireRequest, mut conn: Conn) {
         let keys = Keys::new(&self.prefix, &req.name);
         let call = Self::release_call(&keys, &req.token);
         // As long as a stalled Redis takes: the answer must come after the
@@ -311,7 +350,7 @@ fn redis_error(e: &redis::RedisError) -> LockError {
         || e.is_connection_dropped()
         || matches!(
             e.code(),
-            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN")
+            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN")
         );
     if transient {
         LockError::Unavailable(e.to_string())
@@ -505,20 +544,36 @@ impl Node for RedisBackend {
     async fn ping(&self) -> Result<(), LockError> {
         let attempt = async {
             let mut conn = self.pool.get().await.map_err(pool_error)?;
-            redis::cmd("PING")
-                .query_async::<String>(&mut *conn)
+            if !self.cluster {
+                return redis::cmd("PING")
+                    .query_async::<String>(&mut *conn)
+                    .await
+                    .map(drop)
+                    .map_err(|e| redis_error(&e));
+            }
+            // A cluster answers while some slots have no master; it is
+            // ready only when every slot is served.
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut *conn)
                 .await
-                .map_err(|e| redis_error(&e))
+                .map_err(|e| redis_error(&e))?;
+            if info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                Ok(())
+            } else {
+                Err(LockError::Unavailable(
+                    "the Redis Cluster reports cluster_state:fail".into(),
+                ))
+            }
         };
         tokio::time::timeout(self.timeout, attempt)
             .await
             .map_err(|_| LockError::Unavailable("PING timed out".into()))?
-            .map(drop)
     }
 
     fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
         let events = ReleaseEvents {
-            client: self.client.clone(),
+            clients: self.subscribe_to.clone(),
             pattern: format!("{}{{*}}:released", glob_escape(&self.prefix)),
             prefix: format!("{}{{", self.prefix),
             timeout: self.timeout,
@@ -533,9 +588,10 @@ impl Node for RedisBackend {
     }
 }
 
-/// The release-event subscriber: one connection per lockd instance.
+/// The release-event subscriber: one connection per lockd instance (to the
+/// server, or to one node of a cluster, the next seed after each loss).
 struct ReleaseEvents {
-    client: redis::Client,
+    clients: Arc<[redis::Client]>,
     pattern: String,
     /// `P{`, stripped from a channel name to find the lock name.
     prefix: String,
@@ -550,8 +606,8 @@ impl ReleaseEvents {
     /// missed meanwhile.
     async fn run(self) {
         let mut backoff = EVENTS_BACKOFF.pauses();
-        loop {
-            match self.subscribe().await {
+        for client in self.clients.iter().cycle() {
+            match self.subscribe(client).await {
                 Ok(mut stream) => {
                     backoff.reset();
                     self.listener.resync();
@@ -561,7 +617,7 @@ impl ReleaseEvents {
                         }
                     }
                     tracing::warn!(
-                        node = %self.client.get_connection_info().addr(),
+                        node = %client.get_connection_info().addr(),
                         "release-event connection to Redis lost; waiters fall back to lease expiry until it is back"
                     );
                 }
@@ -571,9 +627,12 @@ impl ReleaseEvents {
         }
     }
 
-    async fn subscribe(&self) -> Result<redis::aio::PubSubStream, String> {
+    async fn subscribe(
+        &self,
+        client: &redis::Client,
+    ) -> Result<redis::aio::PubSubStream, String> {
         let connect = async {
-            let mut pubsub = self.client.get_async_pubsub().await?;
+            let mut pubsub = client.get_async_pubsub().await?;
             pubsub.psubscribe(&self.pattern).await?;
             Ok::<_, redis::RedisError>(pubsub.into_on_message())
         };
@@ -590,6 +649,29 @@ impl ReleaseEvents {
             .strip_prefix(&self.prefix)?
             .strip_suffix("}:released")
     }
+}
+
+/// A cluster client over `seeds` whose connections and answers time out
+/// after `timeout`. It follows `MOVED` and `ASK` and retries `TRYAGAIN`
+/// and `CLUSTERDOWN` a few times with short pauses; the operation's own
+/// timeout bounds it all.
+fn cluster_client(
+    seeds: &[String],
+    timeout: Duration,
+) -> Result<redis::cluster::ClusterClient, LockError> {
+    redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .retries(8)
+        .min_retry_wait(10)
+        .max_retry_wait(200)
+        .build()
+        .map_err(|e| {
+            LockError::Backend(format!(
+                "cannot use the Redis Cluster seeds {}: {e}",
+                seeds.iter().map(|s| redact_url(s)).collect::<Vec<_>>().join(", ")
+            ))
+        })
 }
 
 /// Escapes the glob characters of Redis patterns (`*?[]\`).

@@ -7,6 +7,7 @@ mod support;
 mod api;
 mod auth;
 mod cases;
+mod cluster;
 mod dashboard;
 mod exec;
 mod fences;

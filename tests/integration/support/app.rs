@@ -5,13 +5,14 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use lockd::app::Application;
+use lockd::cli::RedisMode;
 use lockd::config::Settings;
 use lockd::lock::memory::MemoryBackend;
 use reqwest::Method;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::Value;
 
-use super::{PREFIX, RedisServer, Reply, lock_key, metric};
+use super::{Cluster, PREFIX, RedisServer, Reply, lock_key, metric, shared_cluster};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -33,6 +34,8 @@ pub enum Store {
     Redlock(Vec<Arc<RedisServer>>),
     /// The in-memory backend.
     Memory(Arc<MemoryBackend>),
+    /// The Redis Cluster shared by the tests of this binary.
+    Cluster(&'static Cluster),
 }
 
 /// A lockd served on a loopback port, with its store.
@@ -105,8 +108,26 @@ impl TestApp {
                     .map(|u| u.expose().to_owned());
                 Self::redlock_over(nodes.clone(), urls.collect(), tweak).await
             }
+            Store::Cluster(_) => Self::cluster_with(tweak).await,
             Store::Memory(_) => panic!("instances share only a Redis store"),
         }
+    }
+
+    /// lockd in cluster mode over the shared Redis Cluster
+    /// ([`shared_cluster`]), seeded with one master, with settings changed
+    /// by `tweak`. Tests on it must use lock names of their own.
+    pub async fn cluster_with(tweak: impl FnOnce(&mut Settings)) -> Self {
+        LazyLock::force(&TRACING);
+        let cluster = tokio::task::spawn_blocking(shared_cluster)
+            .await
+            .expect("start the cluster");
+        let mut settings = test_settings(cluster.master_urls()[0].clone());
+        settings.store.redis_mode = Some(RedisMode::Cluster);
+        tweak(&mut settings);
+        let app = Application::build(&settings)
+            .await
+            .expect("build lockd over the Redis Cluster");
+        Self::serve(app, Store::Cluster(cluster), settings)
     }
 
     /// lockd running Redlock over `n` fresh redis-servers, with settings
@@ -471,6 +492,12 @@ impl TestApp {
                         (token.clone(), pttl)
                     })
             }
+            Store::Cluster(cluster) => {
+                let (cluster, key) = (*cluster, lock_key(name));
+                tokio::task::spawn_blocking(move || cluster.get_with_pttl(&key))
+                    .await
+                    .expect("read the cluster")
+            }
             Store::Memory(backend) => backend.peek(name).map(|(token, left)| {
                 (
                     token,
@@ -511,6 +538,7 @@ impl TestApp {
                 most
             }
             Store::Memory(backend) => backend.held_count(),
+            Store::Cluster(_) => panic!("the shared cluster has other tests' keys"),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Shared harness of the integration tests, one module per concern:
-//! `redis_server` (real servers), `proxy` (a faulty link), `app` (lockd
+//! `redis_server` (real servers), `cluster` (a Redis Cluster shared by the
+//! binary's tests), `proxy` (a faulty link), `app` (lockd
 //! in-process, and [`backend_tests!`]), `process` (the `lockd` binary),
 //! `replies` (HTTP answers) and `metrics` (Prometheus text). Everything is
 //! re-exported here, so a test file writes `use crate::support::...`.
@@ -54,6 +55,7 @@
 //! Set `TEST_LOG=1` to see lockd's logs while a test runs.
 
 mod app;
+mod cluster;
 mod metrics;
 mod process;
 mod proxy;
@@ -61,6 +63,7 @@ mod redis_server;
 mod replies;
 
 pub use app::*;
+pub use cluster::*;
 pub use metrics::*;
 pub use process::*;
 pub use proxy::*;
