@@ -1116,6 +1116,39 @@ mod tests {
         assert_eq!(RawSettings::from(&grouped), raw);
     }
 
+    /// `redis_mode` is inferred from the number of URLs when unset, and a
+    /// mode that does not fit them is refused with a message that names the
+    /// fitting modes.
+    #[test]
+    fn the_redis_mode_is_inferred_and_must_fit_the_urls() {
+        let load = |mode: Option<RedisMode>, urls: &[&str]| {
+            let mut raw = RawSettings::default();
+            raw.redis_mode = mode;
+            raw.redis_url = urls.iter().map(|u| RedisUrl::from(*u)).collect();
+            Settings::try_from(raw)
+        };
+        let (one, three) = (
+            ["redis://a:6379"],
+            ["redis://a:6379", "redis://b:6379", "redis://c:6379"],
+        );
+        let mode = |s: Result<Settings, ConfigError>| s.expect("accepted").store.mode();
+        assert_eq!(mode(load(None, &one)), RedisMode::Single);
+        assert_eq!(mode(load(None, &three)), RedisMode::Redlock);
+        assert_eq!(mode(load(Some(RedisMode::Cluster), &one)), RedisMode::Cluster);
+        assert_eq!(mode(load(Some(RedisMode::Cluster), &three)), RedisMode::Cluster);
+        let why = |s: Result<Settings, ConfigError>| match s {
+            Err(ConfigError::Invalid(why)) => why,
+            other => panic!("accepted: {other:?}"),
+        };
+        let single = why(load(Some(RedisMode::Single), &three));
+        assert!(single.contains("--redis-mode cluster"), "{single}");
+        assert!(single.contains("--redis-mode redlock"), "{single}");
+        let redlock = why(load(Some(RedisMode::Redlock), &one));
+        assert!(redlock.starts_with("redis_mode redlock"), "{redlock}");
+        let twice = why(load(Some(RedisMode::Cluster), &["redis://a:6379", "redis://a:6379"]));
+        assert!(twice.contains("seed"), "{twice}");
+    }
+
     #[test]
     fn each_group_names_its_setting_at_fault() {
         let refused = |edit: fn(&mut RawSettings)| {
