@@ -334,11 +334,13 @@ fn build_backend(
         );
         // No connections: the pool gauges read 0, so dashboards look the same.
         metrics.watch_pool("memory", PoolStatus::default);
+        metrics.set_store_mode("memory");
         let memory = MemoryBackend::with_fence_retention(store.fence_retention);
         let node = instrument(Arc::new(memory), "memory".into());
         return Ok(Arc::new(Single::new(node)));
     }
     let mode = store.mode();
+    metrics.set_store_mode(mode.as_str());
     if mode == RedisMode::Cluster {
         let seeds: Vec<String> = store.redis_urls.iter().map(ToString::to_string).collect();
         tracing::info!(?seeds, "using a Redis Cluster");

@@ -166,6 +166,9 @@ pub struct Metrics {
     /// and count toward no quorum yet, read at scrape time.
     nodes_in_restart_delay: IntGauge,
     pools: Mutex<Vec<(String, PoolReader)>>,
+    /// `lockd_store_mode{mode}`: 1 for the store lockd runs on (`memory`,
+    /// `single`, `redlock` or `cluster`).
+    store_mode: IntGaugeVec,
     /// `lockd_http_requests_in_flight`.
     pub http_in_flight: IntGauge,
     /// `lockd_http_requests_total{method,route,status}`, by route template.
@@ -295,6 +298,11 @@ impl Metrics {
                 &["node"],
             )?,
             pools: Mutex::new(Vec::new()),
+            store_mode: b.gauge(
+                "lockd_store_mode",
+                "Always 1, for the store lockd runs on: memory, single, redlock or cluster.",
+                &["mode"],
+            )?,
             nodes_in_restart_delay,
             http_in_flight,
             http_requests: b.counter(
@@ -345,6 +353,12 @@ impl Metrics {
             self.create_namespace_series(ns);
         }
         label
+    }
+
+    /// Records the store lockd runs on (`memory`, `single`, `redlock`,
+    /// `cluster`) in `lockd_store_mode`.
+    pub fn set_store_mode(&self, mode: &str) {
+        self.store_mode.with_label_values(&[mode]).set(1);
     }
 
     /// Reads `pool` at every scrape, as the pool of `node`.

@@ -11,7 +11,8 @@ use rand::Rng as _;
 use serde_json::json;
 
 use crate::support::{
-    Lockd, MASTERS, RedisServer, TestApp, lock_key, lockd, random_token, run, shared_cluster,
+    Lockd, MASTERS, RedisServer, TestApp, lock_key, lockd, metric, random_token, run,
+    shared_cluster,
 };
 
 /// A name of `len` characters drawn from every character a lock name may
@@ -120,11 +121,22 @@ async fn two_instances_share_locks_and_wake_each_others_waiters_on_every_master(
     }
 }
 
-/// `/readyz` is 200 over a cluster whose every slot is served.
+/// `/readyz` is 200 over a cluster whose every slot is served, and the
+/// metrics say which store lockd runs on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readyz_is_200_over_a_healthy_cluster() {
+async fn readyz_is_200_over_a_healthy_cluster_and_the_metrics_name_the_mode() {
     let app = TestApp::cluster_with(|_| {}).await;
     app.get("/readyz").await.expect_status(200);
+    let text = app.metrics().await;
+    assert_eq!(
+        metric(&text, "lockd_store_mode", &[("mode", "cluster")]),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        metric(&text, "lockd_redis_pool_size", &[("node", "cluster")]).is_some(),
+        "{text}"
+    );
 }
 
 /// C14: Redlock pointed at the three masters of one Redis Cluster refuses

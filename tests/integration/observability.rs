@@ -55,6 +55,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("lockd_http_requests_total", "counter"),
     ("lockd_http_request_duration_seconds", "histogram"),
     ("lockd_build_info", "gauge"),
+    ("lockd_store_mode", "gauge"),
     ("process_resident_memory_bytes", "gauge"),
     ("process_cpu_seconds_total", "counter"),
     ("process_open_fds", "gauge"),
