@@ -243,15 +243,28 @@ impl Store for Redlock {
         // Sent to every node, including those that did not grant: a node
         // that was down at acquire time may still hold a stale grant. A node
         // that does not answer gets it again in the background.
+        // The release succeeds as the acquire does: when a quorum of nodes
+        // still held the token (redsync's rule). Fewer means the lease was
+        // over by Redlock's rule, and another holder may have the lock: the
+        // copies found are deleted all the same, but the answer must not
+        // tell the caller it held the lock until now.
         let answers = self.release_everywhere(name, token, self.max_ttl).await;
         let released: Vec<&Released> = answers.oks().collect();
-        if !released.is_empty() {
+        if released.len() >= self.quorum {
             // The earliest grant time recorded: the lock was held since then.
             return Ok(Released {
                 granted_at: released.iter().filter_map(|r| r.granted_at).min(),
             });
         }
         answers.told(self.quorum)?;
+        let unanswered = answers.unanswered().len();
+        if released.len() + unanswered >= self.quorum {
+            return Err(LockError::Unavailable(format!(
+                "{} node(s) deleted the token and {unanswered} did not answer: too few to tell \
+                 whether the lease still held",
+                released.len()
+            )));
+        }
         Err(answers.verdict())
     }
 

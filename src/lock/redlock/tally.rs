@@ -21,7 +21,8 @@ pub(super) enum Counting {
     /// during this call.
     Now,
     /// Every node: a release or an inspect counts any node's answer, as it
-    /// always has (a delete done on any node is done).
+    /// always has (a delete done on any node is done; a release still needs
+    /// a quorum of deletes to succeed).
     Every,
     /// As an earlier tally counted them: a follow-up call (raising the
     /// fences after a grant) counts the nodes its grant counted.
