@@ -227,7 +227,11 @@ impl RedisMode {
     /// The mode `urls` URLs mean when none is given: one is single, several
     /// are Redlock.
     pub fn inferred(urls: usize) -> Self {
-        if urls > 1 { Self::Redlock } else { Self::Single }
+        if urls > 1 {
+            Self::Redlock
+        } else {
+            Self::Single
+        }
     }
 
     /// The mode's name, as `--redis-mode` takes it.

@@ -1122,10 +1122,11 @@ mod tests {
     #[test]
     fn the_redis_mode_is_inferred_and_must_fit_the_urls() {
         let load = |mode: Option<RedisMode>, urls: &[&str]| {
-            let mut raw = RawSettings::default();
-            raw.redis_mode = mode;
-            raw.redis_url = urls.iter().map(|u| RedisUrl::from(*u)).collect();
-            Settings::try_from(raw)
+            Settings::try_from(RawSettings {
+                redis_mode: mode,
+                redis_url: urls.iter().map(|u| RedisUrl::from(*u)).collect(),
+                ..RawSettings::default()
+            })
         };
         let (one, three) = (
             ["redis://a:6379"],
@@ -1134,8 +1135,14 @@ mod tests {
         let mode = |s: Result<Settings, ConfigError>| s.expect("accepted").store.mode();
         assert_eq!(mode(load(None, &one)), RedisMode::Single);
         assert_eq!(mode(load(None, &three)), RedisMode::Redlock);
-        assert_eq!(mode(load(Some(RedisMode::Cluster), &one)), RedisMode::Cluster);
-        assert_eq!(mode(load(Some(RedisMode::Cluster), &three)), RedisMode::Cluster);
+        assert_eq!(
+            mode(load(Some(RedisMode::Cluster), &one)),
+            RedisMode::Cluster
+        );
+        assert_eq!(
+            mode(load(Some(RedisMode::Cluster), &three)),
+            RedisMode::Cluster
+        );
         let why = |s: Result<Settings, ConfigError>| match s {
             Err(ConfigError::Invalid(why)) => why,
             other => panic!("accepted: {other:?}"),
@@ -1145,7 +1152,10 @@ mod tests {
         assert!(single.contains("--redis-mode redlock"), "{single}");
         let redlock = why(load(Some(RedisMode::Redlock), &one));
         assert!(redlock.starts_with("redis_mode redlock"), "{redlock}");
-        let twice = why(load(Some(RedisMode::Cluster), &["redis://a:6379", "redis://a:6379"]));
+        let twice = why(load(
+            Some(RedisMode::Cluster),
+            &["redis://a:6379", "redis://a:6379"],
+        ));
         assert!(twice.contains("seed"), "{twice}");
     }
 

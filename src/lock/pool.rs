@@ -30,7 +30,7 @@ pub enum Target {
     /// A Redis Cluster, found from its seed nodes. The connection follows
     /// `MOVED` and `ASK`, and refreshes its slot map when the cluster
     /// changes.
-    Cluster(ClusterClient),
+    Cluster(Box<ClusterClient>),
 }
 
 /// One connection: to a server, or to a whole cluster. Either is
@@ -133,11 +133,7 @@ impl managed::Manager for Connector {
         Ok(Conn::Server(conn))
     }
 
-    async fn recycle(
-        &self,
-        _conn: &mut Conn,
-        _metrics: &Metrics,
-    ) -> RecycleResult<RedisError> {
+    async fn recycle(&self, _conn: &mut Conn, _metrics: &Metrics) -> RecycleResult<RedisError> {
         Ok(())
     }
 }

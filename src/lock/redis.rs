@@ -188,7 +188,9 @@ impl RedisBackend {
         };
         let target = match &config.endpoint {
             Endpoint::Server(_) => Target::Server(clients[0].clone()),
-            Endpoint::Cluster(seeds) => Target::Cluster(cluster_client(seeds, config.timeout)?),
+            Endpoint::Cluster(seeds) => {
+                Target::Cluster(Box::new(cluster_client(seeds, config.timeout)?))
+            }
         };
         let cluster = matches!(config.endpoint, Endpoint::Cluster(_));
         let pool = Pool::builder(Connector::new(target, connection, restarts.clone()))
@@ -627,10 +629,7 @@ impl ReleaseEvents {
         }
     }
 
-    async fn subscribe(
-        &self,
-        client: &redis::Client,
-    ) -> Result<redis::aio::PubSubStream, String> {
+    async fn subscribe(&self, client: &redis::Client) -> Result<redis::aio::PubSubStream, String> {
         let connect = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.psubscribe(&self.pattern).await?;
@@ -669,7 +668,11 @@ fn cluster_client(
         .map_err(|e| {
             LockError::Backend(format!(
                 "cannot use the Redis Cluster seeds {}: {e}",
-                seeds.iter().map(|s| redact_url(s)).collect::<Vec<_>>().join(", ")
+                seeds
+                    .iter()
+                    .map(|s| redact_url(s))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))
         })
 }

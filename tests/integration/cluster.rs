@@ -64,13 +64,19 @@ async fn c13_cluster_slot_every_key_a_script_touches_lives_in_the_locks_slot() {
         grant.expect_status(201);
         let token = grant.token();
         on_masters.insert(cluster.master_of(&lock_key(name)));
-        app.extend_ttl(name, &token, 20_000).await.expect_status(200);
+        app.extend_ttl(name, &token, 20_000)
+            .await
+            .expect_status(200);
         let held = app.inspect(name).await;
         held.expect_status(200);
         assert_eq!(held.fence(), grant.fence(), "{name}");
         app.release(name, &token).await.expect_status(204);
     }
-    assert_eq!(on_masters.len(), MASTERS, "the names did not reach every master");
+    assert_eq!(
+        on_masters.len(),
+        MASTERS,
+        "the names did not reach every master"
+    );
     for port in cluster.masters() {
         let errors = cluster.cli(port, &["INFO", "errorstats"]);
         assert!(
@@ -171,8 +177,14 @@ async fn c14_cluster_misuse_redlock_pointed_at_one_clusters_nodes_refuses_to_sta
 async fn cluster_mode_over_a_plain_server_refuses_to_start() {
     let redis = RedisServer::spawn().await;
     let mut cmd = lockd();
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--redis-mode", "cluster"])
-        .args(["--redis-url", &redis.url()]);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--redis-mode",
+        "cluster",
+    ])
+    .args(["--redis-url", &redis.url()]);
     let exit = run(cmd).await;
     exit.expect(2);
     assert!(

@@ -243,7 +243,11 @@ fn free_port_pairs(count: usize) -> Vec<u16> {
     let mut ports = Vec::with_capacity(count);
     let mut candidate = 20_000 + u16::try_from(std::process::id() % 5_000).expect("fits");
     while ports.len() < count {
-        candidate = if candidate >= 29_999 { 20_000 } else { candidate + 1 };
+        candidate = if candidate >= 29_999 {
+            20_000
+        } else {
+            candidate + 1
+        };
         let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
         if free(candidate) && free(candidate + 10_000) {
             ports.push(candidate);
