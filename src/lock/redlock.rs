@@ -257,13 +257,14 @@ impl Store for Redlock {
             });
         }
         answers.told(self.quorum)?;
-        let unanswered = answers.unanswered().len();
-        if released.len() + unanswered >= self.quorum {
-            return Err(LockError::Unavailable(format!(
-                "{} node(s) deleted the token and {unanswered} did not answer: too few to tell \
-                 whether the lease still held",
-                released.len()
-            )));
+        // Too few confirmed, but the nodes that did not answer could make up
+        // the quorum: whether the lease still held is theirs to tell. The
+        // delete reaches them in the background.
+        if released.len() + answers.unanswered().len() >= self.quorum {
+            return Err(LockError::QuorumUnavailable {
+                answered: released.len(),
+                needed: self.quorum,
+            });
         }
         Err(answers.verdict())
     }
