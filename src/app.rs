@@ -60,10 +60,13 @@ pub enum StartupError {
 
 impl StartupError {
     /// Whether the operator's settings are at fault (a value out of range,
-    /// an unusable TLS file), as with a bad flag, rather than the
+    /// an unusable TLS file or keys file), as with a bad flag, rather than the
     /// environment (an address in use).
     pub fn is_settings(&self) -> bool {
-        matches!(self, Self::Settings(_) | Self::Topology(_) | Self::Tls(_))
+        matches!(
+            self,
+            Self::Settings(_) | Self::Topology(_) | Self::Tls(_) | Self::Keys(_)
+        )
     }
 }
 

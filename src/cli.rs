@@ -81,7 +81,12 @@ pub struct ServeArgs {
     /// Redis URL, e.g. redis://:password@host:6379/0 [default: redis://127.0.0.1:6379].
     /// Give it more than once (or comma-separated in LOCKD_REDIS_URL) to run
     /// Redlock over those independent masters; 3 or 5 are recommended.
-    #[arg(long, env = "LOCKD_REDIS_URL", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "LOCKD_REDIS_URL",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub redis_url: Vec<String>,
     /// What the --redis-url values are: one server (single), independent
@@ -156,9 +161,17 @@ pub struct ServeArgs {
     /// Keep locks in this process's memory instead of Redis, to try lockd
     /// without Redis. Locks are not shared between processes.
     /// LOCKD_DEV takes 1/0, true/false, yes/no, on/off.
-    #[arg(long, env = "LOCKD_DEV", value_parser = clap::builder::BoolishValueParser::new())]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub dev: bool,
+    /// `--dev=false` (or LOCKD_DEV=0) turns off `dev = true` of the file.
+    #[arg(
+        long,
+        env = "LOCKD_DEV",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dev: Option<bool>,
     /// Serve /metrics (with /healthz and /readyz) on this address instead of
     /// the main one, e.g. 127.0.0.1:9464 [default: on the main listener].
     #[arg(long, env = "LOCKD_METRICS_LISTEN")]
@@ -188,9 +201,18 @@ pub struct ServeArgs {
     /// Serve without API keys on a non-loopback address: anyone who can
     /// reach lockd can take and release any lock. For development only.
     /// Without keys, lockd otherwise listens only on loopback addresses.
-    #[arg(long, env = "LOCKD_INSECURE_NO_AUTH", value_parser = clap::builder::BoolishValueParser::new())]
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub insecure_no_auth: bool,
+    /// `--insecure-no-auth=false` (or LOCKD_INSECURE_NO_AUTH=0) turns off
+    /// `insecure_no_auth = true` of the file.
+    #[arg(
+        long,
+        env = "LOCKD_INSECURE_NO_AUTH",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insecure_no_auth: Option<bool>,
     /// Log line format: pretty (one human-readable line per event) or json
     /// (one JSON object per line) [default: pretty]. RUST_LOG sets the level.
     #[arg(long, env = "LOCKD_LOG_FORMAT", value_enum)]

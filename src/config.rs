@@ -702,6 +702,7 @@ impl StoreSettings {
         if raw.redis_url.is_empty() {
             return Err("redis_url needs at least one URL".into());
         }
+        raw.redis_url.iter().try_for_each(check_redis_url)?;
         let mode = raw
             .redis_mode
             .unwrap_or_else(|| RedisMode::inferred(raw.redis_url.len()));
@@ -769,6 +770,27 @@ impl StoreSettings {
             redlock_restart_delay: raw.redlock_restart_delay_ms.map(Duration::from_millis),
         })
     }
+}
+
+/// Whether lockd can connect with `url`: a `redis://` (or `unix://`) URL
+/// the redis crate parses. The message names the setting, and shows the
+/// URL without its password.
+fn check_redis_url(url: &RedisUrl) -> Result<(), String> {
+    if url.expose().starts_with("rediss://") {
+        return Err(format!(
+            "redis_url {url} (--redis-url): rediss:// (TLS to Redis) is not supported by this \
+             version of lockd; use redis://"
+        ));
+    }
+    redis::IntoConnectionInfo::into_connection_info(url.expose())
+        .map(drop)
+        .map_err(|e| {
+            format!(
+                "redis_url {url} (--redis-url) cannot be used: {}; write it as \
+                 redis://[:PASSWORD@]HOST[:PORT][/DB]",
+                redact_urls_in(&e.to_string())
+            )
+        })
 }
 
 impl MetricsSettings {

@@ -429,7 +429,7 @@ fn c03_a_max_ttl_setting_above_the_ceiling_is_refused_at_start_up() {
     let args = ServeArgs {
         listen: Some("127.0.0.1:0".parse().expect("address")),
         max_ttl_ms: Some(Ttl::CEILING_MS + 1),
-        dev: true,
+        dev: Some(true),
         ..ServeArgs::default()
     };
     let loaded = Settings::load(&args);

@@ -93,6 +93,82 @@ fn a_bad_setting_exits_2_with_a_clear_message() {
     assert!(stderr.contains("default_ttl_ms"), "{stderr}");
 }
 
+/// A Redis URL lockd cannot use (not `redis://`, unparsable, `rediss://`
+/// which this version does not speak) exits 2 naming `redis_url`, without
+/// the password; so does a keys file that cannot be read.
+#[test]
+fn an_unusable_redis_url_or_keys_file_exits_2_naming_it() {
+    for url in [
+        "http://127.0.0.1:6379",
+        "redis://:hunter2@[bad",
+        "redis://127.0.0.1:99999",
+        "rediss://:hunter2@127.0.0.1:6380",
+    ] {
+        let out =
+            run_blocking(lockd().args(["serve", "--listen", "127.0.0.1:0", "--redis-url", url]));
+        let stderr = &out.stderr;
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        assert!(stderr.contains("redis_url"), "{url}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{url}: {stderr}");
+    }
+    let out = run_blocking(lockd().args([
+        "serve",
+        "--dev",
+        "--listen",
+        "127.0.0.1:0",
+        "--auth-keys-file",
+        "no-such-keys-file.toml",
+    ]));
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no-such-keys-file.toml"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// `lockd serve --help` shows no Redis password from `LOCKD_REDIS_URL`.
+#[test]
+fn serve_help_shows_no_redis_password_from_the_environment() {
+    let out = run_blocking(
+        lockd()
+            .args(["serve", "--help"])
+            .env("LOCKD_REDIS_URL", "redis://:hunter2@127.0.0.1:6379"),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    assert!(out.stdout.contains("LOCKD_REDIS_URL"), "{}", out.stdout);
+    assert!(!out.stdout.contains("hunter2"), "{}", out.stdout);
+}
+
+/// A switch set to false in the environment (or `--dev=false`) overrides
+/// `true` in the file, as every other setting does: `LOCKD_INSECURE_NO_AUTH=0`
+/// takes back the file's `insecure_no_auth = true`, so a public address
+/// without keys is refused again.
+#[test]
+fn a_switch_turned_off_in_the_environment_overrides_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lockd.toml");
+    std::fs::write(
+        &file,
+        "listen = \"0.0.0.0:0\"\ninsecure_no_auth = true\ndev = true\n",
+    )
+    .unwrap();
+    let out = run_blocking(
+        lockd()
+            .args(["serve", "--config"])
+            .arg(&file)
+            .env("LOCKD_INSECURE_NO_AUTH", "0"),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("insecure-no-auth"), "{}", out.stderr);
+    let out = run_blocking(
+        lockd()
+            .args(["serve", "--insecure-no-auth=false", "--config"])
+            .arg(&file),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+}
+
 /// One bad start of `lockd serve`: flags, environment, and the flag the
 /// message must name.
 struct BadStart {
