@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the commands named as arguments are on PATH, installing the
 # Debian packages that provide the missing ones (as root, or through sudo).
-# Known commands: redis-server, redis-cli, curl, python3, node, promtool;
+# Known commands: redis-server, redis-cli, redis-sentinel, setpriv, curl,
+# python3, node, promtool;
 # and python3-venv, which stands for `python3 -m venv` working (Debian's
 # python3 needs the python3-venv package for it; name python3 before it).
 # Example: scripts/ensure-deps.sh redis-server redis-cli
@@ -10,6 +11,8 @@ set -euo pipefail
 package_of() {
   case $1 in
     redis-server|redis-cli) echo redis-server ;;
+    redis-sentinel) echo redis-sentinel ;;
+    setpriv) echo util-linux ;;
     node) echo nodejs ;;
     promtool) echo prometheus ;;
     *) echo "$1" ;;

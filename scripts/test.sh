@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs lockd's test suite on this machine. It installs what the tests run
-# (redis-server, curl, python3, node: the documentation's snippets are run too;
+# (redis-server and redis-cli, which also make a Redis Cluster;
+# redis-sentinel; setpriv, which ties test servers to the test binary's life;
+# curl, python3, node: the documentation's snippets are run too;
 # promtool, from Debian's prometheus package, checks the metrics) when
 # missing; the tests start their own redis-server processes on free ports.
 # Then, for a whole run, scripts/schemathesis.sh fuzzes the HTTP API against
@@ -9,7 +11,7 @@
 # only those tests run (no Schemathesis).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/ensure-deps.sh redis-server redis-cli curl python3 node promtool
+scripts/ensure-deps.sh redis-server redis-cli redis-sentinel setpriv curl python3 node promtool
 cargo test --locked --no-fail-fast "$@"
 if [ $# -eq 0 ]; then
   scripts/schemathesis.sh
