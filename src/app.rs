@@ -23,7 +23,7 @@ use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::{Endpoint, RedisBackend, RedisConfig};
 use crate::lock::redlock::{Redlock, quorum};
 use crate::lock::{LockError, Locks, Node, Single, Store};
-use crate::metrics::{Instrumented, Metrics, PoolStatus};
+use crate::metrics::{Instrumented, MasterStatus, Metrics, PoolStatus};
 use crate::transport::{TlsError, Transport};
 
 /// Why the application could not start.
@@ -367,6 +367,36 @@ fn build_backend(
         let node = instrument(Arc::new(backend), "cluster".into());
         return Ok(Arc::new(Single::new(node)));
     }
+    if let (RedisMode::Sentinel, Some(master)) = (mode, &store.sentinel_master) {
+        let sentinels: Vec<String> = store.redis_urls.iter().map(ToString::to_string).collect();
+        tracing::info!(?sentinels, master = %master, "using the master that Redis Sentinel names");
+        let backend = RedisBackend::new(&RedisConfig {
+            endpoint: Endpoint::Sentinel {
+                sentinels: store
+                    .redis_urls
+                    .iter()
+                    .map(|u| u.expose().to_owned())
+                    .collect(),
+                master: master.clone(),
+            },
+            key_prefix: store.key_prefix.clone(),
+            timeout: store.redis_timeout,
+            pool_size: store.pool_size.get(),
+            fence_retention: store.fence_retention,
+            restart_delay: None,
+            standalone: true,
+        })?;
+        let watched = backend.clone();
+        metrics.watch_pool("sentinel", move || pool_status(&watched));
+        if let Some(sentinels) = backend.sentinels() {
+            metrics.watch_master(move || MasterStatus {
+                address: sentinels.master_addr(),
+                failovers: sentinels.failovers(),
+            });
+        }
+        let node = instrument(Arc::new(backend), "sentinel".into());
+        return Ok(Arc::new(Single::new(node)));
+    }
     let redlock = mode == RedisMode::Redlock;
     let node = |url: &RedisUrl, timeout: Duration| -> Result<Arc<dyn Node>, StartupError> {
         let backend = RedisBackend::new(&RedisConfig {
@@ -421,47 +451,84 @@ fn pool_status(backend: &RedisBackend) -> PoolStatus {
 const TOPOLOGY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Checks, on every Redis URL that answers within
-/// [`TOPOLOGY_PROBE_TIMEOUT`], that the server is what `--redis-mode` says:
-/// a cluster node (`cluster_enabled:1` in `INFO cluster`) only in cluster
-/// mode, and only cluster nodes there. Redlock over the masters of one
-/// cluster would fail request after request with `MOVED` and a quorum it
-/// never reaches (field case C14). A URL that does not answer is not
-/// checked: lockd starts while Redis is down.
+/// [`TOPOLOGY_PROBE_TIMEOUT`], that the server is what `--redis-mode` says
+/// (`redis_mode` in `INFO server`): a cluster node only in cluster mode,
+/// and only cluster nodes there; Sentinels in Sentinel mode (and one of them
+/// knows the master by its name), and no Sentinel elsewhere. Redlock over
+/// the masters of one cluster would fail request after request with `MOVED`
+/// and a quorum it never reaches (field case C14). A URL that does not
+/// answer is not checked: lockd starts while Redis is down.
 ///
 /// # Errors
 /// [`StartupError::Topology`], naming the URL (without its password) and
 /// the mode to use.
 async fn check_topology(store: &StoreSettings) -> Result<(), StartupError> {
     let mode = store.mode();
+    let mut masters_known = None;
     for url in &store.redis_urls {
-        let Some(enabled) = cluster_enabled(url.expose()).await else {
+        let Some(probe) = probe(url.expose(), store.sentinel_master.as_deref()).await else {
             continue;
         };
-        match (mode, enabled) {
-            (RedisMode::Cluster, false) => {
-                return Err(StartupError::Topology(format!(
-                    "{url} is not a Redis Cluster node (cluster_enabled:0), but --redis-mode is \
-                     cluster; use --redis-mode single for one server, or redlock for \
-                     independent masters"
-                )));
+        let wrong = |what: &str, use_instead: &str| {
+            Err(StartupError::Topology(format!(
+                "{url} is {what}, which --redis-mode {} cannot use; {use_instead}",
+                mode.as_str()
+            )))
+        };
+        match (mode, probe.server_mode.as_str()) {
+            (RedisMode::Cluster, "cluster") | (RedisMode::Sentinel, "sentinel") => {}
+            (RedisMode::Single | RedisMode::Redlock, "standalone") => {}
+            (_, "cluster") => {
+                return wrong(
+                    "a node of a Redis Cluster (redis_mode:cluster): keys live on the master \
+                     of their slot",
+                    "use --redis-mode cluster, with these URLs as seeds",
+                );
             }
-            (RedisMode::Single | RedisMode::Redlock, true) => {
-                return Err(StartupError::Topology(format!(
-                    "{url} is a node of a Redis Cluster (cluster_enabled:1), which --redis-mode \
-                     {} cannot use: keys live on the master of their slot. Use --redis-mode \
-                     cluster, with these URLs as seeds",
-                    mode.as_str()
-                )));
+            (_, "sentinel") => {
+                return wrong(
+                    "a Redis Sentinel (redis_mode:sentinel)",
+                    "use --redis-mode sentinel --sentinel-master NAME, with the Sentinels' URLs",
+                );
             }
-            _ => {}
+            (RedisMode::Cluster, _) => {
+                return wrong(
+                    "not a Redis Cluster node (cluster_enabled:0)",
+                    "use --redis-mode single for one server, or redlock for independent masters",
+                );
+            }
+            (_, other) => {
+                return wrong(
+                    &format!("not a Sentinel (redis_mode:{other})"),
+                    "give the Sentinels' URLs (port 26379 by default)",
+                );
+            }
         }
+        if let Some(known) = probe.knows_master {
+            *masters_known.get_or_insert(false) |= known;
+        }
+    }
+    if let (Some(false), Some(name)) = (masters_known, &store.sentinel_master) {
+        return Err(StartupError::Topology(format!(
+            "no Sentinel monitors a master named {name:?} (--sentinel-master); \
+             SENTINEL masters lists the names"
+        )));
     }
     Ok(())
 }
 
-/// Whether the server at `url` runs in cluster mode; `None` when it does
-/// not answer `INFO cluster` in time.
-async fn cluster_enabled(url: &str) -> Option<bool> {
+/// What one Redis URL answered at start-up.
+struct Probe {
+    /// `redis_mode` of `INFO server`: `standalone`, `cluster` or
+    /// `sentinel`.
+    server_mode: String,
+    /// For a Sentinel, with a master name: whether it knows that master.
+    knows_master: Option<bool>,
+}
+
+/// Asks the server at `url` what it is; `None` when it does not answer in
+/// time.
+async fn probe(url: &str, sentinel_master: Option<&str>) -> Option<Probe> {
     let probe = async {
         let client = redis::Client::open(url).ok()?;
         let config = redis::AsyncConnectionConfig::new()
@@ -472,11 +539,32 @@ async fn cluster_enabled(url: &str) -> Option<bool> {
             .await
             .ok()?;
         let info: String = redis::cmd("INFO")
-            .arg("cluster")
+            .arg("server")
             .query_async(&mut conn)
             .await
             .ok()?;
-        Some(info.lines().any(|l| l.trim() == "cluster_enabled:1"))
+        let server_mode = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("redis_mode:"))
+            .unwrap_or("standalone")
+            .to_owned();
+        let knows_master = match (server_mode.as_str(), sentinel_master) {
+            ("sentinel", Some(name)) => Some(
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(name)
+                    .query_async::<Option<Vec<String>>>(&mut conn)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some(),
+            ),
+            _ => None,
+        };
+        Some(Probe {
+            server_mode,
+            knows_master,
+        })
     };
     tokio::time::timeout(TOPOLOGY_PROBE_TIMEOUT, probe)
         .await

@@ -90,11 +90,18 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub redis_url: Vec<String>,
     /// What the --redis-url values are: one server (single), independent
-    /// masters (redlock), or seed nodes of a Redis Cluster (cluster)
-    /// [default: single with one URL, redlock with several].
+    /// masters (redlock), seed nodes of a Redis Cluster (cluster), or
+    /// Sentinels (sentinel, with --sentinel-master) [default: single with
+    /// one URL, redlock with several].
     #[arg(long, env = "LOCKD_REDIS_MODE", value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_mode: Option<RedisMode>,
+    /// The name the Sentinels monitor the master by (as in `sentinel
+    /// monitor NAME ...`); needed with --redis-mode sentinel, refused
+    /// without it.
+    #[arg(long, env = "LOCKD_SENTINEL_MASTER", value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sentinel_master: Option<String>,
     /// Prefix of every Redis key lockd writes [default: lockd:].
     #[arg(long, env = "LOCKD_KEY_PREFIX")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -243,6 +250,9 @@ pub enum RedisMode {
     /// A Redis Cluster: the URLs are seed nodes, and lockd discovers the
     /// rest. Each lock lives on the master of its name's slot.
     Cluster,
+    /// A master with replicas under Redis Sentinel: the URLs are
+    /// Sentinels, which name the master (`--sentinel-master`).
+    Sentinel,
 }
 
 impl RedisMode {
@@ -262,6 +272,7 @@ impl RedisMode {
             Self::Single => "single",
             Self::Redlock => "redlock",
             Self::Cluster => "cluster",
+            Self::Sentinel => "sentinel",
         }
     }
 }

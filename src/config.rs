@@ -23,7 +23,7 @@
 //! | Field of `Settings` | Concern | Keys |
 //! | --- | --- | --- |
 //! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes` |
-//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
+//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
 //! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
 //! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
@@ -118,6 +118,9 @@ pub struct StoreSettings {
     /// What `redis_urls` are; `None`: inferred from their number (see
     /// [`StoreSettings::mode`]) (`redis_mode`).
     pub redis_mode: Option<RedisMode>,
+    /// Sentinel mode: the name the Sentinels monitor the master by; set in
+    /// that mode only (`sentinel_master`).
+    pub sentinel_master: Option<String>,
     /// Prefix of every Redis key lockd writes; no braces (`key_prefix`).
     pub key_prefix: String,
     /// Longest time one Redis operation may take, single Redis; at least
@@ -230,6 +233,7 @@ impl Default for StoreSettings {
             dev: false,
             redis_urls: vec![RedisUrl::from("redis://127.0.0.1:6379")],
             redis_mode: None,
+            sentinel_master: None,
             key_prefix: "lockd:".into(),
             redis_timeout: Duration::from_millis(1_000),
             pool_size: const { count(16) },
@@ -299,10 +303,13 @@ pub struct RawSettings {
     /// over them. A TOML file may give one string or a list.
     #[serde(deserialize_with = "one_or_many")]
     pub redis_url: Vec<RedisUrl>,
-    /// What the Redis URLs are: `single`, `redlock` or `cluster`; unset:
-    /// single for one URL, redlock for several.
+    /// What the Redis URLs are: `single`, `redlock`, `cluster` or
+    /// `sentinel`; unset: single for one URL, redlock for several.
     #[serde(default)]
     pub redis_mode: Option<RedisMode>,
+    /// Sentinel mode: the name the Sentinels monitor the master by.
+    #[serde(default)]
+    pub sentinel_master: Option<String>,
     /// Prefix of every Redis key lockd writes.
     pub key_prefix: String,
     /// Lease length when a request gives no `ttl_ms`, in milliseconds.
@@ -384,6 +391,7 @@ impl From<&Settings> for RawSettings {
             max_header_bytes: listen.max_header_bytes,
             redis_url: store.redis_urls.clone(),
             redis_mode: store.redis_mode,
+            sentinel_master: store.sentinel_master.clone(),
             key_prefix: store.key_prefix.clone(),
             default_ttl_ms: limits.default_ttl.as_millis(),
             max_ttl_ms: limits.max_ttl.as_millis(),
@@ -714,6 +722,7 @@ impl StoreSettings {
         {
             return Err(match mode {
                 RedisMode::Cluster => format!("redis_url lists the seed {twice} twice"),
+                RedisMode::Sentinel => format!("redis_url lists the Sentinel {twice} twice"),
                 _ => format!("redis_url lists {twice} twice; Redlock masters must be independent"),
             });
         }
@@ -734,6 +743,20 @@ impl StoreSettings {
                 );
             }
             _ => {}
+        }
+        match (mode, raw.sentinel_master.as_deref()) {
+            (RedisMode::Sentinel, None | Some("")) => {
+                return Err("redis_mode sentinel (--redis-mode) needs sentinel_master \
+                     (--sentinel-master NAME): the name the Sentinels monitor the master by"
+                    .into());
+            }
+            (RedisMode::Sentinel, _) | (_, None) => {}
+            (other, Some(_)) => {
+                return Err(format!(
+                    "sentinel_master (--sentinel-master) is for --redis-mode sentinel, not {}",
+                    other.as_str()
+                ));
+            }
         }
         let node_timeout = at_least_1_ms("node_timeout_ms", raw.node_timeout_ms)?;
         if !(0.0..0.5).contains(&raw.drift_factor) {
@@ -761,6 +784,7 @@ impl StoreSettings {
             dev: raw.dev,
             redis_urls: raw.redis_url.clone(),
             redis_mode: raw.redis_mode,
+            sentinel_master: raw.sentinel_master.clone(),
             key_prefix: raw.key_prefix.clone(),
             redis_timeout,
             pool_size,

@@ -38,6 +38,7 @@ pub mod reaper;
 pub mod redis;
 pub mod redlock;
 pub mod restart;
+pub mod sentinel;
 pub mod service;
 pub mod store;
 pub mod types;

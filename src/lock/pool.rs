@@ -22,6 +22,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 use super::restart::RestartWatch;
+use super::sentinel::Sentinels;
 
 /// What a [`Connector`] connects to.
 pub enum Target {
@@ -31,6 +32,8 @@ pub enum Target {
     /// `MOVED` and `ASK`, and refreshes its slot map when the cluster
     /// changes.
     Cluster(Box<ClusterClient>),
+    /// The master of a Sentinel set, as the Sentinels name it now.
+    Sentinel(Arc<Sentinels>),
 }
 
 /// One connection: to a server, or to a whole cluster. Either is
@@ -41,6 +44,9 @@ pub enum Conn {
     Server(MultiplexedConnection),
     /// Connections to every node of a cluster, routing by key slot.
     Cluster(ClusterConnection),
+    /// A connection to the master of a Sentinel set, with the generation
+    /// of the master it was opened to (see [`Sentinels`]).
+    Master(MultiplexedConnection, u64),
 }
 
 impl Conn {
@@ -48,7 +54,7 @@ impl Conn {
     /// A cluster connection keeps the timeout it was built with: each of
     /// its node connections is shared by every clone.
     pub fn set_response_timeout(&mut self, timeout: Duration) {
-        if let Self::Server(conn) = self {
+        if let Self::Server(conn) | Self::Master(conn, _) = self {
             conn.set_response_timeout(timeout);
         }
     }
@@ -57,7 +63,7 @@ impl Conn {
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Self::Server(conn) => conn.req_packed_command(cmd),
+            Self::Server(conn) | Self::Master(conn, _) => conn.req_packed_command(cmd),
             Self::Cluster(conn) => conn.req_packed_command(cmd),
         }
     }
@@ -69,14 +75,16 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Self::Server(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Server(conn) | Self::Master(conn, _) => {
+                conn.req_packed_commands(pipeline, offset, count)
+            }
             Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Self::Server(conn) => conn.get_db(),
+            Self::Server(conn) | Self::Master(conn, _) => conn.get_db(),
             Self::Cluster(conn) => conn.get_db(),
         }
     }
@@ -119,6 +127,14 @@ impl managed::Manager for Connector {
             Target::Cluster(client) => {
                 return Ok(Conn::Cluster(client.get_async_connection().await?));
             }
+            Target::Sentinel(sentinels) => {
+                let (client, generation) = sentinels.master().await?;
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .await
+                    .inspect_err(|_| sentinels.forget(generation, "cannot connect"))?;
+                return Ok(Conn::Master(conn, generation));
+            }
         };
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&self.config)
@@ -133,8 +149,16 @@ impl managed::Manager for Connector {
         Ok(Conn::Server(conn))
     }
 
-    async fn recycle(&self, _conn: &mut Conn, _metrics: &Metrics) -> RecycleResult<RedisError> {
-        Ok(())
+    async fn recycle(&self, conn: &mut Conn, _metrics: &Metrics) -> RecycleResult<RedisError> {
+        // A connection to a master that is no longer the master is dropped.
+        match (conn, &self.target) {
+            (Conn::Master(_, generation), Target::Sentinel(sentinels))
+                if *generation != sentinels.generation() =>
+            {
+                Err(managed::RecycleError::message("the Redis master changed"))
+            }
+            _ => Ok(()),
+        }
     }
 }
 

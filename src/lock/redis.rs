@@ -42,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::reaper::{Attempt, Reap, Reaped};
 use super::restart::RestartWatch;
+use super::sentinel::Sentinels;
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl, unix_millis,
@@ -79,6 +80,13 @@ pub enum Endpoint {
     /// A Redis Cluster, by the URLs of some of its nodes (seeds); lockd
     /// discovers the rest.
     Cluster(Vec<String>),
+    /// The master that Sentinels (by their URLs) monitor under `master`.
+    Sentinel {
+        /// The Sentinels' URLs.
+        sentinels: Vec<String>,
+        /// The name they monitor the master by.
+        master: String,
+    },
 }
 
 impl Endpoint {
@@ -86,7 +94,10 @@ impl Endpoint {
     pub fn urls(&self) -> &[String] {
         match self {
             Self::Server(url) => std::slice::from_ref(url),
-            Self::Cluster(seeds) => seeds,
+            Self::Cluster(seeds)
+            | Self::Sentinel {
+                sentinels: seeds, ..
+            } => seeds,
         }
     }
 }
@@ -150,6 +161,8 @@ pub struct RedisBackend {
     subscribe_to: Arc<[redis::Client]>,
     /// Whether this is a cluster (readiness reads `CLUSTER INFO`).
     cluster: bool,
+    /// The Sentinels, in Sentinel mode: the master is theirs to name.
+    sentinels: Option<Arc<Sentinels>>,
     prefix: String,
     timeout: Duration,
     fence_retention_ms: u64,
@@ -186,8 +199,28 @@ impl RedisBackend {
             }
             _ => None,
         };
+        let sentinels = match &config.endpoint {
+            Endpoint::Sentinel { sentinels, master } => Some(Arc::new(
+                Sentinels::new(sentinels, master, config.timeout).map_err(|e| {
+                    LockError::Backend(format!(
+                        "cannot use the Sentinels {}: {e}",
+                        sentinels
+                            .iter()
+                            .map(|s| redact_url(s))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?,
+            )),
+            _ => None,
+        };
         let target = match &config.endpoint {
             Endpoint::Server(_) => Target::Server(clients[0].clone()),
+            Endpoint::Sentinel { .. } => Target::Sentinel(
+                sentinels
+                    .clone()
+                    .ok_or_else(|| LockError::Backend("no Sentinels".into()))?,
+            ),
             Endpoint::Cluster(seeds) => {
                 Target::Cluster(Box::new(cluster_client(seeds, config.timeout)?))
             }
@@ -205,6 +238,7 @@ impl RedisBackend {
             pool,
             subscribe_to: clients.into(),
             cluster,
+            sentinels,
             prefix: config.key_prefix.clone(),
             timeout: config.timeout,
             fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
@@ -217,6 +251,12 @@ impl RedisBackend {
     /// Whether this node is in its restart delay (Redlock), for the gauge.
     pub fn in_restart_delay(&self) -> bool {
         self.restarts.as_ref().is_some_and(|r| r.delayed())
+    }
+
+    /// The Sentinels that name the master, in Sentinel mode (for the
+    /// gauges of the master and its changes).
+    pub fn sentinels(&self) -> Option<Arc<Sentinels>> {
+        self.sentinels.clone()
     }
 
     /// The pool, for gauges read at scrape time.
@@ -244,9 +284,30 @@ impl RedisBackend {
             loop {
                 let mut conn = self.pool.get().await.map_err(pool_error)?;
                 *sent_on = Some((*conn).clone());
-                match call.invoke_async(&mut *conn).await {
+                let answer = call.invoke_async(&mut *conn).await;
+                if let (Some(sentinels), Conn::Master(_, generation)) = (&self.sentinels, &*conn) {
+                    let generation = *generation;
+                    if matches!(&answer, Err(e) if e.code() == Some("READONLY")) {
+                        sentinels.forget(generation, "READONLY");
+                    }
+                    if sentinels.generation() != generation {
+                        // The master changed while the script ran: its
+                        // answer may come from a node that is no longer
+                        // the master, where a write is lost.
+                        drop(Connection::take(conn));
+                        return Err(LockError::Unavailable(
+                            "the Redis master changed during the operation".into(),
+                        ));
+                    }
+                }
+                match answer {
                     Ok(value) => return Ok(value),
                     Err(e) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
+                        if let (Some(sentinels), Conn::Master(_, generation)) =
+                            (&self.sentinels, &*conn)
+                        {
+                            sentinels.forget(*generation, "connection lost");
+                        }
                         if e.is_timeout() {
                             return Err(redis_error(&e));
                         }
@@ -352,7 +413,7 @@ fn redis_error(e: &redis::RedisError) -> LockError {
         || e.is_connection_dropped()
         || matches!(
             e.code(),
-            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN")
+            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY")
         );
     if transient {
         LockError::Unavailable(e.to_string())
@@ -574,8 +635,13 @@ impl Node for RedisBackend {
     }
 
     fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+        if let Some(sentinels) = self.sentinels.clone() {
+            let stop = stop.clone();
+            tokio::spawn(async move { sentinels.follow(stop).await });
+        }
         let events = ReleaseEvents {
             clients: self.subscribe_to.clone(),
+            sentinels: self.sentinels.clone(),
             pattern: format!("{}{{*}}:released", glob_escape(&self.prefix)),
             prefix: format!("{}{{", self.prefix),
             timeout: self.timeout,
@@ -594,6 +660,9 @@ impl Node for RedisBackend {
 /// server, or to one node of a cluster, the next seed after each loss).
 struct ReleaseEvents {
     clients: Arc<[redis::Client]>,
+    /// In Sentinel mode: the subscription goes to the master now, and moves
+    /// when it changes.
+    sentinels: Option<Arc<Sentinels>>,
     pattern: String,
     /// `P{`, stripped from a channel name to find the lock name.
     prefix: String,
@@ -608,12 +677,38 @@ impl ReleaseEvents {
     /// missed meanwhile.
     async fn run(self) {
         let mut backoff = EVENTS_BACKOFF.pauses();
-        for client in self.clients.iter().cycle() {
+        let mut fixed = self.clients.iter().cycle();
+        loop {
+            let mut changes = self.sentinels.as_ref().map(|s| s.changes());
+            let client = match &self.sentinels {
+                Some(sentinels) => match sentinels.master().await {
+                    Ok((client, _)) => client,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no master to subscribe to release events on");
+                        backoff.wait().await;
+                        continue;
+                    }
+                },
+                None => match fixed.next() {
+                    Some(client) => client.clone(),
+                    None => return,
+                },
+            };
+            let client = &client;
             match self.subscribe(client).await {
                 Ok(mut stream) => {
                     backoff.reset();
                     self.listener.resync();
-                    while let Some(msg) = stream.next().await {
+                    loop {
+                        let msg = match &mut changes {
+                            Some(changes) => tokio::select! {
+                                msg = stream.next() => msg,
+                                // A new master: subscribe there.
+                                _ = changes.changed() => None,
+                            },
+                            None => stream.next().await,
+                        };
+                        let Some(msg) = msg else { break };
                         if let Some(name) = self.lock_name(msg.get_channel_name()) {
                             self.listener.released(name);
                         }

@@ -18,8 +18,8 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub use instrumented::Instrumented;
@@ -121,6 +121,18 @@ pub struct PoolStatus {
 /// Reads one node's pool.
 type PoolReader = Box<dyn Fn() -> PoolStatus + Send + Sync>;
 
+/// The master of a Sentinel set, read at scrape time.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MasterStatus {
+    /// `host:port` of the master now, if one is known (never a password).
+    pub address: Option<String>,
+    /// Master changes seen since start.
+    pub failovers: u64,
+}
+
+/// Reads the master.
+type MasterReader = Box<dyn Fn() -> MasterStatus + Send + Sync>;
+
 /// Every metric lockd exports.
 pub struct Metrics {
     registry: Registry,
@@ -167,8 +179,13 @@ pub struct Metrics {
     nodes_in_restart_delay: IntGauge,
     pools: Mutex<Vec<(String, PoolReader)>>,
     /// `lockd_store_mode{mode}`: 1 for the store lockd runs on (`memory`,
-    /// `single`, `redlock` or `cluster`).
+    /// `single`, `redlock`, `cluster` or `sentinel`).
     store_mode: IntGaugeVec,
+    /// `lockd_redis_master{node}`: 1 for the master Sentinel names now.
+    redis_master: IntGaugeVec,
+    /// `lockd_redis_failovers_total`: master changes seen (Sentinel).
+    failovers: IntCounter,
+    master: Mutex<Option<MasterReader>>,
     /// `lockd_http_requests_in_flight`.
     pub http_in_flight: IntGauge,
     /// `lockd_http_requests_total{method,route,status}`, by route template.
@@ -300,9 +317,23 @@ impl Metrics {
             pools: Mutex::new(Vec::new()),
             store_mode: b.gauge(
                 "lockd_store_mode",
-                "Always 1, for the store lockd runs on: memory, single, redlock or cluster.",
+                "Always 1, for the store lockd runs on: memory, single, redlock, cluster or sentinel.",
                 &["mode"],
             )?,
+            redis_master: b.gauge(
+                "lockd_redis_master",
+                "Sentinel mode: 1 for the master lockd writes to now, by address.",
+                &["node"],
+            )?,
+            failovers: {
+                let c = IntCounter::new(
+                    "lockd_redis_failovers_total",
+                    "Sentinel mode: changes of master seen (+switch-master, READONLY, a lost master).",
+                )?;
+                registry.register(Box::new(c.clone()))?;
+                c
+            },
+            master: Mutex::new(None),
             nodes_in_restart_delay,
             http_in_flight,
             http_requests: b.counter(
@@ -359,6 +390,11 @@ impl Metrics {
     /// `cluster`) in `lockd_store_mode`.
     pub fn set_store_mode(&self, mode: &str) {
         self.store_mode.with_label_values(&[mode]).set(1);
+    }
+
+    /// Reads the master of a Sentinel set at every scrape.
+    pub fn watch_master(&self, read: impl Fn() -> MasterStatus + Send + Sync + 'static) {
+        *self.master.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(read));
     }
 
     /// Reads `pool` at every scrape, as the pool of `node`.
@@ -505,6 +541,7 @@ impl Metrics {
     pub fn render(&self, waiting: &[(String, usize)]) -> String {
         self.update_waiters(waiting);
         self.update_pools();
+        self.update_master();
         let mut buf = Vec::new();
         // Encoding into a Vec cannot fail for well-formed metric families.
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
@@ -527,6 +564,18 @@ impl Metrics {
         for (ns, count) in by_ns {
             self.waiters.with_label_values(&[ns.as_ref()]).set(count);
         }
+    }
+
+    fn update_master(&self) {
+        let master = self.master.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(read) = master.as_ref() else { return };
+        let status = read();
+        self.redis_master.reset();
+        if let Some(address) = &status.address {
+            self.redis_master.with_label_values(&[address]).set(1);
+        }
+        let seen = self.failovers.get();
+        self.failovers.inc_by(status.failovers.saturating_sub(seen));
     }
 
     fn update_pools(&self) {

@@ -56,6 +56,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("lockd_http_request_duration_seconds", "histogram"),
     ("lockd_build_info", "gauge"),
     ("lockd_store_mode", "gauge"),
+    ("lockd_redis_failovers_total", "counter"),
     ("process_resident_memory_bytes", "gauge"),
     ("process_cpu_seconds_total", "counter"),
     ("process_open_fds", "gauge"),

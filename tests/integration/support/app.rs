@@ -12,7 +12,9 @@ use reqwest::Method;
 use reqwest::header::CONTENT_TYPE;
 use serde_json::Value;
 
-use super::{Cluster, PREFIX, RedisServer, Reply, lock_key, metric, shared_cluster};
+use super::{
+    Cluster, MASTER_NAME, PREFIX, RedisServer, Reply, SentinelSet, lock_key, metric, shared_cluster,
+};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -36,6 +38,8 @@ pub enum Store {
     Memory(Arc<MemoryBackend>),
     /// The Redis Cluster shared by the tests of this binary.
     Cluster(&'static Cluster),
+    /// A master with replicas under Sentinel.
+    Sentinel(Arc<SentinelSet>),
 }
 
 /// A lockd served on a loopback port, with its store.
@@ -109,8 +113,25 @@ impl TestApp {
                 Self::redlock_over(nodes.clone(), urls.collect(), tweak).await
             }
             Store::Cluster(_) => Self::cluster_with(tweak).await,
+            Store::Sentinel(set) => Self::sentinel_on(set.clone(), tweak).await,
             Store::Memory(_) => panic!("instances share only a Redis store"),
         }
+    }
+
+    /// lockd in Sentinel mode over `set` (`--redis-mode sentinel`, the
+    /// Sentinels' URLs, `--sentinel-master`), with settings changed by
+    /// `tweak`.
+    pub async fn sentinel_on(set: Arc<SentinelSet>, tweak: impl FnOnce(&mut Settings)) -> Self {
+        LazyLock::force(&TRACING);
+        let mut settings = test_settings(String::new());
+        settings.store.redis_urls = set.sentinel_urls().into_iter().map(Into::into).collect();
+        settings.store.redis_mode = Some(RedisMode::Sentinel);
+        settings.store.sentinel_master = Some(MASTER_NAME.to_owned());
+        tweak(&mut settings);
+        let app = Application::build(&settings)
+            .await
+            .expect("build lockd over Sentinel");
+        Self::serve(app, Store::Sentinel(set), settings)
     }
 
     /// lockd in cluster mode over the shared Redis Cluster
@@ -498,6 +519,11 @@ impl TestApp {
                     .await
                     .expect("read the cluster")
             }
+            Store::Sentinel(set) => {
+                set.server(set.master_port())
+                    .get_with_pttl(&lock_key(name))
+                    .await
+            }
             Store::Memory(backend) => backend.peek(name).map(|(token, left)| {
                 (
                     token,
@@ -539,6 +565,13 @@ impl TestApp {
             }
             Store::Memory(backend) => backend.held_count(),
             Store::Cluster(_) => panic!("the shared cluster has other tests' keys"),
+            Store::Sentinel(set) => set
+                .server(set.master_port())
+                .keys()
+                .await
+                .iter()
+                .filter(|k| k.starts_with(PREFIX) && !k.ends_with(":fence"))
+                .count(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Shared harness of the integration tests, one module per concern:
 //! `redis_server` (real servers), `cluster` (a Redis Cluster shared by the
-//! binary's tests), `proxy` (a faulty link), `app` (lockd
+//! binary's tests), `sentinel` (a master, replicas and Sentinels), `proxy`
+//! (a faulty link), `app` (lockd
 //! in-process, and [`backend_tests!`]), `process` (the `lockd` binary),
 //! `replies` (HTTP answers) and `metrics` (Prometheus text). Everything is
 //! re-exported here, so a test file writes `use crate::support::...`.
@@ -62,6 +63,7 @@ mod process;
 mod proxy;
 mod redis_server;
 mod replies;
+mod sentinel;
 
 pub use app::*;
 pub use cluster::*;
@@ -70,6 +72,7 @@ pub use process::*;
 pub use proxy::*;
 pub use redis_server::*;
 pub use replies::*;
+pub use sentinel::*;
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};

@@ -1,0 +1,288 @@
+//! lockd in Sentinel mode (`--redis-mode sentinel --sentinel-master
+//! NAME`) over a real master, two replicas and three `redis-sentinel`
+//! processes ([`SentinelSet`]), one set per test that fails it over.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::{
+    MASTER_NAME, RedisServer, SentinelSet, TestApp, eventually, lock_key, lockd, metric,
+    random_token, run,
+};
+
+/// The answers a client may see while the master changes: a grant, a
+/// renewal, a release, a conflict, or 503 with `Retry-After`. Never a 500.
+fn assert_allowed(reply: &crate::support::Reply, what: &str) {
+    match reply.status.as_u16() {
+        200 | 201 | 204 | 404 | 409 => {}
+        503 => assert!(
+            reply.header("retry-after").is_some(),
+            "{what}: 503 without Retry-After: {}",
+            reply.text
+        ),
+        other => panic!("{what}: {other} {}", reply.text),
+    }
+}
+
+/// Through Sentinel: locks are taken, extended and released on the master
+/// Sentinel names; `/readyz` is 200 and the metrics name the mode and the
+/// master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_go_to_the_master_sentinel_names_and_the_metrics_say_which() {
+    let set = Arc::new(SentinelSet::start().await);
+    let app = TestApp::sentinel_on(set.clone(), |_| {}).await;
+    let grant = app.acquire_ttl("s:1", 30_000).await;
+    grant.expect_status(201);
+    let master = set.server(set.master_port());
+    assert_eq!(master.lock_token("s:1").await, Some(grant.token()));
+    app.extend_ttl("s:1", &grant.token(), 20_000)
+        .await
+        .expect_status(200);
+    app.release("s:1", &grant.token()).await.expect_status(204);
+    assert_eq!(master.lock_token("s:1").await, None);
+    app.get("/readyz").await.expect_status(200);
+    let text = app.metrics().await;
+    assert_eq!(
+        metric(&text, "lockd_store_mode", &[("mode", "sentinel")]),
+        Some(1.0)
+    );
+    let node = format!("127.0.0.1:{}", set.master_port());
+    assert_eq!(
+        metric(&text, "lockd_redis_master", &[("node", &node)]),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+/// C16: `SENTINEL FAILOVER` under load. Meanwhile every answer is a 2xx,
+/// 404, 409 or 503 with `Retry-After`; grants come back within 10 s; the
+/// failover is counted; and after it a release answered 204 really
+/// deleted the lock on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c16_failover_readonly_writes_move_to_the_new_master() {
+    let set = Arc::new(SentinelSet::start().await);
+    let app = Arc::new(TestApp::sentinel_on(set.clone(), |_| {}).await);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        let (app, stop) = (app.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let name = format!("load:{i}");
+            let mut last_grant = None;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let grant = app.acquire_ttl(&name, 5_000).await;
+                assert_allowed(&grant, "acquire");
+                if grant.status == 201 {
+                    last_grant = Some(Instant::now());
+                    let release = app.release(&name, &grant.token()).await;
+                    assert_allowed(&release, "release");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            last_grant
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let old = set.master_port();
+    let failed_over_at = Instant::now();
+    let new = set.fail_over().await;
+    assert_ne!(old, new);
+    // Grants come back within 10 s of the failover.
+    let back = eventually(Duration::from_secs(10), || async {
+        let name = format!("probe:{}", random_token().get(..8).unwrap_or("x"));
+        let grant = app.acquire_ttl(&name, 5_000).await;
+        grant.status == 201 && set.server(new).lock_token(&name).await == Some(grant.token())
+    })
+    .await;
+    assert!(
+        back,
+        "no grant on the new master within 10 s of the failover ({:?})",
+        failed_over_at.elapsed()
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for client in clients {
+        client.await.expect("a client panicked");
+    }
+    // After the switch, a 204 means the lock is gone from the master.
+    for i in 0..20 {
+        let name = format!("after:{i}");
+        let grant = app.acquire_ttl(&name, 30_000).await;
+        grant.expect_status(201);
+        assert_eq!(set.server(new).lock_token(&name).await, Some(grant.token()));
+        app.release(&name, &grant.token()).await.expect_status(204);
+        assert_eq!(set.server(new).lock_token(&name).await, None, "{name}");
+    }
+    let text = app.metrics().await;
+    assert!(
+        metric(&text, "lockd_redis_failovers_total", &[]).is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    let node = format!("127.0.0.1:{new}");
+    assert_eq!(
+        metric(&text, "lockd_redis_master", &[("node", &node)]),
+        Some(1.0),
+        "{text}"
+    );
+}
+
+/// C15: A holds `k` (TTL 60 s) through one lockd; B waits for it (30 s)
+/// through another. After a failover, A's release wakes B within about
+/// 2 s: the release-event subscription moved to the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c15_failover_wakeup_waiters_still_wake_after_a_failover() {
+    let set = Arc::new(SentinelSet::start().await);
+    let a = TestApp::sentinel_on(set.clone(), |_| {}).await;
+    let b = a.sibling(|_| {}).await;
+    let held = a.acquire_ttl("k", 60_000).await;
+    held.expect_status(201);
+    let waiter = {
+        let (url, client) = (b.url("/locks/k"), b.client.clone());
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&json!({"ttl_ms": 10_000, "wait_ms": 30_000}))
+                .timeout(Duration::from_secs(40))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    let new = set.fail_over().await;
+    // Both instances write to the new master, and it has A's lock.
+    let moved = eventually(Duration::from_secs(10), || async {
+        let node = format!("127.0.0.1:{new}");
+        let on =
+            |text: String| metric(&text, "lockd_redis_master", &[("node", &node)]) == Some(1.0);
+        on(a.metrics().await) && on(b.metrics().await)
+    })
+    .await;
+    assert!(moved, "the instances did not move to the new master");
+    assert_eq!(set.server(new).lock_token("k").await, Some(held.token()));
+    let released_at = Instant::now();
+    let release = eventually(Duration::from_secs(10), || async {
+        a.release("k", &held.token()).await.status == 204
+    })
+    .await;
+    assert!(release, "A could not release after the failover");
+    let status = waiter
+        .await
+        .expect("the waiter ran")
+        .expect("the waiter's answer");
+    assert_eq!(status, 201, "B was not granted");
+    let woke = released_at.elapsed();
+    assert!(
+        woke < Duration::from_secs(3),
+        "B woke {woke:?} after the release"
+    );
+}
+
+/// A master frozen (SIGSTOP) long enough for Sentinel to fail over, then
+/// thawed: it still calls itself master for a while, but lockd follows
+/// `+switch-master` and writes to the new master, not to the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_the_old_master_gets_no_writes_while_it_still_calls_itself_master() {
+    let set = Arc::new(SentinelSet::start().await);
+    let app = TestApp::sentinel_on(set.clone(), |s| {
+        s.store.redis_timeout = Duration::from_millis(300);
+    })
+    .await;
+    app.acquire_ttl("warm", 5_000).await.expect_status(201);
+    let old = set.master_port();
+    set.server(old).sigstop();
+    let new = set.wait_for_new_master(old).await;
+    set.server(old).sigcont();
+    // lockd moves to the new master within a few seconds of the switch.
+    let moved = eventually(Duration::from_secs(5), || async {
+        let node = format!("127.0.0.1:{new}");
+        metric(
+            &app.metrics().await,
+            "lockd_redis_master",
+            &[("node", &node)],
+        ) == Some(1.0)
+    })
+    .await;
+    assert!(moved, "lockd did not follow +switch-master");
+    for i in 0..20 {
+        let name = format!("after-thaw:{i}");
+        let grant = app.acquire_ttl(&name, 30_000).await;
+        if grant.status != 201 {
+            assert_allowed(&grant, "acquire");
+            continue;
+        }
+        assert_eq!(
+            set.server(new).lock_token(&name).await,
+            Some(grant.token()),
+            "{name}: granted, but not on the new master"
+        );
+        let on_old: Option<String> = set
+            .server(old)
+            .cmd(redis::cmd("GET").arg(lock_key(&name)))
+            .await;
+        // The old master, once demoted, may have it by replication only.
+        let info: String = set
+            .server(old)
+            .cmd(redis::cmd("INFO").arg("replication"))
+            .await;
+        assert!(
+            on_old.is_none() || info.contains("role:slave"),
+            "{name} was written to the old master while it was still a master"
+        );
+    }
+}
+
+/// Bad Sentinel settings exit 2 with a clear message: no
+/// `--sentinel-master`, a name no Sentinel monitors, `--sentinel-master`
+/// outside Sentinel mode, Sentinel mode over a plain server, and a
+/// Sentinel given to single mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_sentinel_settings_exit_2_naming_the_problem() {
+    let set = SentinelSet::start().await;
+    let sentinel = set.sentinel_urls()[0].clone();
+    let plain_server = RedisServer::spawn().await;
+    let plain = plain_server.url();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--redis-mode", "sentinel", "--redis-url", &sentinel],
+            "--sentinel-master",
+        ),
+        (
+            vec![
+                "--redis-mode",
+                "sentinel",
+                "--sentinel-master",
+                "no-such-master",
+                "--redis-url",
+                &sentinel,
+            ],
+            "no Sentinel monitors a master named",
+        ),
+        (
+            vec!["--sentinel-master", MASTER_NAME, "--redis-url", &sentinel],
+            "is for --redis-mode sentinel",
+        ),
+        (
+            vec![
+                "--redis-mode",
+                "sentinel",
+                "--sentinel-master",
+                MASTER_NAME,
+                "--redis-url",
+                &plain,
+            ],
+            "not a Sentinel",
+        ),
+        (
+            vec!["--redis-url", &sentinel],
+            "--redis-mode sentinel --sentinel-master NAME",
+        ),
+    ];
+    for (args, says) in cases {
+        let mut cmd = lockd();
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]).args(&args);
+        let exit = run(cmd).await;
+        exit.expect(2);
+        assert!(exit.stderr.contains(says), "{args:?}: {}", exit.stderr);
+    }
+}
