@@ -360,6 +360,8 @@ fn build_backend(
             pool_size: store.pool_size.get(),
             fence_retention: store.fence_retention,
             restart_delay: None,
+            min_replicas_acked: store.min_replicas_acked,
+            replica_ack_timeout: store.replica_ack_timeout,
             standalone: true,
         })?;
         let watched = backend.clone();
@@ -384,6 +386,8 @@ fn build_backend(
             pool_size: store.pool_size.get(),
             fence_retention: store.fence_retention,
             restart_delay: None,
+            min_replicas_acked: store.min_replicas_acked,
+            replica_ack_timeout: store.replica_ack_timeout,
             standalone: true,
         })?;
         let watched = backend.clone();
@@ -406,6 +410,8 @@ fn build_backend(
             pool_size: store.pool_size.get(),
             fence_retention: store.fence_retention,
             restart_delay: redlock.then(|| settings.redlock_restart_delay()),
+            min_replicas_acked: if redlock { 0 } else { store.min_replicas_acked },
+            replica_ack_timeout: store.replica_ack_timeout,
             standalone: !redlock,
         })?;
         let watched = backend.clone();

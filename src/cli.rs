@@ -96,6 +96,18 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_REDIS_MODE", value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_mode: Option<RedisMode>,
+    /// After each grant and extend, wait (Redis `WAIT`) until this many
+    /// replicas acknowledged it; fewer within --replica-ack-timeout-ms undo
+    /// a grant and answer 503 replication-lagging. Single, cluster and
+    /// sentinel modes; 0 waits for none [default: 0].
+    #[arg(long, env = "LOCKD_MIN_REPLICAS_ACKED")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_replicas_acked: Option<usize>,
+    /// How long a grant or extend waits for --min-replicas-acked replicas,
+    /// in ms; below --redis-timeout-ms [default: 200].
+    #[arg(long, env = "LOCKD_REPLICA_ACK_TIMEOUT_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_ack_timeout_ms: Option<u64>,
     /// The name the Sentinels monitor the master by (as in `sentinel
     /// monitor NAME ...`); needed with --redis-mode sentinel, refused
     /// without it.

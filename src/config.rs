@@ -23,7 +23,7 @@
 //! | Field of `Settings` | Concern | Keys |
 //! | --- | --- | --- |
 //! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes` |
-//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
+//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
 //! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
 //! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
@@ -121,6 +121,12 @@ pub struct StoreSettings {
     /// Sentinel mode: the name the Sentinels monitor the master by; set in
     /// that mode only (`sentinel_master`).
     pub sentinel_master: Option<String>,
+    /// How many replicas must acknowledge each grant and extend (Redis
+    /// `WAIT`); 0: none. Not in Redlock mode (`min_replicas_acked`).
+    pub min_replicas_acked: usize,
+    /// How long a grant or extend waits for those replicas; at least 1 ms,
+    /// below `redis_timeout` (`replica_ack_timeout_ms`).
+    pub replica_ack_timeout: Duration,
     /// Prefix of every Redis key lockd writes; no braces (`key_prefix`).
     pub key_prefix: String,
     /// Longest time one Redis operation may take, single Redis; at least
@@ -234,6 +240,8 @@ impl Default for StoreSettings {
             redis_urls: vec![RedisUrl::from("redis://127.0.0.1:6379")],
             redis_mode: None,
             sentinel_master: None,
+            min_replicas_acked: 0,
+            replica_ack_timeout: Duration::from_millis(200),
             key_prefix: "lockd:".into(),
             redis_timeout: Duration::from_millis(1_000),
             pool_size: const { count(16) },
@@ -310,6 +318,10 @@ pub struct RawSettings {
     /// Sentinel mode: the name the Sentinels monitor the master by.
     #[serde(default)]
     pub sentinel_master: Option<String>,
+    /// Replicas that must acknowledge each grant and extend; 0: none.
+    pub min_replicas_acked: usize,
+    /// How long to wait for them, in milliseconds.
+    pub replica_ack_timeout_ms: u64,
     /// Prefix of every Redis key lockd writes.
     pub key_prefix: String,
     /// Lease length when a request gives no `ttl_ms`, in milliseconds.
@@ -392,6 +404,8 @@ impl From<&Settings> for RawSettings {
             redis_url: store.redis_urls.clone(),
             redis_mode: store.redis_mode,
             sentinel_master: store.sentinel_master.clone(),
+            min_replicas_acked: store.min_replicas_acked,
+            replica_ack_timeout_ms: whole_millis(store.replica_ack_timeout),
             key_prefix: store.key_prefix.clone(),
             default_ttl_ms: limits.default_ttl.as_millis(),
             max_ttl_ms: limits.max_ttl.as_millis(),
@@ -744,6 +758,23 @@ impl StoreSettings {
             }
             _ => {}
         }
+        if raw.min_replicas_acked > 0 && mode == RedisMode::Redlock {
+            return Err(
+                "min_replicas_acked (--min-replicas-acked) is for single, cluster and sentinel \
+                 modes: Redlock's nodes are independent masters, and its quorum is what \
+                 survives the loss of one"
+                    .into(),
+            );
+        }
+        let replica_ack_timeout =
+            at_least_1_ms("replica_ack_timeout_ms", raw.replica_ack_timeout_ms)?;
+        if replica_ack_timeout >= redis_timeout {
+            return Err(format!(
+                "replica_ack_timeout_ms (--replica-ack-timeout-ms) must be below \
+                 redis_timeout_ms ({} ms): the wait for replicas is part of the operation",
+                redis_timeout.as_millis()
+            ));
+        }
         match (mode, raw.sentinel_master.as_deref()) {
             (RedisMode::Sentinel, None | Some("")) => {
                 return Err("redis_mode sentinel (--redis-mode) needs sentinel_master \
@@ -785,6 +816,8 @@ impl StoreSettings {
             redis_urls: raw.redis_url.clone(),
             redis_mode: raw.redis_mode,
             sentinel_master: raw.sentinel_master.clone(),
+            min_replicas_acked: raw.min_replicas_acked,
+            replica_ack_timeout,
             key_prefix: raw.key_prefix.clone(),
             redis_timeout,
             pool_size,
@@ -1203,6 +1236,49 @@ mod tests {
             &["redis://a:6379", "redis://a:6379"],
         ));
         assert!(twice.contains("seed"), "{twice}");
+    }
+
+    /// `min_replicas_acked` is refused with Redlock, and the ack timeout
+    /// must fit in the Redis timeout.
+    #[test]
+    fn replica_acks_fit_the_mode_and_the_timeout() {
+        let load = |raw: RawSettings| match Settings::try_from(raw) {
+            Err(ConfigError::Invalid(why)) => Some(why),
+            Err(other) => panic!("{other}"),
+            Ok(_) => None,
+        };
+        let three = ["redis://a:6379", "redis://b:6379", "redis://c:6379"]
+            .map(RedisUrl::from)
+            .to_vec();
+        let redlock = load(RawSettings {
+            redis_url: three,
+            min_replicas_acked: 1,
+            ..RawSettings::default()
+        });
+        assert!(
+            redlock
+                .as_deref()
+                .is_some_and(|w| w.starts_with("min_replicas_acked")),
+            "{redlock:?}"
+        );
+        let slow = load(RawSettings {
+            min_replicas_acked: 1,
+            replica_ack_timeout_ms: 1_000,
+            redis_timeout_ms: 1_000,
+            ..RawSettings::default()
+        });
+        assert!(
+            slow.as_deref()
+                .is_some_and(|w| w.starts_with("replica_ack_timeout_ms")),
+            "{slow:?}"
+        );
+        assert_eq!(
+            load(RawSettings {
+                min_replicas_acked: 2,
+                ..RawSettings::default()
+            }),
+            None
+        );
     }
 
     #[test]

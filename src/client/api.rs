@@ -133,8 +133,9 @@ pub enum ClientError {
         /// The answer.
         answer: Refusal,
     },
-    /// 503 (`backend-unavailable`, `quorum-unavailable`, `too-many-waiters`,
-    /// `shutting-down`, `timeout`, `overloaded`): try again later.
+    /// 503 (`backend-unavailable`, `quorum-unavailable`,
+    /// `replication-lagging`, `too-many-waiters`, `shutting-down`, `timeout`,
+    /// `overloaded`): try again later.
     #[error("{answer}")]
     Unavailable {
         /// When to try again, if the server said.
@@ -190,6 +191,7 @@ impl ClientError {
             },
             "backend-unavailable"
             | "quorum-unavailable"
+            | "replication-lagging"
             | "too-many-waiters"
             | "shutting-down"
             | "timeout"

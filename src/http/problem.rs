@@ -171,6 +171,8 @@ pub enum Kind {
     BackendUnavailable,
     /// 503: too few Redlock nodes answered.
     QuorumUnavailable,
+    /// 503: too few replicas acknowledged the write (`--min-replicas-acked`).
+    ReplicationLagging,
     /// 503: too many requests are waiting on this instance.
     TooManyWaiters,
     /// 503: the service is shutting down.
@@ -225,6 +227,11 @@ impl Kind {
                 S::SERVICE_UNAVAILABLE,
                 "quorum-unavailable",
                 "Quorum unavailable",
+            ),
+            Self::ReplicationLagging => (
+                S::SERVICE_UNAVAILABLE,
+                "replication-lagging",
+                "Too few replicas acknowledged",
             ),
             Self::TooManyWaiters => (
                 S::SERVICE_UNAVAILABLE,
@@ -361,6 +368,23 @@ impl From<LockError> for ApiError {
                 .retry_after(UNAVAILABLE_RETRY);
                 error.nodes = Some((answered, needed));
                 error
+            }
+            LockError::ReplicationLagging {
+                acked,
+                needed,
+                undone,
+            } => {
+                tracing::warn!(acked, needed, undone, "too few replicas acknowledged a write");
+                let detail = if undone {
+                    format!(
+                        "only {acked} of the {needed} replicas lockd waits for acknowledged the grant in time, so it was undone and nothing is held; try again shortly"
+                    )
+                } else {
+                    format!(
+                        "only {acked} of the {needed} replicas lockd waits for acknowledged the new lease in time; count on the lease's old expiry, and extend again shortly"
+                    )
+                };
+                Self::new(Kind::ReplicationLagging, detail).retry_after(UNAVAILABLE_RETRY)
             }
             LockError::TooManyWaiters => Self::new(
                 Kind::TooManyWaiters,

@@ -47,6 +47,20 @@ pub enum LockError {
     /// it never reaches a client.
     #[error("lock backend unavailable: {0}")]
     Unavailable(String),
+    /// Fewer replicas than `--min-replicas-acked` acknowledged the write
+    /// (`WAIT`) within `--replica-ack-timeout-ms`. With `undone`, it was a
+    /// new grant and was compare-and-deleted; otherwise (an extend, or a
+    /// renewal by acquire) the write may stand on the master alone, and the
+    /// holder should count on its lease's old expiry.
+    #[error("{acked} of {needed} replicas acknowledged the write")]
+    ReplicationLagging {
+        /// How many replicas acknowledged.
+        acked: usize,
+        /// How many must (`--min-replicas-acked`).
+        needed: usize,
+        /// Whether the grant was deleted again.
+        undone: bool,
+    },
     /// Redlock: too few nodes answered to reach or to tell a quorum.
     #[error("{answered} of the nodes answered; {needed} are needed")]
     QuorumUnavailable {
@@ -72,7 +86,10 @@ impl LockError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable(_) | Self::QuorumUnavailable { .. } | Self::TimedOut
+            Self::Unavailable(_)
+                | Self::QuorumUnavailable { .. }
+                | Self::ReplicationLagging { .. }
+                | Self::TimedOut
         )
     }
 

@@ -48,6 +48,7 @@ use super::{
     ReleaseListener, Released, Token, Ttl, unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
 /// The fencing rule (`next_fence`), put in front of the scripts that give
 /// fences.
@@ -121,6 +122,11 @@ pub struct RedisConfig {
     /// restarted (see [`super::restart`]); `None` outside Redlock, where
     /// restarts are not watched.
     pub restart_delay: Option<Duration>,
+    /// How many replicas must acknowledge each grant and extend (`WAIT`
+    /// on the connection that wrote it); 0: none.
+    pub min_replicas_acked: usize,
+    /// How long to wait for them.
+    pub replica_ack_timeout: Duration,
     /// Whether this server is the whole store (single-Redis mode), rather
     /// than a Redlock node. The whole store compare-and-deletes, in the
     /// background, an acquire that timed out with a token lockd generated,
@@ -163,6 +169,9 @@ pub struct RedisBackend {
     cluster: bool,
     /// The Sentinels, in Sentinel mode: the master is theirs to name.
     sentinels: Option<Arc<Sentinels>>,
+    /// Replicas that must acknowledge each write (see [`RedisConfig`]).
+    min_replicas_acked: usize,
+    replica_ack_timeout: Duration,
     prefix: String,
     timeout: Duration,
     fence_retention_ms: u64,
@@ -239,6 +248,8 @@ impl RedisBackend {
             subscribe_to: clients.into(),
             cluster,
             sentinels,
+            min_replicas_acked: config.min_replicas_acked,
+            replica_ack_timeout: config.replica_ack_timeout,
             prefix: config.key_prefix.clone(),
             timeout: config.timeout,
             fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
@@ -327,6 +338,73 @@ impl RedisBackend {
             .map_err(|_| {
                 LockError::Unavailable(format!("no answer from Redis in {:?}", self.timeout))
             })?
+    }
+
+    /// How many replicas acknowledged every write made so far on `conn`
+    /// (Redis `WAIT`, sent to the master that holds `key`), waiting up to
+    /// the ack timeout for [`RedisConfig::min_replicas_acked`] of them.
+    ///
+    /// # Errors
+    /// When the `WAIT` itself fails (the connection broke).
+    async fn replicas_acked(&self, conn: &mut Conn, key: &str) -> Result<usize, LockError> {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.min_replicas_acked)
+            .arg(u64::try_from(self.replica_ack_timeout.as_millis()).unwrap_or(u64::MAX));
+        let acked: i64 = match conn {
+            // A cluster routes WAIT to every master by default; only the
+            // master of this key's slot holds the write.
+            Conn::Cluster(cluster) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let value = cluster
+                    .route_command(
+                        wait,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+                    .map_err(|e| redis_error(&e))?;
+                redis::from_redis_value(value)
+                    .map_err(|e| LockError::Backend(format!("WAIT answered {e}")))?
+            }
+            _ => wait.query_async(conn).await.map_err(|e| redis_error(&e))?,
+        };
+        Ok(usize::try_from(acked).unwrap_or(0))
+    }
+
+    /// After a write on `conn` (the grant or new lease of `name`), whether
+    /// enough replicas acknowledged it: `Ok` when
+    /// [`RedisConfig::min_replicas_acked`] is 0 or met. A new grant
+    /// (`grant_of`) that falls short is compare-and-deleted again.
+    async fn check_replicas(
+        &self,
+        conn: Option<Conn>,
+        keys: &Keys,
+        grant_of: Option<&Token>,
+    ) -> Result<(), LockError> {
+        if self.min_replicas_acked == 0 {
+            return Ok(());
+        }
+        let acked = match conn {
+            Some(mut conn) => self.replicas_acked(&mut conn, &keys.lock).await,
+            None => Err(LockError::Unavailable(
+                "no connection to wait for replicas on".into(),
+            )),
+        };
+        let short = match acked {
+            Ok(acked) if acked >= self.min_replicas_acked => return Ok(()),
+            Ok(acked) => LockError::ReplicationLagging {
+                acked,
+                needed: self.min_replicas_acked,
+                undone: grant_of.is_some(),
+            },
+            Err(e) => e,
+        };
+        if let Some(token) = grant_of {
+            // Nothing is held that a failover could lose, nor handed out.
+            let _ = self
+                .run::<(i64, String)>(&Self::release_call(keys, token))
+                .await;
+        }
+        Err(short)
     }
 
     /// The release script for `token` on `name`.
@@ -468,6 +546,12 @@ impl Node for RedisBackend {
             Lease::left(fence, req.ttl, sent, sent_wall)
                 .or_else(|| (!self.standalone).then(|| Lease::spent(fence, req.ttl, sent_wall)))
         };
+        if status == 1 || status == 2 {
+            // A new grant short of acks is undone; a renewal stands.
+            let grant_of = (status == 1).then_some(&req.token);
+            self.check_replicas(sent_on.clone(), &keys, grant_of)
+                .await?;
+        }
         match status {
             1 => match lease() {
                 Some(lease) => Ok(Acquired::Granted(lease)),
@@ -521,9 +605,11 @@ impl Node for RedisBackend {
             .arg(&keys.released)
             .arg(fallback.as_millis())
             .arg(self.fence_retention_ms);
-        let (status, fence, ttl_ms): (i64, i64, i64) = self.run(&call).await?;
+        let mut sent_on = None;
+        let (status, fence, ttl_ms): (i64, i64, i64) = self.run_on(&call, &mut sent_on).await?;
         match status {
             1 => {
+                self.check_replicas(sent_on, &keys, None).await?;
                 let set_to = u64::try_from(ttl_ms)
                     .ok()
                     .and_then(|ms| Ttl::from_millis(ms, Ttl::CEILING_MS, "ttl_ms").ok())

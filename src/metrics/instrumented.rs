@@ -44,6 +44,9 @@ impl Instrumented {
                 .backend_duration
                 .with_label_values(&[op, node.as_str()]);
         }
+        for op in ["acquire", "extend"] {
+            metrics.replica_ack_failures.with_label_values(&[op]);
+        }
         for kind in ["unavailable", "error"] {
             metrics
                 .backend_errors
@@ -67,6 +70,12 @@ impl Instrumented {
             .backend_duration
             .with_label_values(&[op, self.node.as_str()])
             .observe(started.elapsed().as_secs_f64());
+        if matches!(&outcome, Err(LockError::ReplicationLagging { .. })) {
+            self.metrics
+                .replica_ack_failures
+                .with_label_values(&[op])
+                .inc();
+        }
         let kind = match &outcome {
             Err(e) if e.is_transient() => Some("unavailable"),
             Err(LockError::Backend(_)) => Some("error"),

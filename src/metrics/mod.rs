@@ -169,6 +169,9 @@ pub struct Metrics {
     /// `lockd_quorum_failures_total{op}`: Redlock operations for which too
     /// few nodes answered.
     quorum_failures: IntCounterVec,
+    /// `lockd_replica_ack_failures_total{op}`: grants (undone) and extends
+    /// that fewer than `--min-replicas-acked` replicas acknowledged.
+    pub replica_ack_failures: IntCounterVec,
     /// `lockd_redis_pool_size{node}`, `..._available{node}`,
     /// `..._waiting{node}`, read from the pools at scrape time.
     pool_size: IntGaugeVec,
@@ -301,6 +304,11 @@ impl Metrics {
             quorum_failures: b.counter(
                 "lockd_quorum_failures_total",
                 "Redlock operations for which too few nodes answered.",
+                &["op"],
+            )?,
+            replica_ack_failures: b.counter(
+                "lockd_replica_ack_failures_total",
+                "Grants (undone) and extends that fewer than --min-replicas-acked replicas acknowledged in time.",
                 &["op"],
             )?,
             pool_size: b.gauge("lockd_redis_pool_size", "Connections open to a Redis node.", &["node"])?,

@@ -20,6 +20,7 @@ mod process;
 mod readme_snippets;
 mod redis_outage;
 mod redlock;
+mod replicas;
 mod sentinel;
 mod shutdown;
 mod strict_input;

@@ -48,6 +48,7 @@ const FAMILIES: &[(&str, &str)] = &[
     ("lockd_backend_duration_seconds", "histogram"),
     ("lockd_backend_errors_total", "counter"),
     ("lockd_quorum_failures_total", "counter"),
+    ("lockd_replica_ack_failures_total", "counter"),
     ("lockd_redis_pool_size", "gauge"),
     ("lockd_redis_pool_available", "gauge"),
     ("lockd_redis_pool_waiting", "gauge"),

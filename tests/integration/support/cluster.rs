@@ -117,11 +117,13 @@ impl Cluster {
             let masters = self.masters();
             let replicas_up = masters.len() == MASTERS
                 && masters.iter().all(|&m| {
+                    // In sync: a replica still loading the master's data
+                    // acknowledges nothing (WAIT counts 0).
                     cli(m, &["INFO", "replication"])
                         .lines()
-                        .find_map(|l| l.trim().strip_prefix("connected_slaves:"))
-                        .and_then(|n| n.parse::<usize>().ok())
-                        == Some(REPLICAS_PER_MASTER)
+                        .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                        .count()
+                        == REPLICAS_PER_MASTER
                 });
             if ok && replicas_up {
                 return;

@@ -1,0 +1,149 @@
+//! `--min-replicas-acked`: grants and extends that must reach replicas
+//! (Redis `WAIT`) before they are answered, over a real master with a
+//! replica, the shared Redis Cluster, and a Sentinel set.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::{
+    RedisServer, SentinelSet, TestApp, eventually, lock_key, metric, random_token, shared_cluster,
+};
+
+/// A master and one replica of it, in sync.
+async fn master_and_replica() -> (Arc<RedisServer>, RedisServer) {
+    let master = Arc::new(RedisServer::spawn().await);
+    let replica = RedisServer::spawn().await;
+    let _: () = replica
+        .cmd(redis::cmd("REPLICAOF").arg("127.0.0.1").arg(master.port()))
+        .await;
+    let synced = eventually(Duration::from_secs(20), || async {
+        let info: String = master.cmd(redis::cmd("INFO").arg("replication")).await;
+        info.contains("state=online")
+    })
+    .await;
+    assert!(synced, "the replica did not sync");
+    (master, replica)
+}
+
+/// C17: with `--min-replicas-acked 1` and the only replica unable to
+/// acknowledge (SIGSTOP), an acquire answers 503 `replication-lagging`
+/// and leaves no lock on the master; an extend answers the same and the
+/// old lease stands; with the replica back, the next acquire is 201.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c17_replica_ack_a_wait_that_came_back_short_is_not_a_grant() {
+    let (master, replica) = master_and_replica().await;
+    let app = TestApp::redis_on(master.clone(), |s| s.store.min_replicas_acked = 1).await;
+    let held = app.acquire_ttl("acked", 30_000).await;
+    held.expect_status(201);
+
+    replica.sigstop();
+    let refused = app.acquire_ttl("unacked", 30_000).await;
+    let body = refused.expect_problem(503, "replication-lagging");
+    assert!(refused.header("retry-after").is_some(), "{}", refused.text);
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("nothing is held")),
+        "{}",
+        refused.text
+    );
+    assert_eq!(
+        master.lock_token("unacked").await,
+        None,
+        "the short grant stayed"
+    );
+    let extend = app.extend_ttl("acked", &held.token(), 60_000).await;
+    extend.expect_problem(503, "replication-lagging");
+    assert_eq!(master.lock_token("acked").await, Some(held.token()));
+    replica.sigcont();
+
+    app.acquire_ttl("unacked", 30_000).await.expect_status(201);
+    let text = app.metrics().await;
+    for op in ["acquire", "extend"] {
+        assert_eq!(
+            metric(&text, "lockd_replica_ack_failures_total", &[("op", op)]),
+            Some(1.0),
+            "{op}: {text}"
+        );
+    }
+}
+
+/// On a cluster, the `WAIT` goes to the master of the lock's slot: with
+/// `--min-replicas-acked 1`, names on every master are granted, and each
+/// master ran `WAIT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_each_grant_waits_on_the_master_of_its_slot() {
+    let app = TestApp::cluster_with(|s| s.store.min_replicas_acked = 1).await;
+    let cluster = shared_cluster();
+    let waits = |port: u16| -> u64 {
+        cluster
+            .cli(port, &["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let masters = cluster.masters();
+    let before: Vec<u64> = masters.iter().map(|&m| waits(m)).collect();
+    let tag = random_token();
+    let mut granted_on = std::collections::BTreeSet::new();
+    for i in 0..60 {
+        let name = format!("acks-{}-{i}", tag.get(..6).unwrap_or("x"));
+        let grant = app.acquire_ttl(&name, 30_000).await;
+        grant.expect_status(201);
+        granted_on.insert(cluster.master_of(&lock_key(&name)));
+        app.release(&name, &grant.token()).await.expect_status(204);
+    }
+    assert_eq!(granted_on.len(), masters.len());
+    for (i, &m) in masters.iter().enumerate() {
+        assert!(waits(m) > before[i], "master {m} ran no WAIT");
+    }
+}
+
+/// With every replica acknowledging (`--min-replicas-acked 2` of 2), no
+/// acknowledged grant is lost through `SENTINEL FAILOVER`; with the
+/// replicas frozen, a grant is 503 and leaves no lock behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_sentinel_no_acknowledged_grant_is_lost_through_a_failover() {
+    let set = Arc::new(SentinelSet::start().await);
+    let app = TestApp::sentinel_on(set.clone(), |s| s.store.min_replicas_acked = 2).await;
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let name = format!("kept:{i}");
+        let grant = app.acquire_ttl(&name, 60_000).await;
+        grant.expect_status(201);
+        held.push((name, grant.token()));
+    }
+    let new = set.fail_over().await;
+    for (name, token) in &held {
+        assert_eq!(
+            set.server(new).lock_token(name).await.as_ref(),
+            Some(token),
+            "{name} was lost through the failover"
+        );
+    }
+
+    let replicas: Vec<&RedisServer> = set.servers.iter().filter(|s| s.port() != new).collect();
+    // Wait until lockd writes to the new master, and both replicas follow it.
+    let ready = eventually(Duration::from_secs(20), || async {
+        let info: String = set
+            .server(new)
+            .cmd(redis::cmd("INFO").arg("replication"))
+            .await;
+        let online = info.lines().filter(|l| l.contains("state=online")).count();
+        let probe = format!("probe:{}", random_token().get(..8).unwrap_or("x"));
+        online == 2 && app.acquire_ttl(&probe, 1_000).await.status == 201
+    })
+    .await;
+    assert!(ready, "the new master did not get both replicas back");
+    for replica in &replicas {
+        replica.sigstop();
+    }
+    let refused = app.acquire_ttl("frozen", 30_000).await;
+    for replica in &replicas {
+        replica.sigcont();
+    }
+    refused.expect_problem(503, "replication-lagging");
+    assert_eq!(set.server(new).lock_token("frozen").await, None);
+}
