@@ -17,7 +17,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct LockClient {
     http: reqwest::Client,
     base: url::Url,
-    /// The server URL as the user gave it, for messages.
+    /// The server URL as the user gave it, for messages (with any password
+    /// in it hidden).
     server: String,
 }
 
@@ -309,6 +310,11 @@ pub enum CallError {
 /// The server URL, or the CA certificates to trust, are not usable.
 #[derive(Debug, thiserror::Error)]
 pub enum BadServer {
+    /// No server URL at all (an empty `--server` or `LOCKD_SERVER`).
+    #[error(
+        "no server given: --server URL, or LOCKD_SERVER with one URL or several, comma-separated"
+    )]
+    NoServer,
     /// The URL cannot be parsed, or is not http(s).
     #[error("invalid server URL {url:?}: {why}")]
     Url {
@@ -406,9 +412,15 @@ impl LockClient {
         let http = builder.build().map_err(|e| bad(&e.to_string()))?;
         Ok(Self {
             http,
+            server: shown(server, &base),
             base,
-            server: server.to_owned(),
         })
+    }
+
+    /// The server URL as the user gave it, for messages: a password in it
+    /// (`http://user:secret@host`) shows as `***`.
+    pub fn server(&self) -> &str {
+        &self.server
     }
 
     /// The URL of the lock `name`: the server's path, then `locks/<name>`
@@ -543,6 +555,18 @@ impl LockClient {
         let (_, body) = self.send(self.http.get(url), timeout).await?;
         Ok(body)
     }
+}
+
+/// `given` (which parsed as `url`) as messages show it: as given, unless
+/// it carries a password, which shows as `***`.
+fn shown(given: &str, url: &url::Url) -> String {
+    if url.password().is_none() {
+        return given.to_owned();
+    }
+    let mut hidden = url.clone();
+    // Cannot fail: a URL with a password has a host.
+    let _ = hidden.set_password(Some("***"));
+    hidden.to_string()
 }
 
 /// The certificates in the PEM file at `path` (at least one).
@@ -698,6 +722,15 @@ mod tests {
             client.lock_url("a b/c").as_str(),
             "https://locks.example/lockd/locks/a%20b%2Fc"
         );
+    }
+
+    #[test]
+    fn a_password_in_the_server_url_is_hidden_from_messages() {
+        let client =
+            LockClient::new("http://ops:s3cret@127.0.0.1:8080", None, None).expect("valid");
+        assert_eq!(client.server(), "http://ops:***@127.0.0.1:8080/");
+        let plain = LockClient::new("http://127.0.0.1:8080", None, None).expect("valid");
+        assert_eq!(plain.server(), "http://127.0.0.1:8080");
     }
 
     #[test]

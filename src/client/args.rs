@@ -6,15 +6,27 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::api::BadServer;
 use super::exit;
+use super::servers::Servers;
 
-/// Where the lockd server is, how to trust its certificate, and the API
-/// key to show it. `Debug` hides the key.
+/// Where the lockd servers are, how to trust their certificates, and the
+/// API key to show them. `Debug` hides the key.
 #[derive(Clone, Args)]
 pub struct ServerArg {
-    /// The lockd server's base URL (http:// or https://).
-    #[arg(long, env = "LOCKD_SERVER", default_value = "http://127.0.0.1:8080")]
-    pub server: String,
+    /// A lockd server's base URL (http:// or https://). Give it more than
+    /// once (or comma-separated, as in LOCKD_SERVER) for several servers in
+    /// front of the same store, in the order of preference: a call moves on
+    /// to the next one when a server does not answer, or answers 502, 503
+    /// or 504.
+    #[arg(
+        long,
+        env = "LOCKD_SERVER",
+        value_name = "URL",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub server: Vec<String>,
     /// A PEM file of CA certificates to trust for an https:// server, on
     /// top of the system's (for a private CA or a self-signed server
     /// certificate).
@@ -25,6 +37,21 @@ pub struct ServerArg {
     /// shows in `ps`.
     #[arg(long, env = "LOCKD_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+}
+
+impl ServerArg {
+    /// The servers, to call.
+    ///
+    /// # Errors
+    /// [`BadServer`] when no URL is given, one is unusable, or so are the
+    /// key or the CA certificates.
+    pub fn servers(&self) -> Result<Servers, BadServer> {
+        Servers::new(
+            &self.server,
+            self.api_key.as_deref(),
+            self.ca_cert.as_deref(),
+        )
+    }
 }
 
 impl std::fmt::Debug for ServerArg {
@@ -94,8 +121,9 @@ pub struct AcquireArgs {
     #[arg(long)]
     pub owner: Option<String>,
     /// A token of your choosing (16 to 128 of A-Za-z0-9_-), so that a retry
-    /// after a lost answer renews instead of failing [default: the server
-    /// generates one]. It may start with `-`.
+    /// after a lost answer renews instead of failing [default: 192 random
+    /// bits, chosen here so that a retry on the next server renews too]. It
+    /// may start with `-`.
     #[arg(long, allow_hyphen_values = true)]
     pub token: Option<String>,
 }
@@ -156,6 +184,32 @@ mod tests {
     use clap::Parser as _;
 
     use crate::cli::{Cli, Command};
+
+    #[test]
+    fn server_may_be_given_more_than_once_or_comma_separated() {
+        let servers = |args: &[&str]| match Cli::try_parse_from(args) {
+            Ok(Cli {
+                command: Command::Status(a),
+            }) => a.server.server,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            servers(&[
+                "lockd",
+                "status",
+                "x",
+                "--server",
+                "http://a:1",
+                "--server",
+                "http://b:2"
+            ]),
+            ["http://a:1", "http://b:2"]
+        );
+        assert_eq!(
+            servers(&["lockd", "status", "x", "--server", "http://a:1,http://b:2"]),
+            ["http://a:1", "http://b:2"]
+        );
+    }
 
     /// A generated token is base64url and may start with `-`: it must not
     /// be taken for a flag (a test caught `--token -J...` failing).

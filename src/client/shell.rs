@@ -1,17 +1,20 @@
-//! `lockd acquire`, `extend`, `release` and `status`: one HTTP call each.
-//! The server's answer goes to stdout as it is (JSON; nothing for a 204),
-//! a one-line reason to stderr when it is not 2xx, and the exit code says
-//! how it went (see [`exit_code`]).
+//! `lockd acquire`, `extend`, `release` and `status`: one HTTP call each,
+//! to the first of the servers that is usable ([`Servers`]). The server's
+//! answer goes to stdout as it is (JSON; nothing for a 204), a one-line
+//! reason to stderr when it is not 2xx (naming the servers passed over),
+//! and the exit code says how it went (see [`exit_code`]).
 
 use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use super::api::{AcquireParams, ClientError, LockClient, ProblemInfo, Refusal, Reply};
+use super::api::{AcquireParams, ClientError, ProblemInfo, Refusal};
 use super::args::{AcquireArgs, ExtendArgs, ReleaseArgs, ServerArg, StatusArgs};
 use super::exit;
+use super::servers::{Answered, Failure, Servers};
 
-/// How long a call may take beyond any wait it asks for.
+/// How long a call may take beyond any wait it asks for, over all the
+/// servers it tries.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The exit code for an answer: 0 for 2xx, 1 for 404 `lock-not-held`
@@ -49,7 +52,9 @@ fn error_code(error: &ClientError) -> u8 {
     }
 }
 
-/// `lockd acquire`.
+/// `lockd acquire`. Without `--token`, the token is chosen here, so that
+/// an acquire tried again on the next server renews a grant whose answer
+/// was lost.
 pub async fn acquire(args: AcquireArgs) -> u8 {
     let params = AcquireParams {
         token: args.token.as_deref(),
@@ -57,17 +62,16 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
         wait_ms: args.wait_ms,
         owner: args.owner.as_deref(),
     };
-    let timeout = Duration::from_millis(args.wait_ms) + CALL_TIMEOUT;
-    call(&args.server, |c| async move {
-        c.acquire(&args.name, &params, timeout).await
+    call(&args.server, |s| async move {
+        s.acquire(&args.name, &params, CALL_TIMEOUT).await
     })
     .await
 }
 
 /// `lockd extend`.
 pub async fn extend(args: ExtendArgs) -> u8 {
-    call(&args.server, |c| async move {
-        c.extend(&args.name, &args.token.token, args.ttl_ms, CALL_TIMEOUT)
+    call(&args.server, |s| async move {
+        s.extend(&args.name, &args.token.token, args.ttl_ms, CALL_TIMEOUT)
             .await
     })
     .await
@@ -75,54 +79,50 @@ pub async fn extend(args: ExtendArgs) -> u8 {
 
 /// `lockd release`.
 pub async fn release(args: ReleaseArgs) -> u8 {
-    call(&args.server, |c| async move {
-        c.release(&args.name, &args.token.token, CALL_TIMEOUT).await
+    call(&args.server, |s| async move {
+        s.release(&args.name, &args.token.token, CALL_TIMEOUT).await
     })
     .await
 }
 
 /// `lockd status`.
 pub async fn status(args: StatusArgs) -> u8 {
-    call(&args.server, |c| async move {
-        c.status(&args.name, CALL_TIMEOUT).await
+    call(&args.server, |s| async move {
+        s.status(&args.name, CALL_TIMEOUT).await
     })
     .await
 }
 
 async fn call<T, F, Fut>(server: &ServerArg, send: F) -> u8
 where
-    F: FnOnce(LockClient) -> Fut,
-    Fut: Future<Output = Result<Reply<T>, ClientError>>,
+    F: FnOnce(Servers) -> Fut,
+    Fut: Future<Output = Result<Answered<T>, Failure>>,
 {
-    let client = match LockClient::new(
-        &server.server,
-        server.api_key.as_deref(),
-        server.ca_cert.as_deref(),
-    ) {
-        Ok(c) => c,
+    let servers = match server.servers() {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("lockd: {e}");
             return exit::USAGE;
         }
     };
-    let error = match send(client).await {
-        Ok(reply) => {
-            print_body(&reply.body);
+    let failure = match send(servers).await {
+        Ok(answered) => {
+            print_body(&answered.reply.body);
             return 0;
         }
-        Err(e) => e,
+        Err(f) => f,
     };
-    match &error {
+    match &failure.error {
         ClientError::Unexpected { body, .. } => print_body(body),
-        ClientError::Unreachable(e) => eprintln!("lockd: {e}"),
+        ClientError::Unreachable(_) => eprintln!("lockd: {failure}"),
         refused => {
             if let Some(answer) = refused.refusal() {
                 print_body(&answer.body);
-                eprintln!("lockd: {answer}");
+                eprintln!("lockd: {failure}");
             }
         }
     }
-    error_code(&error)
+    error_code(&failure.error)
 }
 
 /// The server's answer, as sent, on stdout (nothing for an empty body).

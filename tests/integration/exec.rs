@@ -1,7 +1,8 @@
 //! `lockd exec` and the shell subcommands (`acquire`, `extend`, `release`,
 //! `status`) through the real `lockd` binary, against a lockd served
-//! in-process over a real redis-server (or, to pause the server itself, a
-//! `lockd serve` process).
+//! in-process over a real redis-server (or, to pause or kill the server
+//! itself, a `lockd serve` process), and against several lockd servers on
+//! one Redis, some of them dead, hanging or failing.
 //!
 //! Commands run under `lockd exec` are small `sh` scripts that talk back
 //! through files in a scratch directory (`$DIR`). Every spawned `lockd` is
@@ -15,7 +16,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    self, LIMIT, LOCKD, Lockd, TestApp, assert_lease_ms, eventually, free_port, metric, run,
+    self, LIMIT, LOCKD, LinkProxy, Lockd, TestApp, assert_lease_ms, eventually, free_port, metric,
+    run,
 };
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
@@ -1341,4 +1343,357 @@ async fn a_release_refused_by_the_rate_limit_is_retried_until_it_passes() {
     again.env("LOCKD_API_KEY", &secret);
     run(again).await.expect(75);
     assert!(!dir.exists("ran"));
+}
+
+// ---------------------------------------------------------------------------
+// Several servers
+// ---------------------------------------------------------------------------
+
+/// `http://127.0.0.1:<a port nobody listens on>`.
+fn dead_server() -> String {
+    format!("http://127.0.0.1:{}", free_port())
+}
+
+/// Acquire requests `app` has counted, whatever their result (`None` for
+/// one result when given).
+async fn acquires(app: &TestApp, result: Option<&str>) -> f64 {
+    let labels: Vec<(&str, &str)> = result.map(|r| ("result", r)).into_iter().collect();
+    metric(&app.metrics().await, "lockd_acquire_total", &labels).unwrap_or(0.0)
+}
+
+/// Watches lock `name` in Redis for `span`: `token` must hold it all along.
+async fn assert_held_throughout(
+    app: &TestApp,
+    name: &str,
+    token: &str,
+    span: Duration,
+    running: &Lockd,
+) {
+    let watch_until = Instant::now() + span;
+    while Instant::now() < watch_until {
+        assert_eq!(
+            app.redis_server().lock_token(name).await.as_deref(),
+            Some(token),
+            "the lease lapsed while the command ran; lockd's stderr:\n{}",
+            running.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `lockd exec --server <dead> --server <live>`: the dead server is passed
+/// over, the command runs under the lock taken through the live one, and
+/// gets both in `LOCKD_SERVER`, so that its own `lockd status` passes over
+/// the dead one too. Nothing is said about the dead server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_passes_over_a_dead_server_and_runs_the_command_under_the_lock() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let (dead, live) = (dead_server(), app.url(""));
+    let name = "multi:dead-first";
+    let script = format!(
+        r#"echo "$LOCKD_SERVER" > "$DIR/servers"; echo "$LOCKD_TOKEN" > "$DIR/token"
+        "$LOCKD_BIN" status "$LOCKD_NAME" > "$DIR/status"; echo $? > "$DIR/status-code"
+        touch "$DIR/started"; {WAIT_FOR_GO}"#
+    );
+    let mut running = Lockd::spawn(exec(&dir, &dead, &["--server", &live], name, &sh(&script)));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    assert_eq!(dir.read("servers").trim(), format!("{dead},{live}"));
+    assert_eq!(
+        app.redis_server().lock_token(name).await.as_deref(),
+        Some(dir.read("token").trim()),
+        "the command does not hold the lock"
+    );
+    assert_eq!(
+        dir.read("status-code").trim(),
+        "0",
+        "lockd status in the command: {}; lockd's stderr:\n{}",
+        dir.read("status"),
+        running.stderr()
+    );
+    let status: Value = serde_json::from_str(dir.read("status").trim()).unwrap();
+    assert_eq!(status["held"], true, "{status}");
+    dir.touch("go");
+    let exit = running.wait(LIMIT).await;
+    exit.expect(0);
+    assert_eq!(exit.stderr, "");
+    assert_free(&app, name).await;
+}
+
+/// A job under `lockd exec --server A --server B`, where A is a `lockd
+/// serve` process killed mid-job: the renewals move on to B, the job's
+/// token holds the lock for several TTLs after A is gone, and the job
+/// exits 0 with the lock released (through B).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_keeps_its_lease_through_the_next_server_when_its_server_is_killed() {
+    let app = TestApp::redis().await;
+    let mut first = Lockd::serve(&["--redis-url", &app.redis_server().url()], &[]).await;
+    let dir = Scratch::new();
+    let name = "multi:killed";
+    let script = format!(r#"touch "$DIR/started"; {WAIT_FOR_GO}"#);
+    let mut running = Lockd::spawn(exec(
+        &dir,
+        &first.url(""),
+        &["--server", &app.url(""), "--ttl-ms", "900"],
+        name,
+        &sh(&script),
+    ));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    let token = app
+        .redis_server()
+        .lock_token(name)
+        .await
+        .expect("the lock is held while the command runs");
+    assert_eq!(acquires(&app, None).await, 0.0, "granted through B, not A");
+
+    first.signal(Signal::SIGKILL);
+    first.exited_within(LIMIT).await.expect("A is gone");
+    assert_held_throughout(&app, name, &token, Duration::from_millis(3600), &running).await;
+    let extended = metric(
+        &app.metrics().await,
+        "lockd_extend_total",
+        &[("result", "extended")],
+    )
+    .unwrap_or(0.0);
+    assert!(extended >= 3.0, "B renewed {extended} times in 4 TTLs");
+
+    dir.touch("go");
+    let exit = running.wait(LIMIT).await;
+    exit.expect(0);
+    assert!(
+        exit.stderr
+            .contains(&format!("renewing through {} now", app.url(""))),
+        "{}",
+        exit.stderr
+    );
+    assert_free(&app, name).await;
+}
+
+/// The first server hangs mid-job (SIGSTOP: the kernel still takes its
+/// connections, nobody answers): a renewal gives it only its share of the
+/// time left on the lease, then renews through the next server, and sticks
+/// to it; the lease never lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_keeps_its_lease_through_the_next_server_when_its_server_hangs() {
+    let app = TestApp::redis().await;
+    let first = Lockd::serve(&["--redis-url", &app.redis_server().url()], &[]).await;
+    let dir = Scratch::new();
+    let name = "multi:hung";
+    let script = format!(r#"touch "$DIR/started"; {WAIT_FOR_GO}"#);
+    let mut running = Lockd::spawn(exec(
+        &dir,
+        &first.url(""),
+        &["--server", &app.url(""), "--ttl-ms", "1500"],
+        name,
+        &sh(&script),
+    ));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    let token = app
+        .redis_server()
+        .lock_token(name)
+        .await
+        .expect("the lock is held while the command runs");
+
+    first.signal(Signal::SIGSTOP);
+    assert_held_throughout(&app, name, &token, Duration::from_millis(6000), &running).await;
+    dir.touch("go");
+    let exit = running.wait(LIMIT).await;
+    exit.expect(0);
+    assert!(
+        exit.stderr.contains("renewing through") && exit.stderr.contains("timed out"),
+        "{}",
+        exit.stderr
+    );
+    assert_free(&app, name).await;
+    // Dropping the guard kills the stopped server.
+}
+
+/// `acquire`, `status`, `extend` and `release` with a comma-separated
+/// `LOCKD_SERVER` whose first entry is dead: each passes over it, quietly,
+/// and answers as one server would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_subcommands_pass_over_a_dead_first_server_in_lockd_server() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let servers = format!("{}, {}", dead_server(), app.url(""));
+    let name = "multi:shell";
+    let shell = |args: &[&str]| {
+        let mut cmd = lockd(&dir);
+        cmd.args(args).env("LOCKD_SERVER", &servers);
+        cmd
+    };
+
+    let acquired = run(shell(&["acquire", name, "--ttl-ms", "30000"])).await;
+    acquired.expect(0);
+    assert_eq!(acquired.stderr, "");
+    let token = acquired.json()["token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        app.redis_server().lock_token(name).await.as_deref(),
+        Some(token.as_str())
+    );
+    let status = run(shell(&["status", name])).await;
+    status.expect(0);
+    assert_eq!(status.json()["held"], true);
+
+    let mut extend = shell(&["extend", name, "--ttl-ms", "40000"]);
+    extend.env("LOCKD_TOKEN", &token);
+    let extended = run(extend).await;
+    extended.expect(0);
+    assert_lease_ms(extended.json()["ttl_ms"].as_u64(), 40000);
+
+    let mut release = shell(&["release", name]);
+    release.env("LOCKD_TOKEN", &token);
+    run(release).await.expect(0);
+    let free = run(shell(&["status", name])).await;
+    free.expect(1);
+    assert!(free.stderr.contains("404"), "{}", free.stderr);
+    assert_free(&app, name).await;
+}
+
+/// A 409 from the first server is an answer: `lockd acquire`, `lockd exec`
+/// and a release with another holder's token exit 75 on it, naming that
+/// server, and the second server sees none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_409_from_the_first_server_is_not_asked_of_the_next() {
+    let first = TestApp::redis().await;
+    let second = first.sibling(|_| {}).await;
+    let dir = Scratch::new();
+    let name = "multi:held";
+    let held = first.acquire_ttl(name, 60_000).await;
+    held.expect_status(201);
+    let (a, b) = (first.url(""), second.url(""));
+    let both = ["--server", a.as_str(), "--server", b.as_str()];
+
+    let mut acquire = lockd(&dir);
+    acquire.args(["acquire", name]).args(both);
+    let refused = run(acquire).await;
+    refused.expect(75);
+    assert!(
+        refused.stderr.contains(&format!("{a} answered 409")),
+        "{}",
+        refused.stderr
+    );
+    assert!(!refused.stderr.contains(&b), "{}", refused.stderr);
+
+    let exit = run(exec(
+        &dir,
+        &a,
+        &["--server", &b],
+        name,
+        &sh(r#"touch "$DIR/ran""#),
+    ))
+    .await;
+    exit.expect(75);
+    assert!(!dir.exists("ran"));
+
+    let mut release = lockd(&dir);
+    release
+        .args(["release", name, "--token", &crate::support::random_token()])
+        .args(both);
+    run(release).await.expect(75);
+
+    let text = second.metrics().await;
+    assert_eq!(
+        metric(&text, "lockd_acquire_total", &[]).unwrap_or(0.0),
+        0.0,
+        "the second server was asked to acquire"
+    );
+    assert_eq!(
+        metric(&text, "lockd_release_total", &[]).unwrap_or(0.0),
+        0.0,
+        "the second server was asked to release"
+    );
+    assert_eq!(acquires(&first, Some("contended")).await, 2.0);
+    assert_eq!(
+        first.redis_server().lock_token(name).await,
+        Some(held.token())
+    );
+}
+
+/// The first server answers 503 (its Redis does not answer): that server is
+/// unusable, so `lockd status` and `lockd exec` ask the next one, and say
+/// which they passed over when they report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_from_the_first_server_is_asked_of_the_next() {
+    let failing = TestApp::redis_with(|s| s.store.redis_timeout = Duration::from_millis(200)).await;
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let name = "multi:503";
+    let (a, b) = (failing.url(""), app.url(""));
+    failing.redis_server().sigstop();
+
+    let mut status = lockd(&dir);
+    status.args(["status", name, "--server", &a, "--server", &b]);
+    let free = run(status).await;
+    free.expect(1);
+    assert!(
+        free.stderr.contains(&format!("{b} answered 404"))
+            && free
+                .stderr
+                .contains(&format!("after passing over {a} (503")),
+        "{}",
+        free.stderr
+    );
+
+    let ran = run(exec(
+        &dir,
+        &a,
+        &["--server", &b],
+        name,
+        &sh(r#"echo "$LOCKD_FENCE" > "$DIR/fence""#),
+    ))
+    .await;
+    failing.redis_server().sigcont();
+    ran.expect(0);
+    assert!(
+        !dir.read("fence").trim().is_empty(),
+        "the command did not run"
+    );
+    assert_eq!(acquires(&app, Some("acquired")).await, 1.0);
+    assert_free(&app, name).await;
+}
+
+/// The first server grants the lock but its answer is lost on the way back
+/// (held by a proxy): `lockd acquire` gives that server its share of the
+/// time, then asks the next one under the same token, which it chose
+/// itself, so the second server renews the first one's grant (200, the
+/// same fence) instead of making a second grant or calling it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_answer_is_lost_is_asked_again_elsewhere_under_the_same_token() {
+    let first = TestApp::redis().await;
+    let second = first.sibling(|_| {}).await;
+    let proxy = LinkProxy::start(first.addr.port()).await;
+    proxy.freeze_on_answer(b"201 Created");
+    let dir = Scratch::new();
+    let name = "multi:lost-answer";
+    let mut acquire = lockd(&dir);
+    acquire.args([
+        "acquire",
+        name,
+        "--ttl-ms",
+        "60000",
+        "--server",
+        &proxy.http_url(),
+        "--server",
+        &second.url(""),
+    ]);
+    let acquired = run(acquire).await;
+    acquired.expect(0);
+    assert!(proxy.is_frozen(), "the first server's answer got through");
+    let grant = acquired.json();
+    let token = grant["token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        first.redis_server().lock_token(name).await.as_deref(),
+        Some(token.as_str())
+    );
+    assert_eq!(
+        grant["fence"].as_u64(),
+        first.redis_server().holder_fence(name).await
+    );
+    assert_eq!(acquires(&first, Some("acquired")).await, 1.0);
+    assert_eq!(acquires(&second, Some("reacquired")).await, 1.0);
+    assert_eq!(acquires(&second, Some("acquired")).await, 0.0);
+    assert_eq!(acquired.stderr, "");
+    proxy.thaw();
+    first.release(name, &token).await.expect_status(204);
 }

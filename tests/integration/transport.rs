@@ -3,7 +3,8 @@
 //! made here (rcgen, self-signed for 127.0.0.1 and localhost), plain HTTP
 //! sent to the HTTPS port, the header read timeout (slow-loris), the limit
 //! on request heads, TLS settings that cannot be used, and `lockd exec`
-//! trusting the certificate with `--ca-cert`.
+//! trusting the certificate with `--ca-cert` (and passing over a server
+//! whose TLS fails for the next one).
 //!
 //! Raw connections use blocking sockets (in `spawn_blocking`) with a read
 //! timeout, so that "the server closed the connection" (EOF or reset) is
@@ -832,6 +833,73 @@ async fn an_untrusted_certificate_is_named_as_the_problem_and_ca_cert_suggested(
     assert_eq!(out.status.code(), Some(69), "{stderr}");
     assert!(
         stderr.contains("not in TLS") && stderr.contains("http://"),
+        "{stderr}"
+    );
+}
+
+/// A TLS failure is a server that cannot be used: with `--server` given
+/// twice, `lockd exec` passes over a first server that speaks plain HTTP
+/// to an `https://` URL and runs the command through the second, and the
+/// `lockd status` in the command does the same with the `LOCKD_SERVER` it
+/// gets. When no server can be used, the error names each one with why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_failing_tls_is_passed_over_for_the_next_one() {
+    let cert = TestCert::new();
+    let good = Lockd::serve_over(
+        "https",
+        &["--dev", "--tls-cert", cert.cert(), "--tls-key", cert.key()],
+        &[],
+        &cert.client(),
+    )
+    .await;
+    let plain = Lockd::serve_over("http", &["--dev"], &[], &reqwest::Client::new()).await;
+    let bad = plain.url("").replacen("http://", "https://", 1);
+    let good_url = good.url("");
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#""$LOCKD_BIN" status > "$DIR/status"; echo "$LOCKD_SERVER" > "$DIR/servers""#;
+    let out = run(client_command(
+        dir.path(),
+        &[
+            "exec",
+            "--server",
+            &bad,
+            "--server",
+            &good_url,
+            "--ca-cert",
+            cert.cert(),
+            "tls:multi",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    ))
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", out.stderr);
+    let status: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("status")).unwrap())
+            .expect("lockd status in the command printed JSON");
+    assert_eq!(status["held"], true, "{status}");
+    let servers = std::fs::read_to_string(dir.path().join("servers")).unwrap();
+    assert_eq!(servers.trim(), format!("{bad},{good_url}"));
+
+    // Without --ca-cert, neither can be used: 69, and both are named.
+    let out = run(client_command(
+        dir.path(),
+        &[
+            "status",
+            "tls:multi",
+            "--server",
+            &format!("{bad},{good_url}"),
+        ],
+    ))
+    .await;
+    let stderr = &out.stderr;
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{good_url} answered, but its certificate could not be verified"
+        )) && stderr.contains(&format!("after passing over {bad} (not in TLS")),
         "{stderr}"
     );
 }

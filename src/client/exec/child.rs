@@ -42,7 +42,7 @@ pub(super) fn spawn(args: &ExecArgs, holder: &Holder, grant: &Lease) -> Result<C
         .env("LOCKD_NAME", &holder.name)
         .env("LOCKD_TOKEN", holder.token.expose())
         .env("LOCKD_FENCE", fence)
-        .env("LOCKD_SERVER", &args.server.server);
+        .env("LOCKD_SERVER", holder.servers.joined());
     if let Some(key) = &args.server.api_key {
         // So that `lockd status` in the command may ask, as with the
         // variable (a key from --api-key would otherwise be lost).

@@ -1,6 +1,9 @@
 //! The lease keeper of `lockd exec`: takes the lock under a token of its
 //! own, renews the lease at a third of the TTL, says when the lease is lost
-//! for good, and releases the lock at the end.
+//! for good, and releases the lock at the end. Every call goes through
+//! [`Servers`]: to the server that answered last, then on to the next ones
+//! while servers are unusable, so that one lockd going away does not lose
+//! the lease.
 
 use std::time::Duration;
 
@@ -9,15 +12,17 @@ use tokio::time::{Instant, sleep_until};
 
 use super::say;
 use crate::backoff::ExponentialBackoff;
-use crate::client::api::{AcquireParams, ClientError, Lease, LockClient, Reply};
+use crate::client::api::{AcquireParams, ClientError, Lease};
 use crate::client::args::ExecArgs;
+use crate::client::servers::{Answered, Failure, Servers, passed_note};
 use crate::lock::Token;
 
-/// How long the acquire may take beyond `--wait-ms` before the server
-/// counts as unreachable (the server itself answers 503 after its
-/// `--request-timeout-ms`, 10 s by default).
+/// How long the acquire may take beyond `--wait-ms`, over all the servers
+/// it tries, before it counts as unanswered (a server itself answers 503
+/// after its `--request-timeout-ms`, 10 s by default).
 const ACQUIRE_MARGIN: Duration = Duration::from_secs(15);
-/// The longest a renewal or the release may take.
+/// The longest a renewal or the release may take, over all the servers it
+/// tries.
 const CALL_LIMIT: Duration = Duration::from_secs(10);
 /// The longest a release whose answer does not matter may take (after the
 /// lease was lost, or when the acquire's outcome is unknown): the lease
@@ -33,13 +38,13 @@ const RELEASE_BACKOFF: ExponentialBackoff =
 /// The lock, as this process holds it.
 #[derive(Clone)]
 pub(super) struct Holder {
-    pub(super) client: LockClient,
+    pub(super) servers: Servers,
     pub(super) name: String,
     pub(super) token: Token,
 }
 
 impl Holder {
-    pub(super) async fn acquire(&self, args: &ExecArgs) -> Result<Reply<Lease>, ClientError> {
+    pub(super) async fn acquire(&self, args: &ExecArgs) -> Result<Answered<Lease>, Failure> {
         let owner = args.owner.clone().unwrap_or_else(default_owner);
         let params = AcquireParams {
             token: Some(self.token.expose()),
@@ -47,15 +52,16 @@ impl Holder {
             wait_ms: args.wait_ms,
             owner: Some(&owner),
         };
-        let timeout = Duration::from_millis(args.wait_ms) + ACQUIRE_MARGIN;
-        self.client.acquire(&self.name, &params, timeout).await
+        self.servers
+            .acquire(&self.name, &params, ACQUIRE_MARGIN)
+            .await
     }
 
     /// Releases the lock if this token holds it, ignoring the answer: used
     /// when the outcome of the acquire is unknown or the lease was lost.
     pub(super) async fn release_quietly(&self) {
         let _ = self
-            .client
+            .servers
             .release(&self.name, self.token.expose(), QUIET_RELEASE_LIMIT)
             .await;
     }
@@ -66,13 +72,17 @@ impl Holder {
         let give_up = Instant::now() + RELEASE_FOR.min(ttl);
         let mut backoff = RELEASE_BACKOFF.pauses();
         loop {
-            let why = match self
-                .client
+            let failure = match self
+                .servers
                 .release(&self.name, self.token.expose(), CALL_LIMIT)
                 .await
             {
                 Ok(_) => return,
-                Err(ClientError::NotHeld { .. }) => {
+                Err(failure) => failure,
+            };
+            let tried = failure.tried();
+            let why = match &failure.error {
+                ClientError::NotHeld { .. } => {
                     say(&format!(
                         "the lease on {} had already run out when the command ended",
                         self.name
@@ -80,15 +90,15 @@ impl Holder {
                     return;
                 }
                 // Over the key's rate passes; so may a server error.
-                Err(
-                    ClientError::RateLimited { answer, .. }
-                    | ClientError::Unavailable { answer, .. }
-                    | ClientError::ServerError { answer },
-                ) => answer.status.to_string(),
-                Err(ClientError::Unreachable(e)) => e.to_string(),
-                Err(other) => {
+                ClientError::RateLimited { answer, .. }
+                | ClientError::Unavailable { answer, .. }
+                | ClientError::ServerError { answer } => {
+                    format!("{} answered {}{tried}", failure.who(), answer.status)
+                }
+                ClientError::Unreachable(e) => format!("{e}{tried}"),
+                other => {
                     let status = other.status().map(|s| s.to_string()).unwrap_or_default();
-                    say(&format!("cannot release {}: {status}", self.name));
+                    say(&format!("cannot release {}: {status}{tried}", self.name));
                     return;
                 }
             };
@@ -117,10 +127,12 @@ pub(super) fn lease_end(sent: Instant, received: Instant, ttl: Duration) -> Inst
     (sent + ttl).max((received + ttl).checked_sub(ttl / 10).unwrap_or(received))
 }
 
-/// Renews the lease when a third of it has passed, until aborted. A
-/// renewal that fails for a while (5xx, no answer) is retried sooner; when
-/// the lease is lost for good, or runs out before a renewal succeeds, says
-/// why on `lost` and stops.
+/// Renews the lease when a third of it has passed, until aborted, through
+/// the server that answered last (moving on to the next ones, within the
+/// renewal's time, when it is unusable; saying so when another server
+/// renewed). A renewal that fails for a while (5xx, no answer from any
+/// server) is retried sooner; when the lease is lost for good, or runs out
+/// before a renewal succeeds, says why on `lost` and stops.
 pub(super) async fn keep_renewing(
     holder: Holder,
     ttl: Duration,
@@ -145,11 +157,18 @@ pub(super) async fn keep_renewing(
         }
         let timeout = (lease_end - sent).min(CALL_LIMIT);
         let answer = holder
-            .client
+            .servers
             .extend(&holder.name, holder.token.expose(), Some(ttl_ms), timeout)
             .await;
-        match answer {
-            Ok(_) => {
+        let failure = match answer {
+            Ok(answered) => {
+                if !answered.passed_over.is_empty() {
+                    say(&format!(
+                        "renewing through {} now{}",
+                        holder.servers.current(),
+                        passed_note(&answered.passed_over)
+                    ));
+                }
                 if failing.take().is_some() {
                     say("renewed again");
                 }
@@ -157,29 +176,33 @@ pub(super) async fn keep_renewing(
                 next = sent + ttl / 3;
                 continue;
             }
-            Err(ClientError::NotHeld { .. }) => {
-                let _ = lost.send("renewal answered 404: the lease is gone".into());
+            Err(failure) => failure,
+        };
+        let tried = failure.tried();
+        match &failure.error {
+            ClientError::NotHeld { .. } => {
+                let _ = lost.send(format!("renewal answered 404: the lease is gone{tried}"));
                 return;
             }
-            Err(ClientError::NotOwner { .. } | ClientError::Held { .. }) => {
-                let _ = lost.send("renewal answered 409: another holder has the lock".into());
+            ClientError::NotOwner { .. } | ClientError::Held { .. } => {
+                let _ = lost.send(format!(
+                    "renewal answered 409: another holder has the lock{tried}"
+                ));
                 return;
             }
-            Err(ClientError::Refused { answer }) => {
-                let why = answer.problem.detail;
-                let _ = lost.send(format!("renewal refused ({}): {why}", answer.status));
+            ClientError::Refused { answer } => {
+                let why = &answer.problem.detail;
+                let _ = lost.send(format!("renewal refused ({}): {why}{tried}", answer.status));
                 return;
             }
-            Err(
-                ClientError::RateLimited { answer, .. }
-                | ClientError::Unavailable { answer, .. }
-                | ClientError::ServerError { answer },
-            ) => {
-                let why = format!("the server answered {}", answer.status);
+            ClientError::RateLimited { answer, .. }
+            | ClientError::Unavailable { answer, .. }
+            | ClientError::ServerError { answer } => {
+                let why = format!("{} answered {}{tried}", failure.who(), answer.status);
                 failing = Some(report_failure(failing, why));
             }
-            Err(e) => {
-                failing = Some(report_failure(failing, e.to_string()));
+            e => {
+                failing = Some(report_failure(failing, format!("{e}{tried}")));
             }
         }
         next = Instant::now() + retry;

@@ -2,17 +2,22 @@
 //! like `flock(1)` across machines (compare `etcdctl lock` and `consul
 //! lock`).
 //!
-//! 1. Take the lock through the server, under a token generated here, so
-//!    that a grant whose answer was lost can still be released.
+//! 1. Take the lock through the first usable server
+//!    ([`Servers`](super::servers::Servers)), under a token generated
+//!    here, so that a grant whose answer was lost can still be released,
+//!    and an acquire tried again on the next server renews that grant
+//!    rather than making another.
 //! 2. Run the command with `LOCKD_NAME`, `LOCKD_TOKEN`, `LOCKD_FENCE` and
-//!    `LOCKD_SERVER` (and `LOCKD_CA_CERT`, made absolute, with `--ca-cert`)
-//!    in its environment, in a process group of its own
-//!    (unless `--foreground`), so that a signal reaches every process it
-//!    started; renew the lease at a third of the TTL while it runs; forward
-//!    SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to it.
+//!    `LOCKD_SERVER` (every server, comma-separated; and `LOCKD_CA_CERT`,
+//!    made absolute, with `--ca-cert`) in its environment, in a process
+//!    group of its own (unless `--foreground`), so that a signal reaches
+//!    every process it started; renew the lease at a third of the TTL
+//!    while it runs, through the server that answered last, moving on to
+//!    the next when it stops answering; forward SIGINT, SIGTERM, SIGHUP,
+//!    SIGQUIT, SIGUSR1 and SIGUSR2 to it.
 //! 3. If the lease is lost for good (a renewal answered 404 or 409, or the
-//!    lease ran out while the server could not be reached), send the
-//!    command SIGTERM, then SIGKILL after `--kill-grace-ms`, and exit 70.
+//!    lease ran out while no server could renew it), send the command
+//!    SIGTERM, then SIGKILL after `--kill-grace-ms`, and exit 70.
 //! 4. When the command ends, however it ends, release the lock, and exit
 //!    with its status (128 + N when signal N killed it).
 //!
@@ -29,9 +34,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::api::{ClientError, Lease, LockClient, Reply};
+use super::api::{ClientError, Lease};
 use super::args::ExecArgs;
 use super::exit;
+use super::servers::{Answered, Failure};
 use crate::lock::Token;
 use child::{catch_signals, signal_code, spawn, status_code, supervise};
 use lease::{Holder, keep_renewing, lease_end};
@@ -41,12 +47,8 @@ use {lease::default_owner, std::process::ExitStatus};
 
 /// Runs `lockd exec` and returns its exit code.
 pub async fn run(args: ExecArgs) -> u8 {
-    let client = match LockClient::new(
-        &args.server.server,
-        args.server.api_key.as_deref(),
-        args.server.ca_cert.as_deref(),
-    ) {
-        Ok(c) => c,
+    let servers = match args.server.servers() {
+        Ok(s) => s,
         Err(e) => {
             say(&e.to_string());
             return exit::USAGE;
@@ -60,7 +62,7 @@ pub async fn run(args: ExecArgs) -> u8 {
         }
     };
     let holder = Holder {
-        client,
+        servers,
         name: args.name.clone(),
         token: Token::generate(),
     };
@@ -121,21 +123,25 @@ pub async fn run(args: ExecArgs) -> u8 {
 async fn take_grant(
     holder: &Holder,
     args: &ExecArgs,
-    answer: Result<Reply<Lease>, ClientError>,
+    answer: Result<Answered<Lease>, Failure>,
 ) -> Result<Lease, u8> {
-    match answer {
-        Ok(reply) => Ok(reply.value),
-        Err(ClientError::Unreachable(e)) => {
+    let failure = match answer {
+        Ok(answered) => return Ok(answered.reply.value),
+        Err(failure) => failure,
+    };
+    let (who, tried) = (failure.who(), failure.tried());
+    match &failure.error {
+        ClientError::Unreachable(e) => {
             // The lock may have been granted just before the answer was lost.
             holder.release_quietly().await;
-            say(&format!("{e}; the command was not run"));
+            say(&format!("{e}{tried}; the command was not run"));
             Err(exit::UNAVAILABLE)
         }
-        Err(e @ ClientError::Unexpected { .. }) => {
-            say(&e.to_string());
+        e @ ClientError::Unexpected { .. } => {
+            say(&format!("{e} ({}){tried}", failure.server));
             Err(exit::UNAVAILABLE)
         }
-        Err(e @ (ClientError::Held { .. } | ClientError::NotOwner { .. })) => {
+        e @ (ClientError::Held { .. } | ClientError::NotOwner { .. }) => {
             if args.quiet {
                 return Err(args.conflict_exit_code);
             }
@@ -144,29 +150,29 @@ async fn take_grant(
                 .map(|d| format!("; it frees in at most {} ms", d.as_millis()))
                 .unwrap_or_default();
             say(&format!(
-                "{} is held by another holder{frees}; the command was not run",
+                "{} is held by another holder{frees}{tried}; the command was not run",
                 holder.name
             ));
             Err(args.conflict_exit_code)
         }
-        Err(ClientError::RateLimited { answer, .. }) => {
+        ClientError::RateLimited { answer, .. } => {
             say(&format!(
-                "the API key is over its rate limit ({}); the command was not run",
+                "the API key is over its rate limit ({}){tried}; the command was not run",
                 answer.problem.detail
             ));
             Err(exit::CONFLICT)
         }
-        Err(ClientError::Unavailable { answer, .. } | ClientError::ServerError { answer }) => {
+        ClientError::Unavailable { answer, .. } | ClientError::ServerError { answer } => {
             holder.release_quietly().await;
             say(&format!(
-                "the server answered {}: {}; the command was not run",
+                "{who} answered {}: {}{tried}; the command was not run",
                 answer.status, answer.problem.detail
             ));
             Err(exit::UNAVAILABLE)
         }
-        Err(ClientError::NotHeld { answer } | ClientError::Refused { answer }) => {
+        ClientError::NotHeld { answer } | ClientError::Refused { answer } => {
             say(&format!(
-                "the server refused the request ({}): {}",
+                "{who} refused the request ({}): {}{tried}",
                 answer.status, answer.problem.detail
             ));
             Err(exit::USAGE)

@@ -29,8 +29,9 @@
 //!   would.
 //! - [`LinkProxy`] is a TCP proxy in front of one server: it delays each
 //!   direction, and can freeze the link (bytes are held, in order, until it
-//!   thaws) as soon as the client sends a given command. It
-//!   makes a slow node, or a node that hangs with a command in flight.
+//!   thaws) as soon as the client sends a given command, or the server a
+//!   given answer. It makes a slow node, a node that hangs with a command
+//!   in flight, or (in front of a lockd) an answer lost on its way back.
 //! - [`TestApp`] builds `lockd::app::Application` exactly as `main` does
 //!   (with [`lockd::config::Settings`]), serves it on a spawned task, and
 //!   offers one helper per API action, returning a [`Reply`].

@@ -26,6 +26,8 @@ struct LinkState {
     frozen: watch::Sender<bool>,
     /// Freeze the link as soon as the client sends a chunk containing this.
     freeze_on: Mutex<Option<Vec<u8>>>,
+    /// Freeze the link as soon as the server sends a chunk containing this.
+    freeze_on_answer: Mutex<Option<Vec<u8>>>,
 }
 
 impl LinkProxy {
@@ -40,6 +42,7 @@ impl LinkProxy {
             delay_ms: AtomicU64::new(0),
             frozen: watch::Sender::new(false),
             freeze_on: Mutex::new(None),
+            freeze_on_answer: Mutex::new(None),
         });
         let accept_state = state.clone();
         let accept = tokio::spawn(async move {
@@ -65,6 +68,11 @@ impl LinkProxy {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// `http://127.0.0.1:<proxy port>`, for a proxy in front of a lockd.
+    pub fn http_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
     /// Delays every chunk, in each direction, by `delay` from now on.
     pub fn set_delay(&self, delay: Duration) {
         let ms = u64::try_from(delay.as_millis()).expect("delay fits");
@@ -77,9 +85,17 @@ impl LinkProxy {
         *self.state.freeze_on.lock().unwrap() = Some(needle.to_vec());
     }
 
+    /// Freezes the link as soon as the server sends a chunk containing
+    /// `needle` (such as `b"201 Created"`, a lockd's grant); that chunk is
+    /// held too: the server did the work, and the client never hears of it.
+    pub fn freeze_on_answer(&self, needle: &[u8]) {
+        *self.state.freeze_on_answer.lock().unwrap() = Some(needle.to_vec());
+    }
+
     /// Delivers everything held, in order, and lets bytes through again.
     pub fn thaw(&self) {
         *self.state.freeze_on.lock().unwrap() = None;
+        *self.state.freeze_on_answer.lock().unwrap() = None;
         self.state.frozen.send_replace(false);
     }
 
@@ -104,7 +120,8 @@ impl LinkProxy {
     }
 
     /// Copies `from` to `to` through the delay line; `to_server` says the
-    /// direction (only the client's bytes can trigger [`Self::freeze_on`]).
+    /// direction (the client's bytes can trigger [`Self::freeze_on`], the
+    /// server's [`Self::freeze_on_answer`]).
     async fn pump(
         mut from: tokio::net::tcp::OwnedReadHalf,
         mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -132,8 +149,12 @@ impl LinkProxy {
                     Ok(n) => n,
                 };
                 let bytes = buf[..n].to_vec();
-                if to_server {
-                    let mut trigger = state.freeze_on.lock().unwrap();
+                {
+                    let mut trigger = if to_server {
+                        state.freeze_on.lock().unwrap()
+                    } else {
+                        state.freeze_on_answer.lock().unwrap()
+                    };
                     if trigger
                         .as_ref()
                         .is_some_and(|needle| bytes.windows(needle.len()).any(|w| w == needle))
