@@ -292,6 +292,7 @@ impl RedisBackend {
     ) -> Result<T, LockError> {
         let attempt = async {
             let mut retried = false;
+            let mut topology_pauses = TOPOLOGY_BACKOFF.pauses();
             loop {
                 let mut conn = self.pool.get().await.map_err(pool_error)?;
                 *sent_on = Some((*conn).clone());
@@ -313,6 +314,14 @@ impl RedisBackend {
                 }
                 match answer {
                     Ok(value) => return Ok(value),
+                    // The cluster is moving slots or failing over, and the
+                    // node did not run the script: wait a moment and send
+                    // it again on a fresh connection (a fresh slot map),
+                    // while the operation's time lasts.
+                    Err(e) if is_topology_change(&e) => {
+                        drop(Connection::take(conn));
+                        topology_pauses.wait().await;
+                    }
                     Err(e) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
                         if let (Some(sentinels), Conn::Master(_, generation)) =
                             (&self.sentinels, &*conn)
@@ -361,11 +370,19 @@ impl RedisBackend {
                         RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
                     )
                     .await
-                    .map_err(|e| redis_error(&e))?;
+                    .map_err(|e| LockError::Unavailable(format!("WAIT failed: {e}")))?;
+                // An error here (the slot map moved between the script and
+                // the WAIT, which then reached a replica) leaves the count
+                // unknown: as good as none.
                 redis::from_redis_value(value)
-                    .map_err(|e| LockError::Backend(format!("WAIT answered {e}")))?
+                    .map_err(|e| LockError::Unavailable(format!("WAIT answered {e}")))?
             }
-            _ => wait.query_async(conn).await.map_err(|e| redis_error(&e))?,
+            // A refusal (the node was demoted between the script and the
+            // WAIT) leaves the count unknown too.
+            _ => wait
+                .query_async(conn)
+                .await
+                .map_err(|e| LockError::Unavailable(format!("WAIT failed: {e}")))?,
         };
         Ok(usize::try_from(acked).unwrap_or(0))
     }
@@ -478,6 +495,20 @@ const REAP_PATIENCE: Duration = Duration::from_secs(24 * 3600);
 const EVENTS_BACKOFF: ExponentialBackoff =
     ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(2));
 
+/// The pauses between the tries of a script the cluster answered with a
+/// topology change (see [`is_topology_change`]): 20 ms doubling up to
+/// 200 ms, within the operation's timeout.
+const TOPOLOGY_BACKOFF: ExponentialBackoff =
+    ExponentialBackoff::new(Duration::from_millis(20), Duration::from_millis(200));
+
+/// Whether a cluster answered that the slot is moving or has no master
+/// yet (`MOVED` or `ASK` that the cluster connection did not follow,
+/// `TRYAGAIN`, `CLUSTERDOWN`): the node did not run the command, and a try
+/// a moment later may succeed.
+fn is_topology_change(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"))
+}
+
 fn released_timed_out(name: &LockName) {
     tracing::info!(lock = %name, "released a lock whose grant timed out");
 }
@@ -491,7 +522,16 @@ fn redis_error(e: &redis::RedisError) -> LockError {
         || e.is_connection_dropped()
         || matches!(
             e.code(),
-            Some("LOADING" | "BUSY" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "READONLY")
+            Some(
+                "LOADING"
+                    | "BUSY"
+                    | "TRYAGAIN"
+                    | "MASTERDOWN"
+                    | "CLUSTERDOWN"
+                    | "READONLY"
+                    | "MOVED"
+                    | "ASK"
+            )
         );
     if transient {
         LockError::Unavailable(e.to_string())

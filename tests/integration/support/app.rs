@@ -36,8 +36,9 @@ pub enum Store {
     Redlock(Vec<Arc<RedisServer>>),
     /// The in-memory backend.
     Memory(Arc<MemoryBackend>),
-    /// The Redis Cluster shared by the tests of this binary.
-    Cluster(&'static Cluster),
+    /// A Redis Cluster: the one shared by the tests of this binary, or a
+    /// test's own.
+    Cluster(Arc<Cluster>),
     /// A master with replicas under Sentinel.
     Sentinel(Arc<SentinelSet>),
 }
@@ -112,7 +113,7 @@ impl TestApp {
                     .map(|u| u.expose().to_owned());
                 Self::redlock_over(nodes.clone(), urls.collect(), tweak).await
             }
-            Store::Cluster(_) => Self::cluster_with(tweak).await,
+            Store::Cluster(cluster) => Self::cluster_on(cluster.clone(), tweak).await,
             Store::Sentinel(set) => Self::sentinel_on(set.clone(), tweak).await,
             Store::Memory(_) => panic!("instances share only a Redis store"),
         }
@@ -138,10 +139,15 @@ impl TestApp {
     /// ([`shared_cluster`]), seeded with one master, with settings changed
     /// by `tweak`. Tests on it must use lock names of their own.
     pub async fn cluster_with(tweak: impl FnOnce(&mut Settings)) -> Self {
-        LazyLock::force(&TRACING);
         let cluster = tokio::task::spawn_blocking(shared_cluster)
             .await
             .expect("start the cluster");
+        Self::cluster_on(cluster, tweak).await
+    }
+
+    /// lockd in cluster mode over `cluster`, seeded with one master.
+    pub async fn cluster_on(cluster: Arc<Cluster>, tweak: impl FnOnce(&mut Settings)) -> Self {
+        LazyLock::force(&TRACING);
         let mut settings = test_settings(cluster.master_urls()[0].clone());
         settings.store.redis_mode = Some(RedisMode::Cluster);
         tweak(&mut settings);
@@ -514,7 +520,7 @@ impl TestApp {
                     })
             }
             Store::Cluster(cluster) => {
-                let (cluster, key) = (*cluster, lock_key(name));
+                let (cluster, key) = (cluster.clone(), lock_key(name));
                 tokio::task::spawn_blocking(move || cluster.get_with_pttl(&key))
                     .await
                     .expect("read the cluster")

@@ -11,7 +11,7 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How many masters, and replicas of each.
@@ -24,33 +24,38 @@ const FORM_TIMEOUT: Duration = Duration::from_secs(60);
 /// A running Redis Cluster.
 pub struct Cluster {
     ports: Vec<u16>,
-    /// The processes, killed with the binary (parent-death signal).
-    _children: Vec<Child>,
+    /// The processes by port, killed on drop, or with the thread that
+    /// started them (parent-death signal).
+    children: std::sync::Mutex<Vec<(u16, Child)>>,
     _dir: tempfile::TempDir,
 }
 
 /// The cluster shared by the tests of this binary, started on first use.
-pub fn shared_cluster() -> &'static Cluster {
-    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-    CLUSTER.get_or_init(|| {
+pub fn shared_cluster() -> Arc<Cluster> {
+    static CLUSTER: OnceLock<Arc<Cluster>> = OnceLock::new();
+    let cluster = CLUSTER.get_or_init(|| {
         // The thread that spawns a child with a parent-death signal must
         // outlive it: a test's thread ends with the test.
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let _ = tx.send(Cluster::start());
+            let _ = tx.send(Arc::new(Cluster::start()));
             loop {
                 std::thread::park();
             }
         });
         rx.recv().expect("the cluster thread answers")
-    })
+    });
+    cluster.clone()
 }
 
 impl Cluster {
     /// Starts `MASTERS * (1 + REPLICAS_PER_MASTER)` servers with cluster
     /// mode on, joins them, and waits until every node reports
-    /// `cluster_state:ok` and every master has its replicas.
-    fn start() -> Self {
+    /// `cluster_state:ok` and every master has its replicas in sync. A
+    /// test that changes the topology (reshard, failover) starts its own,
+    /// from its own thread (not `spawn_blocking`, whose threads end and
+    /// take the nodes with them), and it stops on drop.
+    pub fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir for the cluster");
         let count = MASTERS * (1 + REPLICAS_PER_MASTER);
         let ports = free_port_pairs(count);
@@ -72,16 +77,30 @@ impl Cluster {
                     .arg(&node_dir)
                     .stdout(Stdio::null())
                     .stderr(Stdio::null());
-                cmd.spawn().expect("spawn redis-server (cluster node)")
+                (
+                    port,
+                    cmd.spawn().expect("spawn redis-server (cluster node)"),
+                )
             })
             .collect();
         let cluster = Self {
             ports,
-            _children: children,
+            children: std::sync::Mutex::new(children),
             _dir: dir,
         };
-        for &port in &cluster.ports {
-            wait_for_ping(port);
+        for (port, child) in cluster
+            .children
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            wait_for_ping(*port);
+            // Ours, not another test's server that took the port first.
+            let info = cli(*port, &["INFO", "server"]);
+            assert!(
+                info.contains(&format!("process_id:{}", child.id())),
+                "the server on {port} is not the one started here"
+            );
         }
         let nodes: Vec<String> = cluster
             .ports
@@ -131,15 +150,24 @@ impl Cluster {
             assert!(
                 Instant::now() < deadline,
                 "the cluster did not form within {FORM_TIMEOUT:?}:\n{}",
-                cli(self.ports[0], &["CLUSTER", "NODES"])
+                cli(self.live_port(), &["CLUSTER", "NODES"])
             );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
+    /// A node that answers (the first one may have been killed).
+    fn live_port(&self) -> u16 {
+        self.ports
+            .iter()
+            .copied()
+            .find(|p| cli(*p, &["PING"]).trim() == "PONG")
+            .unwrap_or(self.ports[0])
+    }
+
     /// The ports of the masters now, in the order of their first slot.
     pub fn masters(&self) -> Vec<u16> {
-        let mut masters: Vec<(u32, u16)> = cli(self.ports[0], &["CLUSTER", "NODES"])
+        let mut masters: Vec<(u32, u16)> = cli(self.live_port(), &["CLUSTER", "NODES"])
             .lines()
             .filter_map(|line| {
                 let fields: Vec<&str> = line.split_whitespace().collect();
@@ -174,11 +202,11 @@ impl Cluster {
 
     /// The port of the master that serves `key` now.
     pub fn master_of(&self, key: &str) -> u16 {
-        let slot: u16 = cli(self.ports[0], &["CLUSTER", "KEYSLOT", key])
+        let slot: u16 = cli(self.live_port(), &["CLUSTER", "KEYSLOT", key])
             .trim()
             .parse()
             .expect("CLUSTER KEYSLOT answers a number");
-        cli(self.ports[0], &["CLUSTER", "NODES"])
+        cli(self.live_port(), &["CLUSTER", "NODES"])
             .lines()
             .find_map(|line| {
                 let fields: Vec<&str> = line.split_whitespace().collect();
@@ -216,6 +244,98 @@ impl Cluster {
     }
 }
 
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let children = self.children.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (_, child) in children.iter_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Cluster {
+    /// Kills the node on `port` (SIGKILL), as a crash.
+    pub fn kill(&self, port: u16) {
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, child)) = children.iter_mut().find(|(p, _)| *p == port) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The node id of the node on `port`.
+    pub fn node_id(&self, port: u16) -> String {
+        cli(port, &["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// The first slot of the master on `port` (its lowest range's start).
+    pub fn first_slot_of(&self, port: u16) -> u16 {
+        cli(self.live_port(), &["CLUSTER", "NODES"])
+            .lines()
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let at: u16 = fields.get(1)?.split(['@', ':']).nth(1)?.parse().ok()?;
+                (at == port).then(|| fields.get(8)?.split('-').next()?.parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("{port} serves no slot"))
+    }
+
+    /// The slot of `key`.
+    pub fn slot(&self, key: &str) -> u16 {
+        cli(self.live_port(), &["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .expect("CLUSTER KEYSLOT answers a number")
+    }
+
+    /// Moves `slots` slots from the master on `from` to the master on `to`
+    /// with `redis-cli --cluster reshard` (the keys move with them), and
+    /// waits for it to finish.
+    pub fn reshard(&self, from: u16, to: u16, slots: u16) -> String {
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
+            .args(["--cluster-from", &self.node_id(from)])
+            .args(["--cluster-to", &self.node_id(to)])
+            .args(["--cluster-slots", &slots.to_string()])
+            .arg("--cluster-yes")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster reshard");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "reshard failed:\n{text}");
+        text
+    }
+
+    /// Waits until every live node says `cluster_state:ok` and `MASTERS`
+    /// masters serve the slots (after a failover).
+    pub fn wait_until_healthy(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        loop {
+            let live: Vec<u16> = self
+                .ports
+                .iter()
+                .copied()
+                .filter(|p| cli(*p, &["PING"]).trim() == "PONG")
+                .collect();
+            let ok = live
+                .iter()
+                .all(|&p| cli(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"));
+            if ok && self.masters().len() == MASTERS {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 /// `redis-cli -p <port> <args>`'s stdout (empty when it fails).
 fn cli(port: u16, args: &[&str]) -> String {
     Command::new("redis-cli")
@@ -242,14 +362,14 @@ fn wait_for_ping(port: u16) {
 /// `count` ports that are free, each with its cluster bus port (+10000)
 /// free too.
 fn free_port_pairs(count: usize) -> Vec<u16> {
+    // One cursor for the whole binary, so that two clusters started at once
+    // never try the same ports.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let start = std::process::id() % 5_000;
     let mut ports = Vec::with_capacity(count);
-    let mut candidate = 20_000 + u16::try_from(std::process::id() % 5_000).expect("fits");
     while ports.len() < count {
-        candidate = if candidate >= 29_999 {
-            20_000
-        } else {
-            candidate + 1
-        };
+        let offset = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let candidate = u16::try_from(20_000 + (start + offset) % 10_000).expect("fits");
         let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
         if free(candidate) && free(candidate + 10_000) {
             ports.push(candidate);
