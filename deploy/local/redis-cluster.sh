@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Starts a Redis Cluster on loopback to try lockd's cluster mode: 3 masters
+# with 2 replicas each on ports 7000-7008 (cluster bus ports 17000-17008),
+# no persistence, data in a temporary directory. Prints the lockd command
+# that uses it. `deploy/local/redis-cluster.sh stop` stops it.
+# Needs redis-server and redis-cli (installed from Debian's packages when
+# missing).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ports=(7000 7001 7002 7003 7004 7005 7006 7007 7008)
+dir=${TMPDIR:-/tmp}/lockd-redis-cluster
+
+if [ "${1:-}" = stop ]; then
+  for p in "${ports[@]}"; do redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; done
+  rm -rf "$dir"
+  echo "stopped"
+  exit 0
+fi
+
+scripts/ensure-deps.sh redis-server redis-cli
+for p in "${ports[@]}"; do
+  if redis-cli -p "$p" ping >/dev/null 2>&1; then
+    echo "error: something answers on port $p already; run '$0 stop' first" >&2
+    exit 1
+  fi
+done
+rm -rf "$dir"
+for p in "${ports[@]}"; do
+  mkdir -p "$dir/$p"
+  redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
+    --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+    --save "" --appendonly no --dir "$dir/$p" --daemonize yes \
+    --logfile "$dir/$p/redis.log" >/dev/null
+done
+for p in "${ports[@]}"; do
+  for _ in $(seq 50); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
+done
+nodes=()
+for p in "${ports[@]}"; do nodes+=("127.0.0.1:$p"); done
+redis-cli --cluster create "${nodes[@]}" --cluster-replicas 2 --cluster-yes >/dev/null
+for _ in $(seq 100); do
+  redis-cli -p 7000 cluster info | grep -q 'cluster_state:ok' && break
+  sleep 0.1
+done
+redis-cli -p 7000 cluster info | grep -q 'cluster_state:ok' || {
+  echo "error: the cluster did not form; logs in $dir" >&2
+  exit 1
+}
+echo "a Redis Cluster runs on 127.0.0.1:7000-7008 (3 masters, 2 replicas each)"
+echo "run lockd on it:"
+echo "  scripts/run.sh --redis-mode cluster --redis-url redis://127.0.0.1:7000 --redis-url redis://127.0.0.1:7001"
+echo "stop it: $0 stop"
