@@ -43,9 +43,9 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use redis::{ClientTlsConfig, TlsCertificates};
+use rustls::CertificateError;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::{AlertDescription, CertificateError};
 
 use super::LockError;
 
@@ -338,23 +338,44 @@ pub struct TlsFailure {
 /// The TLS failure in `error` (or its sources), if it is one;
 /// `unknown_issuer` says why a certificate signed by an unknown CA is
 /// refused ([`RedisTls::unknown_issuer`]).
+///
+/// The failure is read from the [`rustls::Error`] when the error still
+/// holds one, or else from its text (the cluster client keeps only the
+/// text of its nodes' errors), so that the same failure has the same kind
+/// on every path.
 pub fn tls_failure(error: &(dyn StdError + 'static), unknown_issuer: &str) -> Option<TlsFailure> {
     if let Some(rustls_error) = find_rustls_error(error) {
-        return Some(describe(rustls_error, unknown_issuer));
+        return Some(match rustls_error {
+            rustls::Error::InvalidCertificate(cert) => {
+                certificate_failure(certificate_kind(cert), &cert.to_string(), unknown_issuer)
+            }
+            rustls::Error::AlertReceived(alert) => alert_failure(&format!("{alert:?}")),
+            rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
+                not_tls(&rustls_error.to_string())
+            }
+            other => TlsFailure {
+                kind: "handshake".into(),
+                message: format!("the TLS handshake failed: {other}"),
+            },
+        });
     }
-    // Some paths (the cluster client's) keep only the text of the error.
     let text = error.to_string();
-    if text.contains("invalid peer certificate") {
-        return Some(TlsFailure {
-            kind: "certificate".into(),
-            message: format!("the server's certificate could not be verified ({text})"),
-        });
+    if let Some((_, detail)) = text.split_once("invalid peer certificate: ") {
+        return Some(certificate_failure(
+            certificate_kind_in(detail),
+            detail,
+            unknown_issuer,
+        ));
     }
-    if text.contains("received fatal alert") || text.contains("received corrupt message") {
-        return Some(TlsFailure {
-            kind: "handshake".into(),
-            message: format!("the TLS handshake failed ({text})"),
-        });
+    if let Some((_, alert)) = text.split_once("received fatal alert: ") {
+        let name: String = alert
+            .chars()
+            .take_while(char::is_ascii_alphanumeric)
+            .collect();
+        return Some(alert_failure(&name));
+    }
+    if let Some(at) = text.find("received corrupt message") {
+        return Some(not_tls(&text[at..]));
     }
     None
 }
@@ -386,77 +407,97 @@ fn find_rustls_error<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a rust
     None
 }
 
-/// `error` in an operator's words.
-fn describe(error: &rustls::Error, unknown_issuer: &str) -> TlsFailure {
-    match error {
-        rustls::Error::InvalidCertificate(cert) => {
-            let (kind, hint) = match cert {
-                CertificateError::UnknownIssuer => ("UnknownIssuer", unknown_issuer.to_owned()),
-                CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
-                    ("Expired", "it has expired".to_owned())
-                }
-                CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => (
-                    "NotValidYet",
-                    "it is not valid yet (check the clocks)".to_owned(),
-                ),
-                CertificateError::NotValidForName
-                | CertificateError::NotValidForNameContext { .. } => (
-                    "NotValidForName",
-                    "it is not issued for the host name (or IP address) in the URL".to_owned(),
-                ),
-                CertificateError::Revoked => ("Revoked", "it is revoked".to_owned()),
-                CertificateError::InvalidPurpose
-                | CertificateError::InvalidPurposeContext { .. } => (
-                    "InvalidPurpose",
-                    "it is not a server certificate".to_owned(),
-                ),
-                _ => ("other", "it is not valid".to_owned()),
-            };
-            TlsFailure {
-                kind: format!("certificate:{kind}"),
-                message: format!("the server's certificate could not be verified ({cert}): {hint}"),
-            }
+/// Why a certificate was refused, in a word.
+fn certificate_kind(cert: &CertificateError) -> &'static str {
+    match cert {
+        CertificateError::UnknownIssuer => "UnknownIssuer",
+        CertificateError::Expired | CertificateError::ExpiredContext { .. } => "Expired",
+        CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+            "NotValidYet"
         }
-        rustls::Error::AlertReceived(AlertDescription::CertificateRequired) => TlsFailure {
-            kind: "alert:CertificateRequired".into(),
-            message: "the server requires a client certificate: give --redis-client-cert \
-                      and --redis-client-key"
-                .into(),
-        },
-        rustls::Error::AlertReceived(
-            alert @ (AlertDescription::BadCertificate
-            | AlertDescription::UnknownCA
-            | AlertDescription::CertificateUnknown
-            | AlertDescription::CertificateExpired
-            | AlertDescription::CertificateRevoked
-            | AlertDescription::UnsupportedCertificate
-            | AlertDescription::AccessDenied
-            | AlertDescription::HandshakeFailure),
-        ) => TlsFailure {
-            kind: format!("alert:{alert:?}"),
-            message: format!(
-                "the server refused the TLS handshake ({alert:?}): if it requires client \
-                 certificates, give --redis-client-cert and --redis-client-key, with a \
-                 certificate signed by a CA the server trusts"
-            ),
-        },
-        rustls::Error::AlertReceived(alert) => TlsFailure {
-            kind: format!("alert:{alert:?}"),
-            message: format!("the server ended the TLS handshake: {error}"),
-        },
-        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
-            TlsFailure {
-                kind: "not-tls".into(),
-                message: format!(
-                    "the server does not speak TLS on this port ({error}); is it a plain \
-                     redis:// port?"
-                ),
-            }
+        CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+            "NotValidForName"
         }
-        other => TlsFailure {
-            kind: "handshake".into(),
-            message: format!("the TLS handshake failed: {other}"),
-        },
+        CertificateError::Revoked => "Revoked",
+        CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
+            "InvalidPurpose"
+        }
+        _ => "other",
+    }
+}
+
+/// [`certificate_kind`] from the text rustls shows for the error.
+fn certificate_kind_in(detail: &str) -> &'static str {
+    [
+        ("UnknownIssuer", "UnknownIssuer"),
+        ("Expired", "Expired"),
+        ("certificate expired", "Expired"),
+        ("NotValidYet", "NotValidYet"),
+        ("certificate not valid yet", "NotValidYet"),
+        ("NotValidForName", "NotValidForName"),
+        ("certificate not valid for name", "NotValidForName"),
+        ("Revoked", "Revoked"),
+        ("InvalidPurpose", "InvalidPurpose"),
+        (
+            "certificate does not allow extended key usage",
+            "InvalidPurpose",
+        ),
+    ]
+    .iter()
+    .find(|(shown, _)| detail.starts_with(shown))
+    .map_or("other", |(_, kind)| kind)
+}
+
+/// A server certificate refused for `kind`; `detail` is rustls's account.
+fn certificate_failure(kind: &str, detail: &str, unknown_issuer: &str) -> TlsFailure {
+    let hint = match kind {
+        "UnknownIssuer" => unknown_issuer,
+        "Expired" => "it has expired",
+        "NotValidYet" => "it is not valid yet (check the clocks)",
+        "NotValidForName" => "it is not issued for the host name (or IP address) in the URL",
+        "Revoked" => "it is revoked",
+        "InvalidPurpose" => "it is not a server certificate",
+        _ => "it is not valid",
+    };
+    TlsFailure {
+        kind: format!("certificate:{kind}"),
+        message: format!("the server's certificate could not be verified ({detail}): {hint}"),
+    }
+}
+
+/// The server ended the handshake with the alert called `name`.
+fn alert_failure(name: &str) -> TlsFailure {
+    let message = match name {
+        "CertificateRequired" => "the server requires a client certificate: give \
+                                  --redis-client-cert and --redis-client-key"
+            .to_owned(),
+        "BadCertificate"
+        | "UnknownCA"
+        | "CertificateUnknown"
+        | "CertificateExpired"
+        | "CertificateRevoked"
+        | "UnsupportedCertificate"
+        | "AccessDenied"
+        | "HandshakeFailure" => format!(
+            "the server refused the TLS handshake ({name}): if it requires client \
+             certificates, give --redis-client-cert and --redis-client-key, with a \
+             certificate signed by a CA the server trusts"
+        ),
+        _ => format!("the server ended the TLS handshake with the alert {name}"),
+    };
+    TlsFailure {
+        kind: format!("alert:{name}"),
+        message,
+    }
+}
+
+/// The server's answer was not TLS (`detail`).
+fn not_tls(detail: &str) -> TlsFailure {
+    TlsFailure {
+        kind: "not-tls".into(),
+        message: format!(
+            "the server does not speak TLS on this port ({detail}); is it a plain redis:// port?"
+        ),
     }
 }
 
@@ -598,6 +639,7 @@ pub fn redact_urls_in(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::AlertDescription;
 
     fn io_wrapped(error: rustls::Error) -> redis::RedisError {
         // As tokio-rustls hands a failed handshake over.
@@ -633,6 +675,30 @@ mod tests {
             "{}",
             failure.message
         );
+    }
+
+    /// The cluster client keeps only the text of an error: read from it,
+    /// a failure has the same kind (so it is not logged as a new reason).
+    #[test]
+    fn a_failure_read_from_text_has_the_kind_of_the_error() {
+        let hint = RedisTls::default().unknown_issuer();
+        for error in [
+            rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer),
+            rustls::Error::InvalidCertificate(CertificateError::ExpiredContext {
+                time: rustls::pki_types::UnixTime::since_unix_epoch(Duration::from_secs(20)),
+                not_after: rustls::pki_types::UnixTime::since_unix_epoch(Duration::from_secs(10)),
+            }),
+            rustls::Error::InvalidCertificate(CertificateError::NotValidForName),
+            rustls::Error::AlertReceived(AlertDescription::CertificateRequired),
+            rustls::Error::AlertReceived(AlertDescription::UnknownCA),
+        ] {
+            let structured = tls_failure(&io_wrapped(error.clone()), hint).expect("TLS");
+            let text = redis::RedisError::from(std::io::Error::other(format!(
+                "Failed to create initial connections - Io: {error}"
+            )));
+            let from_text = tls_failure(&text, hint).expect("TLS, from the text");
+            assert_eq!(structured.kind, from_text.kind, "{error}");
+        }
     }
 
     #[test]

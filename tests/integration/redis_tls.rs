@@ -5,14 +5,14 @@
 //! certificates; servers whose certificate lockd must refuse (another CA,
 //! expired, another name), which get 503s, one clear error in the log, and
 //! not a single command; TLS settings that cannot be used; Redlock over TLS
-//! nodes, and over a mix of TLS and plain ones.
+//! nodes, and over a mix of TLS and plain ones; a Redis Cluster over TLS.
 
 use std::time::Duration;
 
 use reqwest::StatusCode;
 
 use crate::support::{
-    Lockd, RedisServer, Reply, ServerCert, TestCa, TlsRedisServer, lockd, run_blocking,
+    Lockd, RedisServer, Reply, ServerCert, TestCa, TlsCluster, TlsRedisServer, lockd, run_blocking,
 };
 
 /// A client with a timeout, so that no test can hang.
@@ -428,4 +428,46 @@ async fn a_redlock_set_may_mix_tls_and_plain_nodes() {
     send(client.delete(&url).header("Lock-Token", &token))
         .await
         .expect_status(204);
+}
+
+/// A Redis Cluster whose nodes speak TLS only: lockd in cluster mode,
+/// seeded with two of its three masters' `rediss://` URLs and
+/// `--redis-ca-cert`, finds the third over TLS too, and takes, extends and
+/// releases a lock on each; with another CA it is not ready, gets 503s, and
+/// logs one error naming the seeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockd_over_a_tls_redis_cluster_verifies_every_node() {
+    let ca = TestCa::new("lockd test CA");
+    let cluster = TlsCluster::start(&ca.server_cert(ServerCert::Good), &ca).await;
+    let urls = cluster.urls();
+    let mut args = vec!["--redis-mode", "cluster", "--redis-ca-cert", ca.cert_arg()];
+    for url in &urls[..2] {
+        args.extend(["--redis-url", url.as_str()]);
+    }
+    let lockd = Lockd::serve(&args, &[]).await;
+    assert_eq!(readyz(&lockd).await, 200, "{}", lockd.stderr());
+    // A lock on each master, the one lockd found from the seeds included.
+    for node in 0..3 {
+        let name = cluster.name_on(node, "tls:cluster:");
+        take_extend_release(&lockd, &name, |token| cluster.lock_token(&name) == token).await;
+    }
+
+    let other_ca = TestCa::new("someone else's CA");
+    args[3] = other_ca.cert_arg();
+    let refused = Lockd::serve(&args, &[]).await;
+    for _ in 0..3 {
+        assert_eq!(readyz(&refused).await, 503, "{}", refused.stderr());
+    }
+    send(http().post(refused.url("/locks/tls:cluster:0")))
+        .await
+        .expect_problem(503, "backend-unavailable");
+    let stderr = refused.stderr();
+    let seeds = cluster.addrs()[..2].join(", ");
+    let errors = errors_naming(&stderr, &seeds);
+    assert_eq!(errors.len(), 1, "not one error naming the seeds:\n{stderr}");
+    assert!(
+        errors[0].contains("certificate could not be verified"),
+        "{}",
+        errors[0]
+    );
 }

@@ -35,7 +35,8 @@
 //!   certificates, trusting a CA's client certificates and, with
 //!   `auth_clients`, requiring one; [`TlsRedisServer::cli`] runs
 //!   `redis-cli` on it over TLS (trusting any certificate, so that it
-//!   reaches a server lockd must refuse).
+//!   reaches a server lockd must refuse). [`TlsCluster`] joins three of
+//!   them into a Redis Cluster (the bus over TLS too), of its test's own.
 //! - [`LinkProxy`] is a TCP proxy in front of one server: it delays each
 //!   direction, and can freeze the link (bytes are held, in order, until it
 //!   thaws) as soon as the client sends a given command. It

@@ -1,7 +1,8 @@
 //! TLS to Redis: a private CA made here with rcgen ([`TestCa`]), the
-//! certificates it signs ([`IssuedCert`]), and a real `redis-server`
-//! that speaks TLS only ([`TlsRedisServer`], `--port 0`: no plain port at
-//! all), killed on drop.
+//! certificates it signs ([`IssuedCert`]), a real `redis-server` that
+//! speaks TLS only ([`TlsRedisServer`], `--port 0`: no plain port at all),
+//! and a Redis Cluster of three of them ([`TlsCluster`], the cluster bus
+//! over TLS too), all killed on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -94,7 +95,12 @@ impl TestCa {
         };
         let mut params = CertificateParams::new(names).expect("server parameters");
         params.distinguished_name.push(DnType::CommonName, "redis");
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        // A cluster node shows it to the other nodes as a client too, on
+        // the cluster bus.
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         if kind == ServerCert::Expired {
             params.not_before = rcgen::date_time_ymd(2000, 1, 1);
             params.not_after = rcgen::date_time_ymd(2001, 1, 1);
@@ -151,11 +157,40 @@ impl TlsRedisServer {
     /// Starts a server with `cert` on a free port, retrying on a port
     /// collision, and waits until it is ready.
     pub async fn spawn(cert: &IssuedCert, clients_ca: &TestCa, auth_clients: bool) -> Self {
+        Self::start(cert, clients_ca, auth_clients, false).await
+    }
+
+    /// [`Self::spawn`], as a node of a Redis Cluster yet to be formed
+    /// (`--cluster-enabled yes`, the cluster bus over TLS as well).
+    async fn spawn_cluster_node(cert: &IssuedCert, clients_ca: &TestCa) -> Self {
+        Self::start(cert, clients_ca, false, true).await
+    }
+
+    async fn start(
+        cert: &IssuedCert,
+        clients_ca: &TestCa,
+        auth_clients: bool,
+        cluster: bool,
+    ) -> Self {
         for _ in 0..20 {
-            let port = free_port();
+            // A cluster node's bus listens 10000 above its port, which must
+            // be free too: those tries come from a range of their own, apart
+            // from the shared plain cluster's (20000-29999).
+            let port = if cluster {
+                rand::random_range(30_000..32_700)
+            } else {
+                free_port()
+            };
             let dir = tempfile::tempdir().expect("temp dir for redis-server");
             let log = dir.path().join("redis.log");
-            let child = Command::new("redis-server")
+            let mut command = Command::new("redis-server");
+            if cluster {
+                command
+                    .args(["--cluster-enabled", "yes", "--tls-cluster", "yes"])
+                    .args(["--cluster-config-file", "nodes.conf"])
+                    .args(["--cluster-node-timeout", "2000"]);
+            }
+            let child = command
                 .args(["--port", "0", "--tls-port", &port.to_string()])
                 .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                 .arg("--tls-cert-file")
@@ -287,5 +322,108 @@ impl Drop for TlsRedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// How long a TLS cluster may take to form.
+const FORM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A Redis Cluster of three TLS-only masters (no replicas), its bus over
+/// TLS too, each node with `cert`; made with `redis-cli --cluster create
+/// --tls`. Killed on drop.
+pub struct TlsCluster {
+    nodes: Vec<TlsRedisServer>,
+}
+
+impl TlsCluster {
+    /// Starts the nodes, joins them, and waits until every node reports
+    /// `cluster_state:ok`.
+    pub async fn start(cert: &IssuedCert, clients_ca: &TestCa) -> Self {
+        let nodes = futures::future::join_all(
+            (0..3).map(|_| TlsRedisServer::spawn_cluster_node(cert, clients_ca)),
+        )
+        .await;
+        let addrs: Vec<String> = nodes.iter().map(TlsRedisServer::addr).collect();
+        let probe = &nodes[0].probe;
+        // `timeout`: redis-cli waits for ever for a cluster that never
+        // joins (a certificate the nodes refuse on the bus).
+        let created = Command::new("timeout")
+            .args([
+                "60",
+                "redis-cli",
+                "--tls",
+                "--insecure",
+                "--cert",
+                probe.cert(),
+                "--key",
+                probe.key(),
+            ])
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            created.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&created.stdout),
+            String::from_utf8_lossy(&created.stderr)
+        );
+        let cluster = Self { nodes };
+        let deadline = Instant::now() + FORM_TIMEOUT;
+        while !cluster
+            .nodes
+            .iter()
+            .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            assert!(Instant::now() < deadline, "the TLS cluster did not form");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        cluster
+    }
+
+    /// The nodes' `rediss://` URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(TlsRedisServer::url).collect()
+    }
+
+    /// The nodes' `127.0.0.1:<port>`.
+    pub fn addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(TlsRedisServer::addr).collect()
+    }
+
+    /// A lock name whose keys live on node `i`: `prefix` and a number.
+    pub fn name_on(&self, i: usize, prefix: &str) -> String {
+        // The slot ranges node `i` serves, from its own line of CLUSTER NODES.
+        let nodes = self.nodes[i].cli(&["CLUSTER", "NODES"]);
+        let mine = nodes
+            .lines()
+            .find(|l| l.contains("myself"))
+            .expect("the node's own line");
+        let ranges: Vec<(usize, usize)> = mine
+            .split_whitespace()
+            .skip(8)
+            .filter_map(|range| {
+                let (a, b) = range.split_once('-').unwrap_or((range, range));
+                Some((a.parse().ok()?, b.parse().ok()?))
+            })
+            .collect();
+        (0..)
+            .map(|n| format!("{prefix}{n}"))
+            .find(|name| {
+                let slot: usize = self.nodes[0]
+                    .cli(&["CLUSTER", "KEYSLOT", &format!("{PREFIX}{{{name}}}")])
+                    .parse()
+                    .expect("CLUSTER KEYSLOT answers a number");
+                ranges.iter().any(|(a, b)| (*a..=*b).contains(&slot))
+            })
+            .expect("a name")
+    }
+
+    /// The token under which lock `name` is held in the cluster ("" when
+    /// nobody holds it), read from the master of its slot.
+    pub fn lock_token(&self, name: &str) -> String {
+        self.nodes[0].cli(&["-c", "GET", &format!("{PREFIX}{{{name}}}")])
     }
 }
