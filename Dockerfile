@@ -9,6 +9,11 @@ RUN cargo build --release --locked --bin lockd \
  && strip target/release/lockd
 
 FROM debian:bookworm-slim
+# The system's root certificates: a rediss:// server (a managed Redis) is
+# verified against them unless --redis-ca-cert is given.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
 RUN useradd --system --uid 10001 --no-create-home lockd
 COPY --from=build /src/target/release/lockd /usr/local/bin/lockd
 USER lockd

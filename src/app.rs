@@ -19,6 +19,7 @@ use crate::http::admission::Admission;
 use crate::http::limits::Limits;
 use crate::http::routes::{metrics_router, router};
 use crate::http::state::{App, AppState};
+use crate::lock::connect::{self, ConnectReport, ConnectReports, RedisTls, RedisTlsError};
 use crate::lock::memory::MemoryBackend;
 use crate::lock::redis::{Endpoint, RedisBackend, RedisConfig};
 use crate::lock::redlock::{Redlock, quorum};
@@ -56,6 +57,10 @@ pub enum StartupError {
     /// The TLS certificate or key cannot be used.
     #[error("invalid settings: {0}")]
     Tls(#[from] TlsError),
+    /// A TLS file for Redis (`--redis-ca-cert`, `--redis-client-cert`,
+    /// `--redis-client-key`) cannot be used.
+    #[error("invalid settings: {0}")]
+    RedisTls(#[from] RedisTlsError),
 }
 
 impl StartupError {
@@ -65,7 +70,11 @@ impl StartupError {
     pub fn is_settings(&self) -> bool {
         matches!(
             self,
-            Self::Settings(_) | Self::Topology(_) | Self::Tls(_) | Self::Keys(_)
+            Self::Settings(_)
+                | Self::Topology(_)
+                | Self::Tls(_)
+                | Self::RedisTls(_)
+                | Self::Keys(_)
         )
     }
 }
@@ -93,15 +102,18 @@ impl Application {
     /// router.
     ///
     /// # Errors
-    /// [`StartupError`] when the address cannot be bound or the backend
-    /// cannot be built. Redis being down is not an error: requests get 503
-    /// until it comes back.
+    /// [`StartupError`] when the address cannot be bound, a Redis TLS file
+    /// cannot be used, or the backend cannot be built. Redis being down is
+    /// not an error, nor is a Redis server whose TLS certificate cannot be
+    /// verified (it is logged): requests get 503 until it comes back.
     pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
+        let tls = redis_tls(&settings.store)?;
+        let reports = ConnectReports::default();
         if !settings.store.dev {
-            check_topology(&settings.store).await?;
+            check_topology(&settings.store, &tls, &reports).await?;
         }
         let metrics = Arc::new(Metrics::new(settings.metrics.max_namespaces)?);
-        let backend = build_backend(settings, &metrics)?;
+        let backend = build_backend(settings, &metrics, &tls, &reports)?;
         Self::assemble(settings, backend, metrics).await
     }
 
@@ -236,7 +248,8 @@ impl Application {
 /// As for [`Application::build`], binding aside.
 pub fn build_router(settings: &Settings) -> Result<Router, StartupError> {
     let metrics = Arc::new(Metrics::new(settings.metrics.max_namespaces)?);
-    let backend = build_backend(settings, &metrics)?;
+    let tls = redis_tls(&settings.store)?;
+    let backend = build_backend(settings, &metrics, &tls, &ConnectReports::default())?;
     let (state, _, _) = shared_state(settings, backend, metrics)?;
     Ok(router(state, settings.metrics.listen.is_none()))
 }
@@ -321,10 +334,44 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartupError> {
         .map_err(|source| StartupError::Bind { addr, source })
 }
 
-/// The lock store for `settings`, each node instrumented.
+/// The TLS files of `store` for `rediss://` URLs, read and checked; none
+/// in dev mode, which uses no Redis. Files given while no URL is
+/// `rediss://` are checked all the same, and a warning says they are not
+/// used.
+fn redis_tls(store: &StoreSettings) -> Result<RedisTls, StartupError> {
+    if store.dev {
+        return Ok(RedisTls::default());
+    }
+    let files = &store.redis_tls;
+    let tls = RedisTls::load(
+        files.ca_cert.as_deref(),
+        files
+            .client
+            .as_ref()
+            .map(|client| (client.cert.as_path(), client.key.as_path())),
+    )?;
+    if tls.is_set() && !store.redis_urls.iter().any(|u| connect::is_tls(u.expose())) {
+        tracing::warn!(
+            "--redis-ca-cert or --redis-client-cert is set, but no --redis-url is rediss://: \
+             they apply to rediss:// URLs only, so they are not used"
+        );
+    }
+    Ok(tls)
+}
+
+/// The name of a Redis Cluster in logs: its seeds, `host:port` each.
+fn cluster_name(seeds: &[RedisUrl]) -> String {
+    let seeds: Vec<String> = seeds.iter().map(|u| node_address(u.expose())).collect();
+    format!("{} (Redis Cluster seeds)", seeds.join(", "))
+}
+
+/// The lock store for `settings`, each node instrumented, its clients
+/// built with `tls`, its TLS failures reported to `reports`.
 fn build_backend(
     settings: &Settings,
     metrics: &Arc<Metrics>,
+    tls: &RedisTls,
+    reports: &ConnectReports,
 ) -> Result<Arc<dyn Store>, StartupError> {
     let instrument = |backend: Arc<dyn Node>, node: String| -> Arc<dyn Node> {
         Arc::new(Instrumented::new(backend, metrics.clone(), node))
@@ -355,6 +402,8 @@ fn build_backend(
                     .map(|u| u.expose().to_owned())
                     .collect(),
             ),
+            tls: tls.clone(),
+            report: reports.node(&cluster_name(&store.redis_urls), tls),
             key_prefix: store.key_prefix.clone(),
             timeout: store.redis_timeout,
             pool_size: store.pool_size.get(),
@@ -381,6 +430,8 @@ fn build_backend(
                     .collect(),
                 master: master.clone(),
             },
+            tls: tls.clone(),
+            report: reports.node(&format!("the master of {master}"), tls),
             key_prefix: store.key_prefix.clone(),
             timeout: store.redis_timeout,
             pool_size: store.pool_size.get(),
@@ -405,6 +456,8 @@ fn build_backend(
     let node = |url: &RedisUrl, timeout: Duration| -> Result<Arc<dyn Node>, StartupError> {
         let backend = RedisBackend::new(&RedisConfig {
             endpoint: Endpoint::Server(url.expose().to_owned()),
+            tls: tls.clone(),
+            report: reports.node(&node_address(url.expose()), tls),
             key_prefix: store.key_prefix.clone(),
             timeout,
             pool_size: store.pool_size.get(),
@@ -465,14 +518,27 @@ const TOPOLOGY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// and a quorum it never reaches (field case C14). A URL that does not
 /// answer is not checked: lockd starts while Redis is down.
 ///
+/// The probe connects as the backend will (`tls` for `rediss://` URLs); a
+/// TLS failure is reported to the node's report in `reports`, which the
+/// backend then shares, so that it is logged once.
+///
 /// # Errors
 /// [`StartupError::Topology`], naming the URL (without its password) and
 /// the mode to use.
-async fn check_topology(store: &StoreSettings) -> Result<(), StartupError> {
+async fn check_topology(
+    store: &StoreSettings,
+    tls: &RedisTls,
+    reports: &ConnectReports,
+) -> Result<(), StartupError> {
     let mode = store.mode();
     let mut masters_known = None;
     for url in &store.redis_urls {
-        let Some(probe) = probe(url.expose(), store.sentinel_master.as_deref()).await else {
+        let report = match mode {
+            RedisMode::Cluster => reports.node(&cluster_name(&store.redis_urls), tls),
+            _ => reports.node(&node_address(url.expose()), tls),
+        };
+        let Some(probe) = probe(url.expose(), store.sentinel_master.as_deref(), tls, &report).await
+        else {
             continue;
         };
         let wrong = |what: &str, use_instead: &str| {
@@ -533,22 +599,39 @@ struct Probe {
 }
 
 /// Asks the server at `url` what it is; `None` when it does not answer in
-/// time.
-async fn probe(url: &str, sentinel_master: Option<&str>) -> Option<Probe> {
+/// time. A TLS failure goes to `report`.
+async fn probe(
+    url: &str,
+    sentinel_master: Option<&str>,
+    tls: &RedisTls,
+    report: &ConnectReport,
+) -> Option<Probe> {
     let probe = async {
-        let client = redis::Client::open(url).ok()?;
+        let client = connect::client(url, tls).ok()?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(TOPOLOGY_PROBE_TIMEOUT))
             .set_response_timeout(Some(TOPOLOGY_PROBE_TIMEOUT));
-        let mut conn = client
+        let mut conn = match client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .ok()?;
-        let info: String = redis::cmd("INFO")
+        {
+            Ok(conn) => conn,
+            Err(e) => {
+                report.failed(&e);
+                return None;
+            }
+        };
+        let info: String = match redis::cmd("INFO")
             .arg("server")
             .query_async(&mut conn)
             .await
-            .ok()?;
+        {
+            Ok(info) => info,
+            Err(e) => {
+                report.failed(&e);
+                return None;
+            }
+        };
         let server_mode = info
             .lines()
             .find_map(|l| l.trim().strip_prefix("redis_mode:"))

@@ -78,7 +78,8 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_MAX_HEADER_BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_header_bytes: Option<usize>,
-    /// Redis URL, e.g. redis://:password@host:6379/0 [default: redis://127.0.0.1:6379].
+    /// Redis URL, e.g. redis://:password@host:6379/0, or rediss://... for TLS
+    /// [default: redis://127.0.0.1:6379].
     /// Give it more than once (or comma-separated in LOCKD_REDIS_URL) to run
     /// Redlock over those independent masters; 3 or 5 are recommended.
     #[arg(
@@ -114,6 +115,23 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_SENTINEL_MASTER", value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sentinel_master: Option<String>,
+    /// CA certificates (a PEM file) to verify the certificates of rediss://
+    /// servers against, instead of the system's root certificates
+    /// [default: the system's roots].
+    #[arg(long, env = "LOCKD_REDIS_CA_CERT", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_ca_cert: Option<PathBuf>,
+    /// A client certificate chain (a PEM file) for rediss:// servers that
+    /// require one (tls-auth-clients). Needs --redis-client-key
+    /// [default: none].
+    #[arg(long, env = "LOCKD_REDIS_CLIENT_CERT", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_client_cert: Option<PathBuf>,
+    /// The private key of --redis-client-cert: a PEM file (PKCS#8, PKCS#1
+    /// or SEC1, not encrypted). Needs --redis-client-cert.
+    #[arg(long, env = "LOCKD_REDIS_CLIENT_KEY", value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_client_key: Option<PathBuf>,
     /// Prefix of every Redis key lockd writes [default: lockd:].
     #[arg(long, env = "LOCKD_KEY_PREFIX")]
     #[serde(skip_serializing_if = "Option::is_none")]

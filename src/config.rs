@@ -12,8 +12,9 @@
 //! - [`Settings`] is what lockd runs with: grouped by concern, with typed
 //!   values (durations as [`Duration`], lease lengths as [`Ttl`], counts
 //!   that must be at least 1 as [`NonZeroUsize`], the TLS files as one
-//!   [`TlsFiles`]). `TryFrom<RawSettings>` builds it, each group by its own
-//!   function, which checks that group's values; so a `Settings` from
+//!   [`TlsFiles`], the Redis TLS files as one [`RedisTlsFiles`]).
+//!   `TryFrom<RawSettings>` builds it, each group by its own function,
+//!   which checks that group's values; so a `Settings` from
 //!   [`Settings::load`] has been checked, and there is no separate check.
 //! - The defaults are [`Settings::default`]; [`RawSettings::default`] is
 //!   their flat form (`From<&Settings>`), which `load` lays under the file.
@@ -23,7 +24,7 @@
 //! | Field of `Settings` | Concern | Keys |
 //! | --- | --- | --- |
 //! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes` |
-//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
+//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
 //! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
 //! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
@@ -35,10 +36,23 @@
 //! address too (`metrics_listen` must differ from `listen`; no API keys
 //! only on loopback).
 //!
+//! # TLS to Redis
+//! A `rediss://` URL is TLS, a `redis://` one plain TCP, each URL on its
+//! own: a Redlock set may mix them; a cluster's seeds may not (the nodes
+//! found from them are reached as the seeds are). The redis crate's
+//! `#insecure` fragment, which would skip verifying the server, is
+//! refused. The files (`redis_ca_cert`; `redis_client_cert` with
+//! `redis_client_key`, both or neither) are checked here only for being
+//! given together; [`crate::app::Application::build`] reads and parses
+//! them (a file that cannot be used exits 2 too, naming its setting), and
+//! [`crate::lock::connect`] builds every Redis client with them. They apply
+//! to `rediss://` URLs only.
+//!
 //! The fields are public, for code that builds settings (the tests:
 //! `Settings::default()` and edits on the groups). What the types hold
 //! (a TTL from 1 ms to 365 days, a count of at least 1, both TLS files or
-//! none) holds there too; the rest is the editor's to keep in range, and
+//! none, a client certificate for Redis with its key or neither) holds
+//! there too; the rest is the editor's to keep in range, and
 //! [`crate::http::limits::Limits`] still refuses a default TTL above the
 //! maximum.
 
@@ -54,7 +68,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::{LogFormat, RedisMode, ServeArgs};
 use crate::lock::Ttl;
-use crate::lock::redis::{redact_url, redact_urls_in};
+use crate::lock::connect::{is_tls, redact_url, redact_urls_in};
 
 /// The service's settings, grouped by concern, with typed values: what
 /// [`Settings::load`] gives, checked. `Debug` hides any password in the
@@ -104,7 +118,8 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
-/// Where locks are kept (keys `dev`, `redis_url`, `key_prefix`,
+/// Where locks are kept (keys `dev`, `redis_url`, `redis_mode`,
+/// `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`,
 /// `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`,
 /// `fence_retention_ms`, `redlock_restart_delay_ms`).
 #[derive(Debug, Clone, PartialEq)]
@@ -127,6 +142,9 @@ pub struct StoreSettings {
     /// How long a grant or extend waits for those replicas; at least 1 ms,
     /// below `redis_timeout` (`replica_ack_timeout_ms`).
     pub replica_ack_timeout: Duration,
+    /// The TLS files for `rediss://` URLs (`redis_ca_cert`,
+    /// `redis_client_cert`, `redis_client_key`).
+    pub redis_tls: RedisTlsFiles,
     /// Prefix of every Redis key lockd writes; no braces (`key_prefix`).
     pub key_prefix: String,
     /// Longest time one Redis operation may take, single Redis; at least
@@ -147,6 +165,19 @@ pub struct StoreSettings {
     /// start, at most 365 days; `None`: the longest TTL (see
     /// [`Settings::redlock_restart_delay`]) (`redlock_restart_delay_ms`).
     pub redlock_restart_delay: Option<Duration>,
+}
+
+/// The TLS files for `rediss://` URLs, all PEM; unset, servers are
+/// verified against the system's root certificates and lockd has no client
+/// certificate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTlsFiles {
+    /// The CA certificates to verify servers against instead of the
+    /// system's roots (`redis_ca_cert`).
+    pub ca_cert: Option<PathBuf>,
+    /// The client certificate chain and its key, for servers that require
+    /// one (`redis_client_cert` and `redis_client_key`, both or neither).
+    pub client: Option<TlsFiles>,
 }
 
 /// The limits a request is held to (keys `default_ttl_ms`, `max_ttl_ms`,
@@ -242,6 +273,7 @@ impl Default for StoreSettings {
             sentinel_master: None,
             min_replicas_acked: 0,
             replica_ack_timeout: Duration::from_millis(200),
+            redis_tls: RedisTlsFiles::default(),
             key_prefix: "lockd:".into(),
             redis_timeout: Duration::from_millis(1_000),
             pool_size: const { count(16) },
@@ -322,6 +354,17 @@ pub struct RawSettings {
     pub min_replicas_acked: usize,
     /// How long to wait for them, in milliseconds.
     pub replica_ack_timeout_ms: u64,
+    /// PEM CA certificates to verify `rediss://` servers against; unset:
+    /// the system's root certificates.
+    #[serde(default)]
+    pub redis_ca_cert: Option<PathBuf>,
+    /// PEM client certificate chain for `rediss://` servers that require
+    /// one; with `redis_client_key`.
+    #[serde(default)]
+    pub redis_client_cert: Option<PathBuf>,
+    /// PEM private key of `redis_client_cert`.
+    #[serde(default)]
+    pub redis_client_key: Option<PathBuf>,
     /// Prefix of every Redis key lockd writes.
     pub key_prefix: String,
     /// Lease length when a request gives no `ttl_ms`, in milliseconds.
@@ -406,6 +449,9 @@ impl From<&Settings> for RawSettings {
             sentinel_master: store.sentinel_master.clone(),
             min_replicas_acked: store.min_replicas_acked,
             replica_ack_timeout_ms: whole_millis(store.replica_ack_timeout),
+            redis_ca_cert: store.redis_tls.ca_cert.clone(),
+            redis_client_cert: store.redis_tls.client.as_ref().map(|c| c.cert.clone()),
+            redis_client_key: store.redis_tls.client.as_ref().map(|c| c.key.clone()),
             key_prefix: store.key_prefix.clone(),
             default_ttl_ms: limits.default_ttl.as_millis(),
             max_ttl_ms: limits.max_ttl.as_millis(),
@@ -544,10 +590,10 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-/// A Redis URL as given (`redis://[:PASSWORD@]HOST[:PORT][/DB]`); the
-/// backend parses it when it connects. Its `Debug` and `Display` hide the
-/// password (see [`redact_url`]); [`RedisUrl::expose`] gives the URL itself,
-/// for making the connection.
+/// A Redis URL as given (`redis://[:PASSWORD@]HOST[:PORT][/DB]`, or
+/// `rediss://` for TLS); the backend parses it when it connects. Its
+/// `Debug` and `Display` hide the password (see [`redact_url`]);
+/// [`RedisUrl::expose`] gives the URL itself, for making the connection.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct RedisUrl(String);
@@ -728,6 +774,45 @@ impl StoreSettings {
         let mode = raw
             .redis_mode
             .unwrap_or_else(|| RedisMode::inferred(raw.redis_url.len()));
+        if mode == RedisMode::Cluster {
+            let tls = |u: &&RedisUrl| is_tls(u.expose());
+            if let (Some(plain), Some(secure)) = (
+                raw.redis_url.iter().find(|u| !tls(u)),
+                raw.redis_url.iter().find(tls),
+            ) {
+                return Err(format!(
+                    "redis_url: the seeds of one Redis Cluster take one scheme, but {plain} is \
+                     redis:// and {secure} is rediss://; lockd reaches every node of the cluster \
+                     as it reaches the seeds"
+                ));
+            }
+        }
+        let redis_tls = RedisTlsFiles {
+            ca_cert: raw.redis_ca_cert.clone(),
+            client: match (&raw.redis_client_cert, &raw.redis_client_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }),
+                (Some(_), None) => {
+                    return Err(
+                        "redis_client_cert is set but redis_client_key is not: a client \
+                         certificate needs its key; give --redis-client-key (or \
+                         LOCKD_REDIS_CLIENT_KEY, or redis_client_key in the file) too"
+                            .into(),
+                    );
+                }
+                (None, Some(_)) => {
+                    return Err(
+                        "redis_client_key is set but redis_client_cert is not: a client \
+                         certificate needs both; give --redis-client-cert (or \
+                         LOCKD_REDIS_CLIENT_CERT, or redis_client_cert in the file) too"
+                            .into(),
+                    );
+                }
+                (None, None) => None,
+            },
+        };
         let mut seen = std::collections::HashSet::new();
         if let Some(twice) = raw
             .redis_url
@@ -818,6 +903,7 @@ impl StoreSettings {
             sentinel_master: raw.sentinel_master.clone(),
             min_replicas_acked: raw.min_replicas_acked,
             replica_ack_timeout,
+            redis_tls,
             key_prefix: raw.key_prefix.clone(),
             redis_timeout,
             pool_size,
@@ -829,25 +915,26 @@ impl StoreSettings {
     }
 }
 
-/// Whether lockd can connect with `url`: a `redis://` (or `unix://`) URL
-/// the redis crate parses. The message names the setting, and shows the
-/// URL without its password.
+/// Whether lockd can connect with `url`: a `redis://` or `rediss://` (or
+/// `unix://`) URL the redis crate parses, and not one that asks to skip
+/// verifying the server (`#insecure`). The message names the setting, and
+/// shows the URL without its password.
 fn check_redis_url(url: &RedisUrl) -> Result<(), String> {
-    if url.expose().starts_with("rediss://") {
+    let info = redis::IntoConnectionInfo::into_connection_info(url.expose()).map_err(|e| {
+        format!(
+            "redis_url {url} (--redis-url) cannot be used: {}; write it as \
+             redis://[:PASSWORD@]HOST[:PORT][/DB], or rediss://... for TLS",
+            redact_urls_in(&e.to_string())
+        )
+    })?;
+    if let redis::ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
         return Err(format!(
-            "redis_url {url} (--redis-url): rediss:// (TLS to Redis) is not supported by this \
-             version of lockd; use redis://"
+            "redis_url {url} (--redis-url): #insecure would skip verifying the server's \
+             certificate, which lockd always does; give the CA that signed it with \
+             --redis-ca-cert instead"
         ));
     }
-    redis::IntoConnectionInfo::into_connection_info(url.expose())
-        .map(drop)
-        .map_err(|e| {
-            format!(
-                "redis_url {url} (--redis-url) cannot be used: {}; write it as \
-                 redis://[:PASSWORD@]HOST[:PORT][/DB]",
-                redact_urls_in(&e.to_string())
-            )
-        })
+    Ok(())
 }
 
 impl MetricsSettings {
@@ -1166,6 +1253,65 @@ mod tests {
         );
     }
 
+    /// `rediss://` URLs are accepted in every mode, a Redlock set may mix
+    /// schemes and a cluster's seeds may not, `#insecure` is refused, and a
+    /// client certificate needs its key (and the other way round), each
+    /// message naming the setting.
+    #[test]
+    fn redis_tls_settings_are_checked_and_named() {
+        let load = |mode: Option<RedisMode>, urls: &[&str], edit: fn(&mut RawSettings)| {
+            let mut raw = RawSettings {
+                redis_mode: mode,
+                redis_url: urls.iter().map(|u| RedisUrl::from(*u)).collect(),
+                ..RawSettings::default()
+            };
+            edit(&mut raw);
+            Settings::try_from(raw)
+        };
+        let why = |s: Result<Settings, ConfigError>| match s {
+            Err(ConfigError::Invalid(why)) => why,
+            other => panic!("accepted: {other:?}"),
+        };
+        let tls = ["rediss://:pw@a:6380", "rediss://b:6380", "rediss://c:6380"];
+        assert!(load(None, &tls[..1], |_| {}).is_ok());
+        assert!(load(None, &tls, |_| {}).is_ok());
+        assert!(load(Some(RedisMode::Cluster), &tls, |_| {}).is_ok());
+        let mixed = ["redis://a:6379", "rediss://b:6380", "rediss://c:6380"];
+        assert!(
+            load(None, &mixed, |_| {}).is_ok(),
+            "Redlock may mix schemes"
+        );
+        let seeds = why(load(Some(RedisMode::Cluster), &mixed, |_| {}));
+        assert!(seeds.starts_with("redis_url"), "{seeds}");
+        let insecure = why(load(None, &["rediss://:hunter2@a:6380/#insecure"], |_| {}));
+        assert!(insecure.contains("--redis-ca-cert"), "{insecure}");
+        assert!(!insecure.contains("hunter2"), "{insecure}");
+        let only_cert = why(load(None, &tls[..1], |r| {
+            r.redis_client_cert = Some("client.pem".into());
+        }));
+        assert!(only_cert.contains("--redis-client-key"), "{only_cert}");
+        let only_key = why(load(None, &tls[..1], |r| {
+            r.redis_client_key = Some("client.key".into());
+        }));
+        assert!(only_key.contains("--redis-client-cert"), "{only_key}");
+        let both = load(None, &tls[..1], |r| {
+            r.redis_ca_cert = Some("ca.pem".into());
+            r.redis_client_cert = Some("client.pem".into());
+            r.redis_client_key = Some("client.key".into());
+        })
+        .expect("accepted");
+        assert_eq!(
+            both.store.redis_tls,
+            RedisTlsFiles {
+                ca_cert: Some("ca.pem".into()),
+                client: Some(TlsFiles {
+                    cert: "client.pem".into(),
+                    key: "client.key".into(),
+                }),
+            }
+        );
+    }
+
     #[test]
     fn debug_hides_the_redis_password() {
         let mut settings = Settings::default();
@@ -1190,6 +1336,9 @@ mod tests {
         raw.redlock_restart_delay_ms = Some(0);
         raw.metrics_listen = Some("127.0.0.1:9464".parse().expect("address"));
         raw.auth_keys_file = Some("/etc/lockd/keys.toml".into());
+        raw.redis_ca_cert = Some("/etc/lockd/redis-ca.pem".into());
+        raw.redis_client_cert = Some("/etc/lockd/redis-client.pem".into());
+        raw.redis_client_key = Some("/etc/lockd/redis-client.key".into());
         raw.max_wait_ms = 0;
         let grouped = Settings::try_from(raw.clone()).expect("valid");
         assert_eq!(RawSettings::from(&grouped), raw);

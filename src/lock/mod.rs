@@ -17,7 +17,9 @@
 //! - [`fence`]: the fencing-token rule, max(counter + 1, clock in µs),
 //!   which every backend follows.
 //! - [`redis`]: the single-instance Redis backend (Lua scripts in
-//!   `scripts/`), over the connection [`pool`].
+//!   `scripts/`), over the connection [`pool`]; [`connect`] builds its
+//!   clients from a URL and the TLS settings (`rediss://`), and reports a
+//!   node it cannot reach over TLS.
 //! - [`redlock`]: Redlock over several independent Redis masters, each a
 //!   [`redis`] backend; [`restart`] keeps a node that restarted out of
 //!   quorums for the restart delay.
@@ -29,6 +31,7 @@
 //! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
 //!   a store; [`queue`] holds the per-instance wait queues.
 
+pub mod connect;
 pub mod error;
 pub mod fence;
 pub mod memory;

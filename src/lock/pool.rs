@@ -26,8 +26,8 @@ use super::sentinel::Sentinels;
 
 /// What a [`Connector`] connects to.
 pub enum Target {
-    /// One Redis server.
-    Server(Client),
+    /// One Redis server (boxed: a client with TLS settings is large).
+    Server(Box<Client>),
     /// A Redis Cluster, found from its seed nodes. The connection follows
     /// `MOVED` and `ASK`, and refreshes its slot map when the cluster
     /// changes.

@@ -27,6 +27,11 @@
 //! [`redis::Script`], which loads the script again after `NOSCRIPT` (Redis
 //! restarted, or `SCRIPT FLUSH`). A single Redis loses locks that were not
 //! yet replicated when it fails over; use Redlock for that.
+//!
+//! The clients (and so every connection, pooled or the release-event
+//! subscriber's) come from [`super::connect`], over TLS for a `rediss://`
+//! URL; a TLS failure is reported there, once per node, and answered as
+//! [`LockError::Unavailable`].
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
@@ -35,6 +40,7 @@ use async_trait::async_trait;
 use deadpool::Runtime;
 use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
 
+use super::connect::{self, ConnectReport, RedisTls};
 use super::pool::{Conn, Connection, Connector, Pool, PoolError, Target};
 use futures_util::StreamExt as _;
 use tokio::time::Instant;
@@ -76,7 +82,7 @@ static INSPECT: LazyLock<Script> =
 /// What a [`RedisBackend`] talks to.
 #[derive(Clone)]
 pub enum Endpoint {
-    /// One Redis server, by its `redis://` URL.
+    /// One Redis server, by its `redis://` (or `rediss://`) URL.
     Server(String),
     /// A Redis Cluster, by the URLs of some of its nodes (seeds); lockd
     /// discovers the rest.
@@ -107,8 +113,13 @@ impl Endpoint {
 #[derive(Clone)]
 pub struct RedisConfig {
     /// The server or cluster. Its URLs may carry a password: never log them
-    /// (see [`redact_url`]).
+    /// (see [`connect::redact_url`]).
     pub endpoint: Endpoint,
+    /// The CA and client certificates for `rediss://` URLs.
+    pub tls: RedisTls,
+    /// Where TLS failures to reach this server (or cluster) are reported:
+    /// shared with the start-up probe, so that each is logged once.
+    pub report: Arc<ConnectReport>,
     /// The prefix of every key lockd writes, such as `lockd:`.
     pub key_prefix: String,
     /// The longest time one operation may take, connecting included. Past it
@@ -162,6 +173,8 @@ impl Keys {
 #[derive(Clone)]
 pub struct RedisBackend {
     pool: Pool,
+    /// TLS failures to reach the server or cluster, logged once.
+    report: Arc<ConnectReport>,
     /// For the release-event connection, which is not pooled: the server,
     /// or every seed of a cluster (tried in turn).
     subscribe_to: Arc<[redis::Client]>,
@@ -190,16 +203,11 @@ impl RedisBackend {
         let connection = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.timeout))
             .set_response_timeout(Some(config.timeout));
-        let open = |url: &String| {
-            redis::Client::open(url.as_str()).map_err(|e| {
-                LockError::Backend(format!("cannot use Redis URL {}: {e}", redact_url(url)))
-            })
-        };
         let clients = config
             .endpoint
             .urls()
             .iter()
-            .map(open)
+            .map(|url| connect::client(url, &config.tls))
             .collect::<Result<Vec<_>, _>>()?;
         let restarts = match (&config.restart_delay, clients.as_slice()) {
             (Some(delay), [client]) => {
@@ -215,7 +223,7 @@ impl RedisBackend {
                         "cannot use the Sentinels {}: {e}",
                         sentinels
                             .iter()
-                            .map(|s| redact_url(s))
+                            .map(|s| connect::redact_url(s))
                             .collect::<Vec<_>>()
                             .join(", ")
                     ))
@@ -224,15 +232,17 @@ impl RedisBackend {
             _ => None,
         };
         let target = match &config.endpoint {
-            Endpoint::Server(_) => Target::Server(clients[0].clone()),
+            Endpoint::Server(_) => Target::Server(Box::new(clients[0].clone())),
             Endpoint::Sentinel { .. } => Target::Sentinel(
                 sentinels
                     .clone()
                     .ok_or_else(|| LockError::Backend("no Sentinels".into()))?,
             ),
-            Endpoint::Cluster(seeds) => {
-                Target::Cluster(Box::new(cluster_client(seeds, config.timeout)?))
-            }
+            Endpoint::Cluster(seeds) => Target::Cluster(Box::new(connect::cluster_client(
+                seeds,
+                &config.tls,
+                config.timeout,
+            )?)),
         };
         let cluster = matches!(config.endpoint, Endpoint::Cluster(_));
         let pool = Pool::builder(Connector::new(target, connection, restarts.clone()))
@@ -245,6 +255,7 @@ impl RedisBackend {
             .map_err(|e| LockError::Backend(format!("cannot build the Redis pool: {e}")))?;
         Ok(Self {
             pool,
+            report: config.report.clone(),
             subscribe_to: clients.into(),
             cluster,
             sentinels,
@@ -294,7 +305,7 @@ impl RedisBackend {
             let mut retried = false;
             let mut topology_pauses = TOPOLOGY_BACKOFF.pauses();
             loop {
-                let mut conn = self.pool.get().await.map_err(pool_error)?;
+                let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 *sent_on = Some((*conn).clone());
                 let answer = call.invoke_async(&mut *conn).await;
                 if let (Some(sentinels), Conn::Master(_, generation)) = (&self.sentinels, &*conn) {
@@ -313,7 +324,10 @@ impl RedisBackend {
                     }
                 }
                 match answer {
-                    Ok(value) => return Ok(value),
+                    Ok(value) => {
+                        self.report.connected();
+                        return Ok(value);
+                    }
                     // The cluster is moving slots or failing over, and the
                     // node did not run the script: wait a moment and send
                     // it again on a fresh connection (a fresh slot map),
@@ -329,7 +343,7 @@ impl RedisBackend {
                             sentinels.forget(*generation, "connection lost");
                         }
                         if e.is_timeout() {
-                            return Err(redis_error(&e));
+                            return Err(self.error(&e));
                         }
                         // Redis went away: the idle connections are as dead
                         // as this one. Throw them all out, so that the retry
@@ -338,7 +352,7 @@ impl RedisBackend {
                         self.pool.retain(|_, _| false);
                         retried = true;
                     }
-                    Err(e) => return Err(redis_error(&e)),
+                    Err(e) => return Err(self.error(&e)),
                 }
             }
         };
@@ -424,6 +438,25 @@ impl RedisBackend {
         Err(short)
     }
 
+    /// `e` as a lock error, reported first: a TLS failure is logged (once)
+    /// and is always [`LockError::Unavailable`], as a server that cannot be
+    /// reached is.
+    fn error(&self, e: &redis::RedisError) -> LockError {
+        if self.report.failed(e) {
+            LockError::Unavailable(e.to_string())
+        } else {
+            redis_error(e)
+        }
+    }
+
+    /// [`Self::error`] for a connection the pool could not make.
+    fn pool_error(&self, e: PoolError) -> LockError {
+        match e {
+            PoolError::Backend(e) => self.error(&e),
+            other => LockError::Unavailable(other.to_string()),
+        }
+    }
+
     /// The release script for `token` on `name`.
     fn release_call<'a>(keys: &Keys, token: &'a Token) -> ScriptInvocation<'a> {
         let mut call = RELEASE.prepare_invoke();
@@ -463,7 +496,7 @@ impl RedisBackend {
                         Some(mut conn) => call
                             .invoke_async::<(i64, String)>(&mut conn)
                             .await
-                            .map_err(|e| redis_error(&e)),
+                            .map_err(|e| self.error(&e)),
                         None => self.run::<(i64, String)>(call).await,
                     };
                     match answer {
@@ -537,13 +570,6 @@ fn redis_error(e: &redis::RedisError) -> LockError {
         LockError::Unavailable(e.to_string())
     } else {
         LockError::Backend(e.to_string())
-    }
-}
-
-fn pool_error(e: PoolError) -> LockError {
-    match e {
-        PoolError::Backend(e) => redis_error(&e),
-        other => LockError::Unavailable(other.to_string()),
     }
 }
 
@@ -732,13 +758,13 @@ impl Node for RedisBackend {
 
     async fn ping(&self) -> Result<(), LockError> {
         let attempt = async {
-            let mut conn = self.pool.get().await.map_err(pool_error)?;
+            let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
             if !self.cluster {
                 return redis::cmd("PING")
                     .query_async::<String>(&mut *conn)
                     .await
-                    .map(drop)
-                    .map_err(|e| redis_error(&e));
+                    .map(|_| self.report.connected())
+                    .map_err(|e| self.error(&e));
             }
             // A cluster answers while some slots have no master; it is
             // ready only when every slot is served.
@@ -746,7 +772,8 @@ impl Node for RedisBackend {
                 .arg("INFO")
                 .query_async(&mut *conn)
                 .await
-                .map_err(|e| redis_error(&e))?;
+                .map_err(|e| self.error(&e))?;
+            self.report.connected();
             if info.lines().any(|l| l.trim() == "cluster_state:ok") {
                 Ok(())
             } else {
@@ -768,6 +795,7 @@ impl Node for RedisBackend {
         let events = ReleaseEvents {
             clients: self.subscribe_to.clone(),
             sentinels: self.sentinels.clone(),
+            report: self.report.clone(),
             pattern: format!("{}{{*}}:released", glob_escape(&self.prefix)),
             prefix: format!("{}{{", self.prefix),
             timeout: self.timeout,
@@ -789,6 +817,8 @@ struct ReleaseEvents {
     /// In Sentinel mode: the subscription goes to the master now, and moves
     /// when it changes.
     sentinels: Option<Arc<Sentinels>>,
+    /// TLS failures to subscribe are reported with the pool's.
+    report: Arc<ConnectReport>,
     pattern: String,
     /// `P{`, stripped from a channel name to find the lock name.
     prefix: String,
@@ -857,8 +887,14 @@ impl ReleaseEvents {
             Ok::<_, redis::RedisError>(pubsub.into_on_message())
         };
         match tokio::time::timeout(self.timeout, connect).await {
-            Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok(stream)) => {
+                self.report.connected();
+                Ok(stream)
+            }
+            Ok(Err(e)) => {
+                self.report.failed(&e);
+                Err(e.to_string())
+            }
             Err(_) => Err("timed out".into()),
         }
     }
@@ -871,33 +907,6 @@ impl ReleaseEvents {
     }
 }
 
-/// A cluster client over `seeds` whose connections and answers time out
-/// after `timeout`. It follows `MOVED` and `ASK` and retries `TRYAGAIN`
-/// and `CLUSTERDOWN` a few times with short pauses; the operation's own
-/// timeout bounds it all.
-fn cluster_client(
-    seeds: &[String],
-    timeout: Duration,
-) -> Result<redis::cluster::ClusterClient, LockError> {
-    redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
-        .connection_timeout(timeout)
-        .response_timeout(timeout)
-        .retries(8)
-        .min_retry_wait(10)
-        .max_retry_wait(200)
-        .build()
-        .map_err(|e| {
-            LockError::Backend(format!(
-                "cannot use the Redis Cluster seeds {}: {e}",
-                seeds
-                    .iter()
-                    .map(|s| redact_url(s))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-        })
-}
-
 /// Escapes the glob characters of Redis patterns (`*?[]\`).
 fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -907,58 +916,6 @@ fn glob_escape(s: &str) -> String {
         }
         out.push(c);
     }
-    out
-}
-
-/// A Redis URL with any password replaced by `***`, for logs and errors.
-pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut url) => {
-            if url.password().is_some() {
-                // Cannot fail: a URL with a password has a host.
-                let _ = url.set_password(Some("***"));
-            }
-            // `?password=...` (or `pass`, `pwd`, `secret`, `token`).
-            if url.query().is_some() {
-                let pairs: Vec<(String, String)> = url
-                    .query_pairs()
-                    .map(|(k, v)| {
-                        let key = k.to_ascii_lowercase();
-                        let secret = ["pass", "pwd", "secret", "token", "auth"]
-                            .iter()
-                            .any(|word| key.contains(word));
-                        let value = if secret { "***".into() } else { v.into_owned() };
-                        (k.into_owned(), value)
-                    })
-                    .collect();
-                url.query_pairs_mut().clear().extend_pairs(pairs);
-            }
-            url.to_string()
-        }
-        Err(_) => "<unparsable URL>".to_owned(),
-    }
-}
-
-/// `text` with every `redis://` or `rediss://` URL in it passed through
-/// [`redact_url`]: for messages that may quote a setting, such as a TOML
-/// syntax error showing the line at fault.
-pub fn redact_urls_in(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = ["redis://", "rediss://"]
-        .iter()
-        .filter_map(|scheme| rest.find(scheme))
-        .min()
-    {
-        out.push_str(&rest[..at]);
-        let tail = &rest[at..];
-        let end = tail
-            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ',' | ']' | '`'))
-            .unwrap_or(tail.len());
-        out.push_str(&redact_url(&tail[..end]));
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
     out
 }
 
@@ -989,26 +946,5 @@ mod tests {
     fn glob_characters_in_the_prefix_are_escaped() {
         assert_eq!(glob_escape("lockd:"), "lockd:");
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
-    }
-
-    #[test]
-    fn redacted_urls_hide_the_password() {
-        let shown = redact_url("redis://user:s3cret@127.0.0.1:6379/0");
-        assert!(!shown.contains("s3cret"), "{shown}");
-        assert!(shown.contains("127.0.0.1:6379"));
-        assert_eq!(redact_url("not a url"), "<unparsable URL>");
-        let query = redact_url("redis://127.0.0.1:6379/0?password=s3cret&protocol=resp3");
-        assert!(!query.contains("s3cret"), "{query}");
-        assert!(query.contains("protocol=resp3"), "{query}");
-    }
-
-    #[test]
-    fn urls_quoted_in_a_message_are_redacted() {
-        let message =
-            "TOML parse error at line 1\n  |\n1 | redis_url = \"redis://:hunter2@h:6379\n  |";
-        let shown = redact_urls_in(message);
-        assert!(!shown.contains("hunter2"), "{shown}");
-        assert!(shown.contains("TOML parse error"), "{shown}");
-        assert_eq!(redact_urls_in("no url here"), "no url here");
     }
 }

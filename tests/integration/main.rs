@@ -19,6 +19,7 @@ mod parsers;
 mod process;
 mod readme_snippets;
 mod redis_outage;
+mod redis_tls;
 mod redlock;
 mod replicas;
 mod sentinel;

@@ -93,16 +93,17 @@ fn a_bad_setting_exits_2_with_a_clear_message() {
     assert!(stderr.contains("default_ttl_ms"), "{stderr}");
 }
 
-/// A Redis URL lockd cannot use (not `redis://`, unparsable, `rediss://`
-/// which this version does not speak) exits 2 naming `redis_url`, without
-/// the password; so does a keys file that cannot be read.
+/// A Redis URL lockd cannot use (not `redis://` or `rediss://`,
+/// unparsable, or `#insecure`, which would not verify the server) exits 2
+/// naming `redis_url`, without the password; so does a keys file that
+/// cannot be read.
 #[test]
 fn an_unusable_redis_url_or_keys_file_exits_2_naming_it() {
     for url in [
         "http://127.0.0.1:6379",
         "redis://:hunter2@[bad",
         "redis://127.0.0.1:99999",
-        "rediss://:hunter2@127.0.0.1:6380",
+        "rediss://:hunter2@127.0.0.1:6380/#insecure",
     ] {
         let out =
             run_blocking(lockd().args(["serve", "--listen", "127.0.0.1:0", "--redis-url", url]));

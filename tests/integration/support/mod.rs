@@ -1,7 +1,7 @@
 //! Shared harness of the integration tests, one module per concern:
-//! `redis_server` (real servers), `cluster` (a Redis Cluster shared by the
-//! binary's tests), `sentinel` (a master, replicas and Sentinels), `proxy`
-//! (a faulty link), `app` (lockd
+//! `redis_server` (real servers), `tls_redis` (a private CA and real
+//! servers that speak TLS only), `cluster` (a Redis Cluster shared by the
+//! binary's tests), `sentinel` (a master, replicas and Sentinels), `proxy` (a faulty link), `app` (lockd
 //! in-process, and [`backend_tests!`]), `process` (the `lockd` binary),
 //! `replies` (HTTP answers) and `metrics` (Prometheus text). Everything is
 //! re-exported here, so a test file writes `use crate::support::...`.
@@ -27,6 +27,16 @@
 //!   [`RedisServer::set_lock`], [`RedisServer::lock_token`] and friends read
 //!   and write one lock's keys on that server directly, as another client
 //!   would.
+//! - [`TestCa`] is a certificate authority made with rcgen: it signs
+//!   server certificates for `127.0.0.1` ([`ServerCert`]: good, expired,
+//!   or for another name) and client certificates, as PEM files
+//!   ([`IssuedCert`]). [`TlsRedisServer`] runs `redis-server` with
+//!   `--port 0 --tls-port PORT` (no plain port at all) and one of those
+//!   certificates, trusting a CA's client certificates and, with
+//!   `auth_clients`, requiring one; [`TlsRedisServer::cli`] runs
+//!   `redis-cli` on it over TLS (trusting any certificate, so that it
+//!   reaches a server lockd must refuse). [`TlsCluster`] joins three of
+//!   them into a Redis Cluster (the bus over TLS too), of its test's own.
 //! - [`LinkProxy`] is a TCP proxy in front of one server: it delays each
 //!   direction, and can freeze the link (bytes are held, in order, until it
 //!   thaws) as soon as the client sends a given command, or the server a
@@ -65,6 +75,7 @@ mod proxy;
 mod redis_server;
 mod replies;
 mod sentinel;
+mod tls_redis;
 
 pub use app::*;
 pub use cluster::*;
@@ -74,6 +85,7 @@ pub use proxy::*;
 pub use redis_server::*;
 pub use replies::*;
 pub use sentinel::*;
+pub use tls_redis::*;
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
