@@ -81,7 +81,8 @@ pub struct ServeArgs {
     /// Redis URL, e.g. redis://:password@host:6379/0, or rediss://... for TLS
     /// [default: redis://127.0.0.1:6379].
     /// Give it more than once (or comma-separated in LOCKD_REDIS_URL) to run
-    /// Redlock over those independent masters; 3 or 5 are recommended.
+    /// Redlock over those independent masters (3 or 5 are recommended), or,
+    /// with --redis-mode, the seeds of a cluster or the Sentinels.
     #[arg(
         long,
         env = "LOCKD_REDIS_URL",

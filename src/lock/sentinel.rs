@@ -1,17 +1,18 @@
 //! Following the master of a Redis Sentinel set ([`Sentinels`]).
 //!
-//! lockd asks the Sentinels for the address of the master named by
-//! `--sentinel-master` (`SENTINEL get-master-addr-by-name`, through the
-//! redis crate's `Sentinel`, which also checks that the node it finds calls
-//! itself master), keeps it, and connects there. The master it keeps is
-//! dropped, and asked for again at the next connection, when:
+//! lockd asks every Sentinel for the master named by `--sentinel-master`
+//! (`SENTINEL master NAME`), takes the answer of the highest
+//! `config-epoch` (a Sentinel that has not heard of the last failover yet
+//! still names the old master, which calls itself master until it is
+//! demoted: the epoch tells the answers apart), checks that the node calls
+//! itself master (`ROLE`), keeps it, and connects there.
 //!
-//! - a Sentinel announces `+switch-master` for that name (one subscription
-//!   per Sentinel, see [`Sentinels::follow`]): within a moment of the
-//!   failover, while the old master may still accept writes for seconds
-//!   until Sentinel demotes it;
-//! - a command fails with `READONLY` (the node was demoted) or its
-//!   connection drops.
+//! - When a Sentinel announces `+switch-master` for that name (one
+//!   subscription per Sentinel, see [`Sentinels::follow`]), lockd moves to
+//!   the new master the message names, at once: the old master may still
+//!   accept writes for seconds until Sentinel demotes it.
+//! - When a command fails with `READONLY` (the node was demoted) or its
+//!   connection drops, lockd forgets the master and asks again.
 //!
 //! Each change of master bumps a generation. A pooled connection carries the
 //! generation it was opened in; the pool drops a connection of an older one
@@ -25,12 +26,14 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
-use redis::{Client, IntoConnectionInfo, RedisError};
+use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::ExponentialBackoff;
+
+/// How often the Sentinels are asked which master is current.
+const TOPOLOGY_CHECK: Duration = Duration::from_secs(1);
 
 /// The pauses between reconnections to a Sentinel that was lost.
 const FOLLOW_BACKOFF: ExponentialBackoff =
@@ -40,23 +43,29 @@ const FOLLOW_BACKOFF: ExponentialBackoff =
 pub struct Sentinels {
     /// The name Sentinel monitors the master by (`--sentinel-master`).
     name: String,
-    /// Asks the Sentinels; `&mut` in the redis crate, so behind a lock.
-    sentinel: tokio::sync::Mutex<Sentinel>,
-    /// One client per Sentinel, for the `+switch-master` subscriptions.
+    /// One client per Sentinel, to ask them and for the `+switch-master`
+    /// subscriptions.
     sentinel_clients: Vec<Client>,
-    /// How the master is connected to (credentials and database of the
-    /// Sentinel URLs).
-    node_info: SentinelNodeConnectionInfo,
+    /// How the master is connected to: the first Sentinel URL's scheme,
+    /// credentials and database, with the master's address.
+    template: ConnectionInfo,
     /// The longest a question to the Sentinels may take.
     timeout: Duration,
     /// The master now, with the generation it was found in.
     current: Mutex<Option<Master>>,
+    /// The address of the last master lockd used, to count changes.
+    last_addr: Mutex<Option<String>>,
     /// Bumped at every change of master (or loss of it).
     generation: AtomicU64,
     /// Master changes seen (`+switch-master`, `READONLY`, a new address).
     failovers: AtomicU64,
     /// Tells the release-event subscriber to move to the new master.
     changes: watch::Sender<u64>,
+}
+
+/// A resolution failure: transient, as a server that does not answer.
+fn unavailable(what: &'static str) -> RedisError {
+    RedisError::from((redis::ErrorKind::Io, what))
 }
 
 /// One master: its address and a client for it.
@@ -79,22 +88,18 @@ impl Sentinels {
             .iter()
             .map(|u| u.as_str().into_connection_info())
             .collect::<Result<Vec<_>, _>>()?;
-        let node_info = infos
-            .first()
-            .map_or_else(SentinelNodeConnectionInfo::default, |i| {
-                SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(i.redis_settings().clone())
-            });
+        let template = infos.first().cloned().ok_or_else(|| {
+            RedisError::from((redis::ErrorKind::InvalidClientConfig, "no Sentinel URL"))
+        })?;
         let sentinel_clients = infos
-            .iter()
-            .cloned()
+            .into_iter()
             .map(Client::open)
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             name: name.to_owned(),
-            sentinel: tokio::sync::Mutex::new(Sentinel::build(infos)?),
             sentinel_clients,
-            node_info,
+            template,
+            last_addr: Mutex::new(None),
             timeout,
             current: Mutex::new(None),
             generation: AtomicU64::new(0),
@@ -115,16 +120,20 @@ impl Sentinels {
         }
         let seen = self.generation();
         let ask = async {
-            let mut sentinel = self.sentinel.lock().await;
-            sentinel
-                .async_master_for(&self.name, Some(&self.node_info))
-                .await
+            let (host, port) = self.ask().await?;
+            let client = self.client_for(host, port)?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+            match role.first() {
+                Some(redis::Value::BulkString(r)) if r.as_slice() == b"master" => Ok(client),
+                _ => Err(unavailable(
+                    "the node the Sentinels name is not a master (yet)",
+                )),
+            }
         };
         let client = tokio::time::timeout(self.timeout, ask)
             .await
-            .map_err(|_| {
-                RedisError::from((redis::ErrorKind::Io, "no Sentinel named the master in time"))
-            })??;
+            .map_err(|_| unavailable("no Sentinel named the master in time"))??;
         let addr = client.get_connection_info().addr().to_string();
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(m) = current.as_ref() {
@@ -135,18 +144,110 @@ impl Sentinels {
         if generation != seen {
             // The master changed while the Sentinels were asked: their
             // answer may be the old one.
-            return Err(RedisError::from((
-                redis::ErrorKind::Io,
+            return Err(unavailable(
                 "the master changed while the Sentinels were asked",
-            )));
+            ));
         }
-        tracing::info!(master = %addr, name = %self.name, "the Redis master, from Sentinel");
         *current = Some(Master {
-            addr,
+            addr: addr.clone(),
             client: client.clone(),
             generation,
         });
+        drop(current);
+        self.note_master(&addr);
         Ok((client, generation))
+    }
+
+    /// The master by every Sentinel that answers `SENTINEL master NAME` in
+    /// time: the `(ip, port)` of the highest `config-epoch`.
+    async fn ask(&self) -> Result<(String, u16), RedisError> {
+        let each = self.sentinel_clients.iter().map(|client| async move {
+            let one = async {
+                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+                redis::cmd("SENTINEL")
+                    .arg("master")
+                    .arg(&self.name)
+                    .query_async::<Vec<String>>(&mut conn)
+                    .await
+                    .ok()
+            };
+            // One Sentinel that hangs must not hold up the others' answers.
+            let fields = tokio::time::timeout(self.timeout / 2, one).await.ok()??;
+            let field = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|kv| kv.first().map(String::as_str) == Some(name))
+                    .and_then(|kv| kv.get(1).cloned())
+            };
+            let host = field("ip")?;
+            let port: u16 = field("port")?.parse().ok()?;
+            let epoch: u64 = field("config-epoch")?.parse().unwrap_or(0);
+            Some((epoch, host, port))
+        });
+        futures_util::future::join_all(each)
+            .await
+            .into_iter()
+            .flatten()
+            .max_by_key(|(epoch, _, _)| *epoch)
+            .map(|(_, host, port)| (host, port))
+            .ok_or_else(|| unavailable("no Sentinel knows the master"))
+    }
+
+    /// A client for the master at `host:port`, with the first Sentinel
+    /// URL's scheme, credentials and database.
+    fn client_for(&self, host: String, port: u16) -> Result<Client, RedisError> {
+        let addr = match self.template.addr() {
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => ConnectionAddr::Tcp(host, port),
+        };
+        Client::open(self.template.clone().set_addr(addr))
+    }
+
+    /// Counts a change of master when `addr` is not the last one used.
+    fn note_master(&self, addr: &str) {
+        let mut last = self
+            .last_addr
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if last.as_deref() != Some(addr) {
+            if last.is_some() {
+                self.failovers.fetch_add(1, Ordering::SeqCst);
+            }
+            tracing::info!(master = %addr, name = %self.name, "the Redis master, from Sentinel");
+            *last = Some(addr.to_owned());
+        }
+    }
+
+    /// Moves to the master at `host:port` (from `+switch-master`) at once.
+    fn switch_to(&self, host: &str, port: u16) {
+        let Ok(client) = self.client_for(host.to_owned(), port) else {
+            self.forget(self.generation(), "+switch-master");
+            return;
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.as_ref().is_some_and(|m| m.addr == addr) {
+            return;
+        }
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let old = current.replace(Master {
+            addr: addr.clone(),
+            client,
+            generation,
+        });
+        drop(current);
+        tracing::warn!(old = ?old.map(|m| m.addr), new = %addr, name = %self.name, "+switch-master: the Redis master changed");
+        self.note_master(&addr);
+        self.changes.send_replace(generation);
     }
 
     fn kept(&self) -> Option<Master> {
@@ -189,8 +290,7 @@ impl Sentinels {
             return;
         }
         let old = current.take().map(|m| m.addr);
-        self.failovers.fetch_add(1, Ordering::SeqCst);
-        tracing::warn!(old = ?old, name = %self.name, reason = why, "the Redis master changed; asking the Sentinels again");
+        tracing::warn!(old = ?old, name = %self.name, reason = why, "lost the Redis master; asking the Sentinels again");
         self.changes.send_replace(seen + 1);
     }
 
@@ -203,7 +303,26 @@ impl Sentinels {
             .map(|client| self.follow_one(client));
         tokio::select! {
             _ = futures_util::future::join_all(each) => {}
+            () = self.check_every_second() => {}
             () = stop.cancelled() => {}
+        }
+    }
+
+    /// Asks the Sentinels once a second which master is current (highest
+    /// `config-epoch`), and moves there if it is not the one kept: a
+    /// `+switch-master` can be missed (the subscription was being
+    /// re-established) or come late (from a Sentinel that heard of the
+    /// failover late). Only topology is asked, never a lock.
+    async fn check_every_second(&self) {
+        loop {
+            tokio::time::sleep(TOPOLOGY_CHECK).await;
+            let Some(kept) = self.kept() else { continue };
+            if let Ok(Ok((host, port))) = tokio::time::timeout(self.timeout, self.ask()).await
+                && let Ok(client) = self.client_for(host.clone(), port)
+                && client.get_connection_info().addr().to_string() != kept.addr
+            {
+                self.switch_to(&host, port);
+            }
         }
     }
 
@@ -221,8 +340,14 @@ impl Sentinels {
                     while let Some(msg) = stream.next().await {
                         // "<name> <old ip> <old port> <new ip> <new port>"
                         let payload: String = msg.get_payload().unwrap_or_default();
-                        if payload.split_whitespace().next() == Some(self.name.as_str()) {
-                            self.forget(self.generation(), "+switch-master");
+                        let parts: Vec<&str> = payload.split_whitespace().collect();
+                        if let [name, _, _, host, port] = parts.as_slice()
+                            && *name == self.name
+                        {
+                            match port.parse() {
+                                Ok(port) => self.switch_to(host, port),
+                                Err(_) => self.forget(self.generation(), "+switch-master"),
+                            }
                         }
                     }
                 }

@@ -105,8 +105,14 @@ impl SentinelSet {
     /// waits until every Sentinel names a new master that calls itself
     /// master. Returns the new master's port.
     pub async fn fail_over(&self) -> u16 {
+        self.fail_over_via(0).await
+    }
+
+    /// [`Self::fail_over`], asked of Sentinel `i` (the others hear of it
+    /// a moment later).
+    pub async fn fail_over_via(&self, i: usize) -> u16 {
         let old = self.master_port();
-        let said = self.sentinels[0].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
+        let said = self.sentinels[i].cli(&["SENTINEL", "FAILOVER", MASTER_NAME]);
         assert!(said.trim() == "OK", "SENTINEL FAILOVER: {said:?}");
         self.wait_for_new_master(old).await
     }
