@@ -2,11 +2,14 @@
 # Makes sure the commands named as arguments are on PATH, installing the
 # Debian packages that provide the missing ones (as root, or through sudo).
 # Known commands: redis-server, redis-cli, redis-sentinel, setpriv, curl,
-# python3, node, promtool;
+# python3, node, promtool, haproxy;
 # and python3-venv, which stands for `python3 -m venv` working (Debian's
 # python3 needs the python3-venv package for it; name python3 before it).
 # Example: scripts/ensure-deps.sh redis-server redis-cli
 set -euo pipefail
+# haproxy installs to /usr/sbin, which is not on every user's PATH: callers
+# that run it add these too.
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 package_of() {
   case $1 in

@@ -3,15 +3,18 @@
 # (redis-server and redis-cli, which also make a Redis Cluster;
 # redis-sentinel; setpriv, which ties test servers to the test binary's life;
 # curl, python3, node: the documentation's snippets are run too;
-# promtool, from Debian's prometheus package, checks the metrics) when
-# missing; the tests start their own redis-server processes on free ports.
+# promtool, from Debian's prometheus package, checks the metrics; haproxy
+# runs the example deploy/haproxy/haproxy.cfg in front of lockd replicas)
+# when missing; the tests start their own redis-server processes on free ports.
 # Then, for a whole run, scripts/schemathesis.sh fuzzes the HTTP API against
 # its OpenAPI document, with the lockd binary the tests just built.
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh c05; with any,
 # only those tests run (no Schemathesis).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/ensure-deps.sh redis-server redis-cli redis-sentinel setpriv curl python3 node promtool
+# haproxy is in /usr/sbin, which is not on every user's PATH.
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+scripts/ensure-deps.sh redis-server redis-cli redis-sentinel setpriv curl python3 node promtool haproxy
 cargo test --locked --no-fail-fast "$@"
 if [ $# -eq 0 ]; then
   scripts/schemathesis.sh

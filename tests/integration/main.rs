@@ -11,6 +11,7 @@ mod cluster;
 mod dashboard;
 mod exec;
 mod fences;
+mod haproxy;
 mod in_process;
 mod limits;
 mod observability;

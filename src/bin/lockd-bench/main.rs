@@ -26,6 +26,7 @@
 //!   the HTTP exchange alone: the ceiling for any HTTP service here. With
 //!   `--redis-url`, each request also sends raw-cycle's command to Redis:
 //!   the ceiling for any lock service speaking HTTP in front of Redis.
+//!   `GET /readyz` answers 200, for a load balancer's health check.
 //!
 //! Figures are printed as a table, and written as JSON with `--json`.
 

@@ -1,6 +1,7 @@
 //! `null-server`: a bare axum server that answers lockd's acquire and
 //! release routes with fixed answers: no middleware, no logging, no
-//! metrics, no lock logic.
+//! metrics, no lock logic. `GET /readyz` answers 200, so that a load
+//! balancer's health check passes (bench/replicas.sh puts haproxy in front).
 //!
 //! Running `cycle` against it measures what the HTTP exchange alone costs
 //! on this machine (client, server and kernel on the same cores): no HTTP
@@ -17,7 +18,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use redis::Script;
 use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
@@ -48,6 +49,7 @@ pub async fn run(listen: SocketAddr, redis_url: Option<&str>) -> Result<Value, B
     };
     let app = Router::new()
         .route("/locks/{name}", post(acquire).delete(release))
+        .route("/readyz", get(|| async { "ready" }))
         .with_state(backend);
     let listener = tokio::net::TcpListener::bind(listen).await?;
     eprintln!("null-server listening on {}", listener.local_addr()?);
