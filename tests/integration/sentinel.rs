@@ -311,7 +311,11 @@ async fn two_instances_never_both_grant_a_name_through_a_failover() {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 i += 1;
                 let name = format!("split:{i}");
-                let (first, second) = if i.is_multiple_of(2) { (&a, &b) } else { (&b, &a) };
+                let (first, second) = if i.is_multiple_of(2) {
+                    (&a, &b)
+                } else {
+                    (&b, &a)
+                };
                 if first.acquire_ttl(&name, 60_000).await.status == 201
                     && second.acquire_ttl(&name, 60_000).await.status == 201
                 {
