@@ -250,7 +250,7 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
     use std::sync::atomic::{AtomicBool, Ordering};
 
     let cluster = Arc::new(crate::support::Cluster::start());
-    let acks = |s: &mut lockd::config::Settings| s.store.min_replicas_acked = 1;
+    let acks = |s: &mut lockd::config::Settings| crate::support::with_acks(s, 1);
     let a = Arc::new(TestApp::cluster_on(cluster.clone(), acks).await);
     let b = Arc::new(a.sibling(acks).await);
     let masters = cluster.masters();

@@ -32,9 +32,26 @@ async fn master_and_replica() -> (Arc<RedisServer>, RedisServer) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c17_replica_ack_a_wait_that_came_back_short_is_not_a_grant() {
     let (master, replica) = master_and_replica().await;
-    let app = TestApp::redis_on(master.clone(), |s| s.store.min_replicas_acked = 1).await;
-    let held = app.acquire_ttl("acked", 30_000).await;
+    let app = TestApp::redis_on(master.clone(), |s| {
+        crate::support::with_acks(s, 1);
+    })
+    .await;
+    // The replica acknowledges (the first grant may meet it still settling).
+    let mut held = app.acquire_ttl("acked", 30_000).await;
+    let settled = eventually(Duration::from_secs(10), || {
+        let app = &app;
+        async move { app.acquire_ttl("settle", 1_000).await.status == 201 }
+    })
+    .await;
+    assert!(settled, "the replica never acknowledged a grant");
+    if held.status != 201 {
+        held = app.acquire_ttl("acked", 30_000).await;
+    }
     held.expect_status(201);
+    let failures = |text: &str, op: &str| {
+        metric(text, "lockd_replica_ack_failures_total", &[("op", op)]).unwrap_or(0.0)
+    };
+    let before = app.metrics().await;
 
     replica.sigstop();
     let refused = app.acquire_ttl("unacked", 30_000).await;
@@ -61,8 +78,8 @@ async fn c17_replica_ack_a_wait_that_came_back_short_is_not_a_grant() {
     let text = app.metrics().await;
     for op in ["acquire", "extend"] {
         assert_eq!(
-            metric(&text, "lockd_replica_ack_failures_total", &[("op", op)]),
-            Some(1.0),
+            failures(&text, op) - failures(&before, op),
+            1.0,
             "{op}: {text}"
         );
     }
@@ -73,7 +90,7 @@ async fn c17_replica_ack_a_wait_that_came_back_short_is_not_a_grant() {
 /// master ran `WAIT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_each_grant_waits_on_the_master_of_its_slot() {
-    let app = TestApp::cluster_with(|s| s.store.min_replicas_acked = 1).await;
+    let app = TestApp::cluster_with(|s| crate::support::with_acks(s, 1)).await;
     let cluster = shared_cluster();
     let waits = |port: u16| -> u64 {
         cluster
@@ -107,7 +124,7 @@ async fn on_a_cluster_each_grant_waits_on_the_master_of_its_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_sentinel_no_acknowledged_grant_is_lost_through_a_failover() {
     let set = Arc::new(SentinelSet::start().await);
-    let app = TestApp::sentinel_on(set.clone(), |s| s.store.min_replicas_acked = 2).await;
+    let app = TestApp::sentinel_on(set.clone(), |s| crate::support::with_acks(s, 2)).await;
     let mut held = Vec::new();
     for i in 0..20 {
         let name = format!("kept:{i}");

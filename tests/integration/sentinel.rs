@@ -299,7 +299,7 @@ async fn bad_sentinel_settings_exit_2_naming_the_problem() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_never_both_grant_a_name_through_a_failover() {
     let set = Arc::new(SentinelSet::start().await);
-    let acks = |s: &mut lockd::config::Settings| s.store.min_replicas_acked = 2;
+    let acks = |s: &mut lockd::config::Settings| crate::support::with_acks(s, 2);
     let a = Arc::new(TestApp::sentinel_on(set.clone(), acks).await);
     let b = Arc::new(a.sibling(acks).await);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -70,6 +70,14 @@ fn test_settings(redis_url: String) -> Settings {
     settings
 }
 
+/// Settings that wait for `n` replica acknowledgements
+/// (`--min-replicas-acked`), with time for a busy machine: 800 ms rather
+/// than the default 200 ms (below the 1 s Redis timeout).
+pub fn with_acks(settings: &mut Settings, n: usize) {
+    settings.store.min_replicas_acked = n;
+    settings.store.replica_ack_timeout = Duration::from_millis(800);
+}
+
 /// How much of a lease the time on the wire may take in these tests: a
 /// grant or an extend reports the TTL less the time since lockd sent the
 /// script, in whole milliseconds.
