@@ -31,9 +31,67 @@ pub enum Target {
     /// A Redis Cluster, found from its seed nodes. The connection follows
     /// `MOVED` and `ASK`, and refreshes its slot map when the cluster
     /// changes.
-    Cluster(Box<ClusterClient>),
+    Cluster(Box<ClusterTarget>),
     /// The master of a Sentinel set, as the Sentinels name it now.
     Sentinel(Arc<Sentinels>),
+}
+
+/// A Redis Cluster: the client over its seeds, and the nodes seen since,
+/// to connect through when every seed is down.
+pub struct ClusterTarget {
+    /// The client over the seeds.
+    pub seeds: ClusterClient,
+    /// Builds a client over other nodes (`host:port`), with the seeds'
+    /// scheme, credentials and TLS settings.
+    pub rebuild: Box<dyn Fn(&[String]) -> Option<ClusterClient> + Send + Sync>,
+    /// Every node (`host:port`) the last connection saw.
+    pub known: std::sync::Mutex<Vec<String>>,
+}
+
+impl ClusterTarget {
+    /// A connection through the seeds or, when none answers, through the
+    /// nodes seen before; then remembers every node the cluster lists.
+    async fn connect(&self) -> Result<ClusterConnection, RedisError> {
+        let mut conn = match self.seeds.get_async_connection().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                let known = self.known.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let Some(client) = (!known.is_empty())
+                    .then(|| (self.rebuild)(&known))
+                    .flatten()
+                else {
+                    return Err(e);
+                };
+                client.get_async_connection().await?
+            }
+        };
+        let nodes = conn
+            .route_command(
+                redis::cmd("CLUSTER").arg("NODES").clone(),
+                redis::cluster_routing::RoutingInfo::SingleNode(
+                    redis::cluster_routing::SingleNodeRoutingInfo::Random,
+                ),
+            )
+            .await
+            .and_then(|v| redis::from_redis_value::<String>(v).map_err(Into::into));
+        if let Ok(text) = nodes {
+            let seen: Vec<String> = text
+                .lines()
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    let flags = fields.get(2)?;
+                    if flags.contains("fail") || flags.contains("noaddr") {
+                        return None;
+                    }
+                    Some(fields.get(1)?.split('@').next()?.to_owned())
+                })
+                .collect();
+            if !seen.is_empty() {
+                *self.known.lock().unwrap_or_else(|p| p.into_inner()) = seen;
+            }
+        }
+        Ok(conn)
+    }
 }
 
 /// One connection: to a server, or to a whole cluster. Either is
@@ -124,9 +182,7 @@ impl managed::Manager for Connector {
     async fn create(&self) -> Result<Conn, RedisError> {
         let client = match &self.target {
             Target::Server(client) => client,
-            Target::Cluster(client) => {
-                return Ok(Conn::Cluster(client.get_async_connection().await?));
-            }
+            Target::Cluster(cluster) => return Ok(Conn::Cluster(cluster.connect().await?)),
             Target::Sentinel(sentinels) => {
                 let (client, generation) = sentinels.master().await?;
                 let conn = client

@@ -41,7 +41,7 @@ use deadpool::Runtime;
 use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
 
 use super::connect::{self, ConnectReport, RedisTls};
-use super::pool::{Conn, Connection, Connector, Pool, PoolError, Target};
+use super::pool::{ClusterTarget, Conn, Connection, Connector, Pool, PoolError, Target};
 use futures_util::StreamExt as _;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -238,11 +238,24 @@ impl RedisBackend {
                     .clone()
                     .ok_or_else(|| LockError::Backend("no Sentinels".into()))?,
             ),
-            Endpoint::Cluster(seeds) => Target::Cluster(Box::new(connect::cluster_client(
-                seeds,
-                &config.tls,
-                config.timeout,
-            )?)),
+            Endpoint::Cluster(seeds) => {
+                let (template, tls, timeout) = (
+                    seeds.first().cloned().unwrap_or_default(),
+                    config.tls.clone(),
+                    config.timeout,
+                );
+                Target::Cluster(Box::new(ClusterTarget {
+                    seeds: connect::cluster_client(seeds, &config.tls, config.timeout)?,
+                    rebuild: Box::new(move |nodes| {
+                        let urls: Vec<String> = nodes
+                            .iter()
+                            .filter_map(|n| with_address(&template, n))
+                            .collect();
+                        connect::cluster_client(&urls, &tls, timeout).ok()
+                    }),
+                    known: std::sync::Mutex::new(Vec::new()),
+                }))
+            }
         };
         let cluster = matches!(config.endpoint, Endpoint::Cluster(_));
         let pool = Pool::builder(Connector::new(target, connection, restarts.clone()))
@@ -527,6 +540,16 @@ const REAP_PATIENCE: Duration = Duration::from_secs(24 * 3600);
 /// 50 ms doubling up to 2 s, from 50 ms again after each subscription.
 const EVENTS_BACKOFF: ExponentialBackoff =
     ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(2));
+
+/// `url` with its host and port replaced by `addr` (`host:port`), for a
+/// cluster node found from the seeds: the same scheme and credentials.
+fn with_address(url: &str, addr: &str) -> Option<String> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let mut url = url::Url::parse(url).ok()?;
+    url.set_host(Some(host)).ok()?;
+    url.set_port(Some(port.parse().ok()?)).ok()?;
+    Some(url.to_string())
+}
 
 /// The pauses between the tries of a script the cluster answered with a
 /// topology change (see [`is_topology_change`]): 20 ms doubling up to

@@ -402,3 +402,46 @@ fn one_name_per_master_of(cluster: &crate::support::Cluster, tag: &str) -> Vec<S
     }
     names.into_iter().flatten().collect()
 }
+
+/// lockd seeded with one master keeps working when that master dies: new
+/// connections go through the nodes it saw, and grants come back within
+/// 10 s of a replica taking over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_only_seed_does_not_lose_the_cluster() {
+    let cluster = Arc::new(crate::support::Cluster::start());
+    let seed = cluster.masters()[0];
+    let app = TestApp::cluster_on(cluster.clone(), |s| {
+        s.store.redis_urls = vec![format!("redis://127.0.0.1:{seed}").into()];
+    })
+    .await;
+    app.acquire_ttl("seed:warm", 5_000).await.expect_status(201);
+    let app = Arc::new(app);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Load through the failover, so connections fail and are made again.
+    let load = {
+        let (app, stop) = (app.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut i = 0_u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                i += 1;
+                let _ = app.acquire_ttl(&format!("seed-load-{i}"), 1_000).await;
+            }
+        })
+    };
+    cluster.kill(seed);
+    let healed = {
+        let cluster = cluster.clone();
+        tokio::task::spawn_blocking(move || cluster.wait_until_healthy(Duration::from_secs(30)))
+            .await
+            .expect("wait for the failover")
+    };
+    assert!(healed, "no replica took over within 30 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    load.await.expect("the load ran");
+    let names = one_name_per_master_of(&cluster, "seed-");
+    assert!(
+        grants_on_every_shard(&app, &names).await,
+        "no grants within 10 s of the only seed's death"
+    );
+}
