@@ -36,6 +36,9 @@ pub enum Target {
     Sentinel(Arc<Sentinels>),
 }
 
+/// Builds a cluster client over the given nodes (`host:port`).
+pub type Rebuild = Box<dyn Fn(&[String]) -> Option<ClusterClient> + Send + Sync>;
+
 /// A Redis Cluster: the client over its seeds, and the nodes seen since,
 /// to connect through when every seed is down.
 pub struct ClusterTarget {
@@ -43,7 +46,7 @@ pub struct ClusterTarget {
     pub seeds: ClusterClient,
     /// Builds a client over other nodes (`host:port`), with the seeds'
     /// scheme, credentials and TLS settings.
-    pub rebuild: Box<dyn Fn(&[String]) -> Option<ClusterClient> + Send + Sync>,
+    pub rebuild: Rebuild,
     /// Every node (`host:port`) the last connection saw.
     pub known: std::sync::Mutex<Vec<String>>,
 }
