@@ -391,28 +391,37 @@ fn build_backend(
     }
     let mode = store.mode();
     metrics.set_store_mode(mode.as_str());
+    let redlock = mode == RedisMode::Redlock;
+    // What every backend shares; Redlock's nodes watch for restarts, wait
+    // for no replicas, and leave cleanup to Redlock.
+    let config = |endpoint: Endpoint, report, timeout: Duration| RedisConfig {
+        endpoint,
+        tls: tls.clone(),
+        report,
+        key_prefix: store.key_prefix.clone(),
+        timeout,
+        pool_size: store.pool_size.get(),
+        fence_retention: store.fence_retention,
+        restart_delay: redlock.then(|| settings.redlock_restart_delay()),
+        min_replicas_acked: if redlock { 0 } else { store.min_replicas_acked },
+        replica_ack_timeout: store.replica_ack_timeout,
+        standalone: !redlock,
+    };
+    let exposed = || -> Vec<String> {
+        store
+            .redis_urls
+            .iter()
+            .map(|u| u.expose().to_owned())
+            .collect()
+    };
     if mode == RedisMode::Cluster {
         let seeds: Vec<String> = store.redis_urls.iter().map(ToString::to_string).collect();
         tracing::info!(?seeds, "using a Redis Cluster");
-        let backend = RedisBackend::new(&RedisConfig {
-            endpoint: Endpoint::Cluster(
-                store
-                    .redis_urls
-                    .iter()
-                    .map(|u| u.expose().to_owned())
-                    .collect(),
-            ),
-            tls: tls.clone(),
-            report: reports.node(&cluster_name(&store.redis_urls), tls),
-            key_prefix: store.key_prefix.clone(),
-            timeout: store.redis_timeout,
-            pool_size: store.pool_size.get(),
-            fence_retention: store.fence_retention,
-            restart_delay: None,
-            min_replicas_acked: store.min_replicas_acked,
-            replica_ack_timeout: store.replica_ack_timeout,
-            standalone: true,
-        })?;
+        let backend = RedisBackend::new(&config(
+            Endpoint::Cluster(exposed()),
+            reports.node(&cluster_name(&store.redis_urls), tls),
+            store.redis_timeout,
+        ))?;
         let watched = backend.clone();
         metrics.watch_pool("cluster", move || pool_status(&watched));
         let node = instrument(Arc::new(backend), "cluster".into());
@@ -421,26 +430,14 @@ fn build_backend(
     if let (RedisMode::Sentinel, Some(master)) = (mode, &store.sentinel_master) {
         let sentinels: Vec<String> = store.redis_urls.iter().map(ToString::to_string).collect();
         tracing::info!(?sentinels, master = %master, "using the master that Redis Sentinel names");
-        let backend = RedisBackend::new(&RedisConfig {
-            endpoint: Endpoint::Sentinel {
-                sentinels: store
-                    .redis_urls
-                    .iter()
-                    .map(|u| u.expose().to_owned())
-                    .collect(),
+        let backend = RedisBackend::new(&config(
+            Endpoint::Sentinel {
+                sentinels: exposed(),
                 master: master.clone(),
             },
-            tls: tls.clone(),
-            report: reports.node(&format!("the master of {master}"), tls),
-            key_prefix: store.key_prefix.clone(),
-            timeout: store.redis_timeout,
-            pool_size: store.pool_size.get(),
-            fence_retention: store.fence_retention,
-            restart_delay: None,
-            min_replicas_acked: store.min_replicas_acked,
-            replica_ack_timeout: store.replica_ack_timeout,
-            standalone: true,
-        })?;
+            reports.node(&format!("the master of {master}"), tls),
+            store.redis_timeout,
+        ))?;
         let watched = backend.clone();
         metrics.watch_pool("sentinel", move || pool_status(&watched));
         if let Some(sentinels) = backend.sentinels() {
@@ -452,21 +449,12 @@ fn build_backend(
         let node = instrument(Arc::new(backend), "sentinel".into());
         return Ok(Arc::new(Single::new(node)));
     }
-    let redlock = mode == RedisMode::Redlock;
     let node = |url: &RedisUrl, timeout: Duration| -> Result<Arc<dyn Node>, StartupError> {
-        let backend = RedisBackend::new(&RedisConfig {
-            endpoint: Endpoint::Server(url.expose().to_owned()),
-            tls: tls.clone(),
-            report: reports.node(&node_address(url.expose()), tls),
-            key_prefix: store.key_prefix.clone(),
+        let backend = RedisBackend::new(&config(
+            Endpoint::Server(url.expose().to_owned()),
+            reports.node(&node_address(url.expose()), tls),
             timeout,
-            pool_size: store.pool_size.get(),
-            fence_retention: store.fence_retention,
-            restart_delay: redlock.then(|| settings.redlock_restart_delay()),
-            min_replicas_acked: if redlock { 0 } else { store.min_replicas_acked },
-            replica_ack_timeout: store.replica_ack_timeout,
-            standalone: !redlock,
-        })?;
+        ))?;
         let watched = backend.clone();
         metrics.watch_pool(&node_address(url.expose()), move || pool_status(&watched));
         Ok(instrument(Arc::new(backend), node_address(url.expose())))

@@ -29,19 +29,7 @@ fn random_name(tag: &str, len: usize) -> String {
 
 /// Lock names of this run, one served by each master, in master order.
 fn one_name_per_master(tag: &str) -> Vec<String> {
-    let cluster = shared_cluster();
-    let masters = cluster.masters();
-    let mut names = vec![None; masters.len()];
-    for i in 0.. {
-        let name = format!("{tag}{i}");
-        let master = cluster.master_of(&lock_key(&name));
-        let at = masters.iter().position(|&m| m == master).expect("a master");
-        names[at].get_or_insert(name);
-        if names.iter().all(Option::is_some) {
-            break;
-        }
-    }
-    names.into_iter().flatten().collect()
+    one_name_per_master_of(&shared_cluster(), tag)
 }
 
 /// C13: on a 3-master cluster, 500 random valid names (every character the
