@@ -525,7 +525,15 @@ async fn check_topology(
             RedisMode::Cluster => reports.node(&cluster_name(&store.redis_urls), tls),
             _ => reports.node(&node_address(url.expose()), tls),
         };
-        let Some(probe) = probe(url.expose(), store.sentinel_master.as_deref(), tls, &report).await
+        let acks_wanted = store.min_replicas_acked > 0;
+        let Some(probe) = probe(
+            url.expose(),
+            store.sentinel_master.as_deref(),
+            acks_wanted,
+            tls,
+            &report,
+        )
+        .await
         else {
             continue;
         };
@@ -567,6 +575,25 @@ async fn check_topology(
         if let Some(known) = probe.knows_master {
             *masters_known.get_or_insert(false) |= known;
         }
+        if mode == RedisMode::Cluster && probe.version_major.is_some_and(|v| v < 7) {
+            tracing::warn!(
+                node = %node_address(url.expose()),
+                "this Redis Cluster node runs Redis {}: release events need sharded pub/sub \
+                 (SPUBLISH, Redis 7), so waiters wake only when the holder's lease ends",
+                probe.version
+            );
+        }
+        let wanted = store.min_replicas_acked;
+        if let Some(short) = probe.replicas.iter().find(|(_, n)| *n < wanted) {
+            tracing::warn!(
+                node = %node_address(url.expose()),
+                "--min-replicas-acked is {wanted}, but {} has {} replica(s) in sync: every \
+                 grant there is answered 503 replication-lagging until enough replicas are \
+                 back",
+                short.0,
+                short.1
+            );
+        }
     }
     if let (Some(false), Some(name)) = (masters_known, &store.sentinel_master) {
         return Err(StartupError::Topology(format!(
@@ -584,13 +611,100 @@ struct Probe {
     server_mode: String,
     /// For a Sentinel, with a master name: whether it knows that master.
     knows_master: Option<bool>,
+    /// `redis_version` of `INFO server`.
+    version: String,
+    /// Its major version, when it parses.
+    version_major: Option<u32>,
+    /// When replica acknowledgements are asked for: each master this URL
+    /// tells of (the server itself, a Sentinel's master, or every master
+    /// of a cluster), with its replicas that are up.
+    replicas: Vec<(String, usize)>,
 }
 
-/// Asks the server at `url` what it is; `None` when it does not answer in
-/// time. A TLS failure goes to `report`.
+/// The masters the server behind `conn` tells of, each with how many of
+/// its replicas are up: a standalone master's connected replicas (`INFO
+/// replication`), the replicas a Sentinel sees of `sentinel_master` that
+/// are not down, or, on a cluster node, every master's replicas that are
+/// not failing (`CLUSTER NODES`). Empty when it cannot tell.
+async fn replicas_up(
+    conn: &mut redis::aio::MultiplexedConnection,
+    server_mode: &str,
+    sentinel_master: Option<&str>,
+) -> Vec<(String, usize)> {
+    match (server_mode, sentinel_master) {
+        ("sentinel", Some(name)) => {
+            let replicas: Vec<std::collections::HashMap<String, String>> = redis::cmd("SENTINEL")
+                .arg("replicas")
+                .arg(name)
+                .query_async(conn)
+                .await
+                .unwrap_or_default();
+            let up = replicas
+                .iter()
+                .filter(|r| {
+                    r.get("flags")
+                        .is_some_and(|f| !f.contains("down") && !f.contains("disconnected"))
+                })
+                .count();
+            vec![(format!("the master {name:?}"), up)]
+        }
+        ("cluster", _) => {
+            let nodes: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async(conn)
+                .await
+                .unwrap_or_default();
+            cluster_replicas_up(&nodes)
+        }
+        _ => {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(conn)
+                .await
+                .unwrap_or_default();
+            if !info.lines().any(|l| l.trim() == "role:master") {
+                return Vec::new();
+            }
+            let up = info
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("connected_slaves:"))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            vec![("the server".to_owned(), up)]
+        }
+    }
+}
+
+/// Every master of a `CLUSTER NODES` listing (`host:port`, `master` in its
+/// flags, not failing), with its replicas that are not failing.
+fn cluster_replicas_up(nodes: &str) -> Vec<(String, usize)> {
+    let lines: Vec<Vec<&str>> = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|f: &Vec<&str>| f.len() >= 8)
+        .collect();
+    let failing = |flags: &str| flags.contains("fail") || flags.contains("noaddr");
+    lines
+        .iter()
+        .filter(|f| f[2].contains("master") && !failing(f[2]))
+        .map(|master| {
+            let up = lines
+                .iter()
+                .filter(|f| f[2].contains("slave") && f[3] == master[0] && !failing(f[2]))
+                .count();
+            let addr = master[1].split('@').next().unwrap_or(master[1]);
+            (format!("the master {addr}"), up)
+        })
+        .collect()
+}
+
+/// Asks the server at `url` what it is (and, with `acks_wanted`, how many
+/// replicas its masters have); `None` when it does not answer in time. A
+/// TLS failure goes to `report`.
 async fn probe(
     url: &str,
     sentinel_master: Option<&str>,
+    acks_wanted: bool,
     tls: &RedisTls,
     report: &ConnectReport,
 ) -> Option<Probe> {
@@ -638,9 +752,23 @@ async fn probe(
             ),
             _ => None,
         };
+        let version = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("redis_version:"))
+            .unwrap_or_default()
+            .to_owned();
+        let version_major = version.split('.').next().and_then(|v| v.parse().ok());
+        let replicas = if acks_wanted {
+            replicas_up(&mut conn, &server_mode, sentinel_master).await
+        } else {
+            Vec::new()
+        };
         Some(Probe {
             server_mode,
             knows_master,
+            version,
+            version_major,
+            replicas,
         })
     };
     tokio::time::timeout(TOPOLOGY_PROBE_TIMEOUT, probe)
@@ -676,4 +804,30 @@ pub async fn shutdown_signal() {
         () = terminate => {},
     }
     tracing::info!("shutting down: finishing requests in flight");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_listing_gives_each_live_master_its_live_replicas() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+a2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
+a3 127.0.0.1:7002@17002 master,fail - 0 0 3 disconnected
+b1 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+b2 127.0.0.1:7004@17004 slave a1 0 0 1 connected
+b3 127.0.0.1:7005@17005 slave,fail a2 0 0 2 disconnected
+b4 127.0.0.1:7006@17006 master - 0 0 4 connected 10923-16383
+";
+        assert_eq!(
+            cluster_replicas_up(nodes),
+            [
+                ("the master 127.0.0.1:7000".to_owned(), 2),
+                ("the master 127.0.0.1:7001".to_owned(), 0),
+                ("the master 127.0.0.1:7006".to_owned(), 0),
+            ]
+        );
+    }
 }

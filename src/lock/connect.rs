@@ -288,11 +288,18 @@ pub fn client(url: &str, tls: &RedisTls) -> Result<redis::Client, LockError> {
     built.map_err(|e| LockError::Backend(format!("cannot use Redis URL {}: {e}", redact_url(url))))
 }
 
+/// Handles what a cluster connection's nodes push (RESP3): sharded pub/sub
+/// messages and confirmations, and disconnections. Called on the
+/// connection's own task: it must not block.
+pub type PushHandler = Arc<dyn Fn(redis::PushInfo) + Send + Sync>;
+
 /// A cluster client over `seeds`, over TLS with `tls` when they are
 /// `rediss://` (then so are the connections to the nodes found from them),
 /// whose connections and answers time out after `timeout`. It follows
 /// `MOVED` and `ASK` and retries `TRYAGAIN` and `CLUSTERDOWN` a few times
-/// with short pauses; the operation's own timeout bounds it all.
+/// with short pauses; the operation's own timeout bounds it all. With
+/// `push`, its connections speak RESP3 and hand every push to it (for
+/// sharded pub/sub); without, RESP2.
 ///
 /// # Errors
 /// [`LockError::Backend`] when the seeds cannot be used (such as seeds of
@@ -301,6 +308,7 @@ pub fn cluster_client(
     seeds: &[String],
     tls: &RedisTls,
     timeout: Duration,
+    push: Option<&PushHandler>,
 ) -> Result<redis::cluster::ClusterClient, LockError> {
     let mut builder = redis::cluster::ClusterClient::builder(seeds.iter().map(String::as_str))
         .connection_timeout(timeout)
@@ -313,6 +321,15 @@ pub fn cluster_client(
         install_crypto_provider();
         builder = builder.certs(tls.certificates());
     }
+    if let Some(push) = push {
+        let push = push.clone();
+        builder = builder
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(move |info| {
+                push(info);
+                Ok::<(), std::convert::Infallible>(())
+            });
+    }
     builder.build().map_err(|e| {
         LockError::Backend(format!(
             "cannot use the Redis Cluster seeds {}: {e}",
@@ -323,6 +340,16 @@ pub fn cluster_client(
                 .join(", ")
         ))
     })
+}
+
+/// `url` with its host and port replaced by `addr` (`host:port`): the URL
+/// of a node a cluster lists, with the seeds' scheme and credentials.
+pub fn with_address(url: &str, addr: &str) -> Option<String> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let mut url = url::Url::parse(url).ok()?;
+    url.set_host(Some(host)).ok()?;
+    url.set_port(Some(port.parse().ok()?)).ok()?;
+    Some(url.to_string())
 }
 
 /// What went wrong with TLS on a connection: a stable kind (what

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::fence::{self, DEFAULT_RETENTION, unix_micros};
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Token, Ttl,
+    ReleaseListener, Released, Token, Ttl, WaitInterest,
 };
 
 struct Holder {
@@ -302,10 +302,15 @@ impl Node for MemoryBackend {
         Ok(())
     }
 
-    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, _stop: CancellationToken) {
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ReleaseListener>,
+        _stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
         if self.listener.set(listener).is_err() {
             tracing::warn!("the memory backend already has a release listener; keeping the first");
         }
+        None
     }
 }
 

@@ -33,6 +33,7 @@
 
 pub mod connect;
 pub mod error;
+pub mod events;
 pub mod fence;
 pub mod memory;
 pub mod pool;
@@ -259,12 +260,21 @@ pub trait Node: Send + Sync + 'static {
     /// [`LockError::Unavailable`] when it does not.
     async fn ping(&self) -> Result<(), LockError>;
 
-    /// Starts telling `listener` about every release and extend of a lock,
-    /// by any client of the same node, until `stop` is cancelled. The
-    /// default does nothing: waiters then wake only when the holder's lease
-    /// runs out.
-    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+    /// Starts telling `listener` about releases and extends of locks, by
+    /// any client of the same node, until `stop` is cancelled. A node that
+    /// hears every release at once (one pattern subscription) returns
+    /// `None`; one that subscribes lock by lock (sharded pub/sub on a Redis
+    /// Cluster) returns the [`WaitInterest`] to tell which locks are waited
+    /// for, and hears releases of those only. The default does nothing and
+    /// returns `None`: waiters then wake only when the holder's lease runs
+    /// out.
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ReleaseListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
         let _ = (listener, stop);
+        None
     }
 }
 
@@ -276,6 +286,24 @@ pub trait ReleaseListener: Send + Sync + 'static {
     /// Events may have been missed (the event connection was lost and is
     /// back): every waiter that retries should retry now.
     fn resync(&self);
+    /// A subscription to `name`'s releases was made or made again (on a
+    /// Redis Cluster, lock by lock): a release just before it may have been
+    /// missed, so the waiter that retries should look whether the lock is
+    /// still held, without taking it while the store may be failing over,
+    /// and retry if it is free.
+    fn subscribed(&self, name: &str);
+}
+
+/// Told which locks this lockd instance waits for, by a store that
+/// subscribes to release events lock by lock (see
+/// [`Node::watch_releases`]). The wait queues call it in order, while they
+/// hold their own lock: an implementation must not block (it queues the
+/// change for a task of its own).
+pub trait WaitInterest: Send + Sync + 'static {
+    /// A waiter found `name` held and waits for its release: subscribe.
+    fn waiting(&self, name: &str);
+    /// Nobody waits for `name` on this instance any more: unsubscribe.
+    fn idle(&self, name: &str);
 }
 
 /// Milliseconds since the Unix epoch of a wall-clock time (0 before 1970).

@@ -11,8 +11,7 @@
 //! connection and tries once more on a fresh one (see
 //! [`super::redis::RedisBackend`]).
 
-use std::sync::Arc;
-
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, RecycleResult};
@@ -21,6 +20,8 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 
+use super::LockError;
+use super::connect::{self, PushHandler, RedisTls};
 use super::restart::RestartWatch;
 use super::sentinel::Sentinels;
 
@@ -36,33 +37,68 @@ pub enum Target {
     Sentinel(Arc<Sentinels>),
 }
 
-/// Builds a cluster client over the given nodes (`host:port`).
-pub type Rebuild = Box<dyn Fn(&[String]) -> Option<ClusterClient> + Send + Sync>;
+/// The nodes (`host:port`) a cluster connection saw last, shared by every
+/// connection to one cluster (the pool's and the release-event one's).
+pub type KnownNodes = Arc<Mutex<Vec<String>>>;
 
 /// A Redis Cluster: the client over its seeds, and the nodes seen since,
 /// to connect through when every seed is down.
 pub struct ClusterTarget {
     /// The client over the seeds.
-    pub seeds: ClusterClient,
-    /// Builds a client over other nodes (`host:port`), with the seeds'
-    /// scheme, credentials and TLS settings.
-    pub rebuild: Rebuild,
-    /// Every node (`host:port`) the last connection saw.
-    pub known: std::sync::Mutex<Vec<String>>,
+    seeds: ClusterClient,
+    /// The first seed's URL: the scheme and credentials of a client over
+    /// other nodes.
+    template: String,
+    tls: RedisTls,
+    timeout: Duration,
+    push: Option<PushHandler>,
+    /// Every node the last connection saw.
+    known: KnownNodes,
 }
 
 impl ClusterTarget {
+    /// A cluster found from `seeds` (URLs of one scheme), whose connections
+    /// time out after `timeout` and, with `push`, speak RESP3 and hand it
+    /// their pushes (see [`connect::cluster_client`]). `known` is shared
+    /// with the other targets of the same cluster.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when the seeds cannot be used.
+    pub fn new(
+        seeds: Vec<String>,
+        tls: RedisTls,
+        timeout: Duration,
+        push: Option<PushHandler>,
+        known: KnownNodes,
+    ) -> Result<Self, LockError> {
+        Ok(Self {
+            seeds: connect::cluster_client(&seeds, &tls, timeout, push.as_ref())?,
+            template: seeds.first().cloned().unwrap_or_default(),
+            tls,
+            timeout,
+            push,
+            known,
+        })
+    }
+
+    /// A client over `nodes` (`host:port`), with the seeds' scheme,
+    /// credentials and TLS settings.
+    fn over(&self, nodes: &[String]) -> Option<ClusterClient> {
+        let urls: Vec<String> = nodes
+            .iter()
+            .filter_map(|n| connect::with_address(&self.template, n))
+            .collect();
+        connect::cluster_client(&urls, &self.tls, self.timeout, self.push.as_ref()).ok()
+    }
+
     /// A connection through the seeds or, when none answers, through the
     /// nodes seen before; then remembers every node the cluster lists.
-    async fn connect(&self) -> Result<ClusterConnection, RedisError> {
+    pub async fn connect(&self) -> Result<ClusterConnection, RedisError> {
         let mut conn = match self.seeds.get_async_connection().await {
             Ok(conn) => conn,
             Err(e) => {
                 let known = self.known.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let Some(client) = (!known.is_empty())
-                    .then(|| (self.rebuild)(&known))
-                    .flatten()
-                else {
+                let Some(client) = (!known.is_empty()).then(|| self.over(&known)).flatten() else {
                     return Err(e);
                 };
                 client.get_async_connection().await?

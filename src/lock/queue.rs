@@ -7,15 +7,21 @@
 //! Each waiter has its own [`Notify`]. `notify_one` stores a permit when the
 //! waiter is not parked yet, so a wake-up that arrives between a failed
 //! attempt and the next `notified().await` is never lost.
+//!
+//! A store that subscribes to release events lock by lock (sharded pub/sub
+//! on a Redis Cluster) is told through its [`WaitInterest`] when a lock
+//! gets its first waiter that found it held, and when its last waiter
+//! leaves; a wait that got a free lock at its first try costs no
+//! subscription.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{LockName, ReleaseListener};
+use super::{LockName, ReleaseListener, WaitInterest};
 
 struct Waiter {
     id: u64,
@@ -28,6 +34,11 @@ struct Queue {
     waiters: VecDeque<Waiter>,
     /// When the holder's lease ends, as the last failed try learned it.
     lease_end: Option<Instant>,
+    /// Whether the store was told that this lock is waited for.
+    subscribed: bool,
+    /// Whether the head should look before it retries (see
+    /// [`ReleaseListener::subscribed`]).
+    look: bool,
 }
 
 /// The wait queues of one lockd instance.
@@ -36,6 +47,8 @@ pub struct WaitQueues {
     waiting: AtomicUsize,
     next_id: AtomicU64,
     max_waiters: usize,
+    /// The store's, when it subscribes lock by lock.
+    interest: OnceLock<Arc<dyn WaitInterest>>,
 }
 
 /// The queue is full: `max_waiters` requests are waiting already.
@@ -50,7 +63,14 @@ impl WaitQueues {
             waiting: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             max_waiters,
+            interest: OnceLock::new(),
         }
+    }
+
+    /// Tells `interest` from now on which locks are waited for (see
+    /// [`WaitInterest`]). Set once; a second call is ignored.
+    pub fn tell(&self, interest: Arc<dyn WaitInterest>) {
+        let _ = self.interest.set(interest);
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
@@ -99,6 +119,17 @@ impl WaitQueues {
         }
     }
 
+    /// Wakes the head of `name`'s queue to look whether the lock is still
+    /// held before it retries: a subscription to its releases was (re)made.
+    pub fn wake_to_look(&self, name: &str) {
+        if let Some(queue) = self.lock().get_mut(name)
+            && let Some(head) = queue.waiters.front()
+        {
+            head.wake.notify_one();
+            queue.look = true;
+        }
+    }
+
     /// Wakes the head of every queue: release events may have been missed
     /// (the event connection was re-established).
     pub fn wake_all(&self) {
@@ -136,6 +167,10 @@ impl ReleaseListener for WaitQueues {
     fn resync(&self) {
         self.wake_all();
     }
+
+    fn subscribed(&self, name: &str) {
+        self.wake_to_look(name);
+    }
 }
 
 /// A place in a lock's queue.
@@ -157,11 +192,27 @@ impl Place {
     }
 
     /// Records when the holder's lease ends, as a failed try learned it, for
-    /// every waiter of this lock to report.
+    /// every waiter of this lock to report. The first time for this lock,
+    /// tells the store's [`WaitInterest`] that it is waited for.
     pub fn note_lease_end(&self, at: Instant) {
         if let Some(queue) = self.queues.lock().get_mut(&self.name) {
             queue.lease_end = Some(at);
+            if !queue.subscribed
+                && let Some(interest) = self.queues.interest.get()
+            {
+                queue.subscribed = true;
+                interest.waiting(&self.name);
+            }
         }
+    }
+
+    /// Whether the head was woken to look before it retries (and forgets
+    /// it: it looks once).
+    pub fn take_look(&self) -> bool {
+        self.queues
+            .lock()
+            .get_mut(&self.name)
+            .is_some_and(|q| std::mem::take(&mut q.look))
     }
 
     /// When the holder's lease ends, as the last failed try of any waiter of
@@ -185,6 +236,11 @@ impl Drop for Place {
             queue.waiters.retain(|w| w.id != self.id);
             match queue.waiters.front() {
                 None => {
+                    if queue.subscribed
+                        && let Some(interest) = self.queues.interest.get()
+                    {
+                        interest.idle(&self.name);
+                    }
                     queues.remove(&self.name);
                 }
                 Some(next) if was_head => next.wake.notify_one(),
@@ -250,6 +306,40 @@ mod tests {
         assert!(queues.join(&name("c")).is_err());
         drop(a);
         assert!(queues.join(&name("c")).is_ok());
+    }
+
+    /// Records what a store is told, in order.
+    #[derive(Default)]
+    struct Told(Mutex<Vec<String>>);
+
+    impl WaitInterest for Told {
+        fn waiting(&self, name: &str) {
+            self.0.lock().expect("told").push(format!("+{name}"));
+        }
+        fn idle(&self, name: &str) {
+            self.0.lock().expect("told").push(format!("-{name}"));
+        }
+    }
+
+    #[test]
+    fn the_store_hears_of_a_lock_once_from_its_first_held_try_to_its_last_waiter() {
+        let queues = Arc::new(WaitQueues::new(10));
+        let told = Arc::new(Told::default());
+        queues.tell(told.clone());
+        // A wait that got its lock at once never subscribes.
+        drop(queues.join(&name("free")).expect("room"));
+        let a = queues.join(&name("k")).expect("room");
+        let b = queues.join(&name("k")).expect("room");
+        a.note_lease_end(Instant::now());
+        b.note_lease_end(Instant::now());
+        drop(a);
+        assert_eq!(*told.0.lock().expect("told"), ["+k"]);
+        drop(b);
+        // A new episode subscribes again.
+        let c = queues.join(&name("k")).expect("room");
+        c.note_lease_end(Instant::now());
+        drop(c);
+        assert_eq!(*told.0.lock().expect("told"), ["+k", "-k", "+k", "-k"]);
     }
 
     #[test]

@@ -13,15 +13,16 @@
 //!   `ttl_ms` (the lock's own TTL, used by an extend that names none),
 //!   written with the lock, with the same TTL, and deleted with it.
 //! - The channel `P{N}:released` gets an empty message at every release
-//!   and every extend (which may shorten the lease).
-//!   Each lockd instance listens with one `PSUBSCRIBE P{*}:released`
-//!   connection and wakes its first waiter for that lock.
+//!   and every extend (which may shorten the lease): `PUBLISH` on one
+//!   server, `SPUBLISH` (sharded pub/sub) on a Redis Cluster. How lockd
+//!   listens is in [`super::events`]; each lockd instance wakes its first
+//!   waiter for that lock.
 //!
 //! The braces are a Redis Cluster hash tag: all three keys of a lock (and
-//! its channel) live in one slot, so each script touches a single node. The
-//! name rules refuse braces in names and in the key prefix, so nothing in a
-//! name can move a key out of that slot. On a cluster, a `PUBLISH` reaches
-//! every node, so one subscription on any node hears every release.
+//! its channel) live in one slot, so each script touches a single node and
+//! its `SPUBLISH` stays within that node's shard. The name rules refuse
+//! braces in names and in the key prefix, so nothing in a name can move a
+//! key out of that slot.
 //!
 //! Every operation is one Lua script (see `scripts/`), run by SHA through
 //! [`redis::Script`], which loads the script again after `NOSCRIPT` (Redis
@@ -41,8 +42,11 @@ use deadpool::Runtime;
 use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
 
 use super::connect::{self, ConnectReport, RedisTls};
-use super::pool::{ClusterTarget, Conn, Connection, Connector, Pool, PoolError, Target};
-use futures_util::StreamExt as _;
+use super::events::{self, PatternEvents, ShardedEvents};
+use super::pool::{
+    ClusterTarget, Conn, Connection, Connector, KnownNodes, Pool, PoolError, Target,
+};
+use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -51,7 +55,7 @@ use super::restart::RestartWatch;
 use super::sentinel::Sentinels;
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Token, Ttl, unix_millis,
+    ReleaseListener, Released, Token, Ttl, WaitInterest, unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -162,8 +166,33 @@ impl Keys {
         Self {
             fence: format!("{lock}:fence"),
             meta: format!("{lock}:meta"),
-            released: format!("{lock}:released"),
+            released: events::channel(prefix, name.as_str()),
             lock,
+        }
+    }
+}
+
+/// Where a backend hears release events (see [`super::events`]).
+#[derive(Clone)]
+enum EventSource {
+    /// `PSUBSCRIBE` on the server (or the Sentinels' master); the scripts
+    /// `PUBLISH`.
+    Pattern(Arc<[redis::Client]>),
+    /// Sharded pub/sub on a cluster, lock by lock; the scripts `SPUBLISH`.
+    Sharded {
+        seeds: Vec<String>,
+        tls: RedisTls,
+        /// Shared with the pool's target.
+        known: KnownNodes,
+    },
+}
+
+impl EventSource {
+    /// The command the scripts publish releases with.
+    fn publish(&self) -> &'static str {
+        match self {
+            Self::Pattern(_) => "PUBLISH",
+            Self::Sharded { .. } => "SPUBLISH",
         }
     }
 }
@@ -175,9 +204,8 @@ pub struct RedisBackend {
     pool: Pool,
     /// TLS failures to reach the server or cluster, logged once.
     report: Arc<ConnectReport>,
-    /// For the release-event connection, which is not pooled: the server,
-    /// or every seed of a cluster (tried in turn).
-    subscribe_to: Arc<[redis::Client]>,
+    /// Where release events are heard (not through the pool).
+    events: EventSource,
     /// Whether this is a cluster (readiness reads `CLUSTER INFO`).
     cluster: bool,
     /// The Sentinels, in Sentinel mode: the master is theirs to name.
@@ -217,20 +245,15 @@ impl RedisBackend {
             _ => None,
         };
         let sentinels = match &config.endpoint {
-            Endpoint::Sentinel { sentinels, master } => Some(Arc::new(
-                Sentinels::new(sentinels, master, config.timeout).map_err(|e| {
-                    LockError::Backend(format!(
-                        "cannot use the Sentinels {}: {e}",
-                        sentinels
-                            .iter()
-                            .map(|s| connect::redact_url(s))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                })?,
-            )),
+            Endpoint::Sentinel { sentinels, master } => Some(Arc::new(Sentinels::new(
+                sentinels,
+                master,
+                config.timeout,
+                &config.tls,
+            )?)),
             _ => None,
         };
+        let known_nodes = KnownNodes::default();
         let target = match &config.endpoint {
             Endpoint::Server(_) => Target::Server(Box::new(clients[0].clone())),
             Endpoint::Sentinel { .. } => Target::Sentinel(
@@ -238,26 +261,23 @@ impl RedisBackend {
                     .clone()
                     .ok_or_else(|| LockError::Backend("no Sentinels".into()))?,
             ),
-            Endpoint::Cluster(seeds) => {
-                let (template, tls, timeout) = (
-                    seeds.first().cloned().unwrap_or_default(),
-                    config.tls.clone(),
-                    config.timeout,
-                );
-                Target::Cluster(Box::new(ClusterTarget {
-                    seeds: connect::cluster_client(seeds, &config.tls, config.timeout)?,
-                    rebuild: Box::new(move |nodes| {
-                        let urls: Vec<String> = nodes
-                            .iter()
-                            .filter_map(|n| with_address(&template, n))
-                            .collect();
-                        connect::cluster_client(&urls, &tls, timeout).ok()
-                    }),
-                    known: std::sync::Mutex::new(Vec::new()),
-                }))
-            }
+            Endpoint::Cluster(seeds) => Target::Cluster(Box::new(ClusterTarget::new(
+                seeds.clone(),
+                config.tls.clone(),
+                config.timeout,
+                None,
+                known_nodes.clone(),
+            )?)),
         };
         let cluster = matches!(config.endpoint, Endpoint::Cluster(_));
+        let events = match &config.endpoint {
+            Endpoint::Cluster(seeds) => EventSource::Sharded {
+                seeds: seeds.clone(),
+                tls: config.tls.clone(),
+                known: known_nodes,
+            },
+            _ => EventSource::Pattern(clients.into()),
+        };
         let pool = Pool::builder(Connector::new(target, connection, restarts.clone()))
             .max_size(config.pool_size)
             .wait_timeout(Some(config.timeout))
@@ -269,7 +289,7 @@ impl RedisBackend {
         Ok(Self {
             pool,
             report: config.report.clone(),
-            subscribe_to: clients.into(),
+            events,
             cluster,
             sentinels,
             min_replicas_acked: config.min_replicas_acked,
@@ -445,7 +465,7 @@ impl RedisBackend {
         if let Some(token) = grant_of {
             // Nothing is held that a failover could lose, nor handed out.
             let _ = self
-                .run::<(i64, String)>(&Self::release_call(keys, token))
+                .run::<(i64, String)>(&self.release_call(keys, token))
                 .await;
         }
         Err(short)
@@ -471,12 +491,13 @@ impl RedisBackend {
     }
 
     /// The release script for `token` on `name`.
-    fn release_call<'a>(keys: &Keys, token: &'a Token) -> ScriptInvocation<'a> {
+    fn release_call<'a>(&self, keys: &Keys, token: &'a Token) -> ScriptInvocation<'a> {
         let mut call = RELEASE.prepare_invoke();
         call.key(&keys.lock)
             .key(&keys.meta)
             .arg(token.expose())
-            .arg(&keys.released);
+            .arg(&keys.released)
+            .arg(self.events.publish());
         call
     }
 
@@ -490,7 +511,7 @@ impl RedisBackend {
     /// the delete is retried on fresh connections for that long.
     async fn reap_timed_out(&self, req: AcquireRequest, mut conn: Conn) {
         let keys = Keys::new(&self.prefix, &req.name);
-        let call = Self::release_call(&keys, &req.token);
+        let call = self.release_call(&keys, &req.token);
         // As long as a stalled Redis takes: the answer must come after the
         // acquire's.
         conn.set_response_timeout(REAP_PATIENCE);
@@ -535,21 +556,6 @@ impl RedisBackend {
 /// Redis's answer on the connection that carried the grant: as long as a
 /// stalled Redis may take, short of for ever.
 const REAP_PATIENCE: Duration = Duration::from_secs(24 * 3600);
-
-/// The pauses between the reconnections of the release-event subscriber:
-/// 50 ms doubling up to 2 s, from 50 ms again after each subscription.
-const EVENTS_BACKOFF: ExponentialBackoff =
-    ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(2));
-
-/// `url` with its host and port replaced by `addr` (`host:port`), for a
-/// cluster node found from the seeds: the same scheme and credentials.
-fn with_address(url: &str, addr: &str) -> Option<String> {
-    let (host, port) = addr.rsplit_once(':')?;
-    let mut url = url::Url::parse(url).ok()?;
-    url.set_host(Some(host)).ok()?;
-    url.set_port(Some(port.parse().ok()?)).ok()?;
-    Some(url.to_string())
-}
 
 /// The pauses between the tries of a script the cluster answered with a
 /// topology change (see [`is_topology_change`]): 20 ms doubling up to
@@ -648,7 +654,7 @@ impl Node for RedisBackend {
                     // Redis answered after the lease it set had run out:
                     // nothing is left to hand over.
                     let _ = self
-                        .run::<(i64, String)>(&Self::release_call(&keys, &req.token))
+                        .run::<(i64, String)>(&self.release_call(&keys, &req.token))
                         .await;
                     Err(LockError::Unavailable(format!(
                         "Redis granted the lock after its {} ms lease had passed",
@@ -693,7 +699,8 @@ impl Node for RedisBackend {
             .arg(given)
             .arg(&keys.released)
             .arg(fallback.as_millis())
-            .arg(self.fence_retention_ms);
+            .arg(self.fence_retention_ms)
+            .arg(self.events.publish());
         let mut sent_on = None;
         let (status, fence, ttl_ms): (i64, i64, i64) = self.run_on(&call, &mut sent_on).await?;
         match status {
@@ -719,7 +726,7 @@ impl Node for RedisBackend {
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         let keys = Keys::new(&self.prefix, name);
         let (verdict, granted_at): (i64, String) =
-            self.run(&Self::release_call(&keys, token)).await?;
+            self.run(&self.release_call(&keys, token)).await?;
         match verdict {
             1 => Ok(Released {
                 granted_at: parse_unix_millis(&granted_at),
@@ -810,136 +817,55 @@ impl Node for RedisBackend {
             .map_err(|_| LockError::Unavailable("PING timed out".into()))?
     }
 
-    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ReleaseListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
         if let Some(sentinels) = self.sentinels.clone() {
             let stop = stop.clone();
             tokio::spawn(async move { sentinels.follow(stop).await });
         }
-        let events = ReleaseEvents {
-            clients: self.subscribe_to.clone(),
-            sentinels: self.sentinels.clone(),
-            report: self.report.clone(),
-            pattern: format!("{}{{*}}:released", glob_escape(&self.prefix)),
-            prefix: format!("{}{{", self.prefix),
-            timeout: self.timeout,
-            listener,
+        let (run, interest): (BoxFuture<'static, ()>, _) = match &self.events {
+            EventSource::Pattern(clients) => {
+                let events = PatternEvents {
+                    clients: clients.clone(),
+                    sentinels: self.sentinels.clone(),
+                    report: self.report.clone(),
+                    prefix: self.prefix.clone(),
+                    timeout: self.timeout,
+                    listener,
+                };
+                (Box::pin(events.run()), None)
+            }
+            EventSource::Sharded { seeds, tls, known } => {
+                let made = ShardedEvents::new(
+                    seeds.clone(),
+                    tls.clone(),
+                    known.clone(),
+                    listener,
+                    &self.prefix,
+                    self.report.clone(),
+                    self.timeout,
+                );
+                match made {
+                    Ok((events, interest)) => (Box::pin(events.run()), Some(interest)),
+                    Err(e) => {
+                        // The pool's target was built from the same seeds.
+                        tracing::error!(error = %e, "no release events: waiters wake at lease expiry only");
+                        return None;
+                    }
+                }
+            }
         };
         tokio::spawn(async move {
             tokio::select! {
-                () = events.run() => {}
+                () = run => {}
                 () = stop.cancelled() => {}
             }
         });
+        interest
     }
-}
-
-/// The release-event subscriber: one connection per lockd instance (to the
-/// server, or to one node of a cluster, the next seed after each loss).
-struct ReleaseEvents {
-    clients: Arc<[redis::Client]>,
-    /// In Sentinel mode: the subscription goes to the master now, and moves
-    /// when it changes.
-    sentinels: Option<Arc<Sentinels>>,
-    /// TLS failures to subscribe are reported with the pool's.
-    report: Arc<ConnectReport>,
-    pattern: String,
-    /// `P{`, stripped from a channel name to find the lock name.
-    prefix: String,
-    timeout: Duration,
-    listener: Arc<dyn ReleaseListener>,
-}
-
-impl ReleaseEvents {
-    /// Subscribes and dispatches events for ever, reconnecting with capped
-    /// exponential backoff when the connection is lost. After every
-    /// (re)subscription all waiters retry once, since releases may have been
-    /// missed meanwhile.
-    async fn run(self) {
-        let mut backoff = EVENTS_BACKOFF.pauses();
-        let mut fixed = self.clients.iter().cycle();
-        loop {
-            let mut changes = self.sentinels.as_ref().map(|s| s.changes());
-            let client = match &self.sentinels {
-                Some(sentinels) => match sentinels.master().await {
-                    Ok((client, _)) => client,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "no master to subscribe to release events on");
-                        backoff.wait().await;
-                        continue;
-                    }
-                },
-                None => match fixed.next() {
-                    Some(client) => client.clone(),
-                    None => return,
-                },
-            };
-            let client = &client;
-            match self.subscribe(client).await {
-                Ok(mut stream) => {
-                    backoff.reset();
-                    self.listener.resync();
-                    loop {
-                        let msg = match &mut changes {
-                            Some(changes) => tokio::select! {
-                                msg = stream.next() => msg,
-                                // A new master: subscribe there.
-                                _ = changes.changed() => None,
-                            },
-                            None => stream.next().await,
-                        };
-                        let Some(msg) = msg else { break };
-                        if let Some(name) = self.lock_name(msg.get_channel_name()) {
-                            self.listener.released(name);
-                        }
-                    }
-                    tracing::warn!(
-                        node = %client.get_connection_info().addr(),
-                        "release-event connection to Redis lost; waiters fall back to lease expiry until it is back"
-                    );
-                }
-                Err(e) => tracing::debug!(error = %e, "cannot subscribe to release events"),
-            }
-            backoff.wait().await;
-        }
-    }
-
-    async fn subscribe(&self, client: &redis::Client) -> Result<redis::aio::PubSubStream, String> {
-        let connect = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.psubscribe(&self.pattern).await?;
-            Ok::<_, redis::RedisError>(pubsub.into_on_message())
-        };
-        match tokio::time::timeout(self.timeout, connect).await {
-            Ok(Ok(stream)) => {
-                self.report.connected();
-                Ok(stream)
-            }
-            Ok(Err(e)) => {
-                self.report.failed(&e);
-                Err(e.to_string())
-            }
-            Err(_) => Err("timed out".into()),
-        }
-    }
-
-    /// `P{name}:released` → `name`.
-    fn lock_name<'a>(&self, channel: &'a str) -> Option<&'a str> {
-        channel
-            .strip_prefix(&self.prefix)?
-            .strip_suffix("}:released")
-    }
-}
-
-/// Escapes the glob characters of Redis patterns (`*?[]\`).
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// A wall-clock time stored as Unix milliseconds; `None` when empty or
@@ -963,11 +889,5 @@ mod tests {
         assert_eq!(keys.fence, "lockd:{orders:1}:fence");
         assert_eq!(keys.meta, "lockd:{orders:1}:meta");
         assert_eq!(keys.released, "lockd:{orders:1}:released");
-    }
-
-    #[test]
-    fn glob_characters_in_the_prefix_are_escaped() {
-        assert_eq!(glob_escape("lockd:"), "lockd:");
-        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }
 }

@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Store, Token, Ttl,
+    ReleaseListener, Released, Store, Token, Ttl, WaitInterest,
 };
 
 mod tally;
@@ -315,10 +315,18 @@ impl Store for Redlock {
         }
     }
 
-    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
+    /// Redlock's nodes are independent servers (never cluster nodes, which
+    /// start-up refuses), each of which hears every release of its own.
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ReleaseListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
         for node in self.nodes.iter() {
-            node.watch_releases(listener.clone(), stop.clone());
+            let interest = node.watch_releases(listener.clone(), stop.clone());
+            debug_assert!(interest.is_none(), "a Redlock node subscribes lock by lock");
         }
+        None
     }
 }
 

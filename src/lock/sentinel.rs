@@ -26,10 +26,12 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError};
+use redis::{Client, RedisError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::LockError;
+use super::connect::{self, RedisTls};
 use crate::backoff::ExponentialBackoff;
 
 /// How often the Sentinels are asked which master is current.
@@ -48,7 +50,9 @@ pub struct Sentinels {
     sentinel_clients: Vec<Client>,
     /// How the master is connected to: the first Sentinel URL's scheme,
     /// credentials and database, with the master's address.
-    template: ConnectionInfo,
+    template: String,
+    /// The CA and client certificates for `rediss://`.
+    tls: RedisTls,
     /// The longest a question to the Sentinels may take.
     timeout: Duration,
     /// The master now, with the generation it was found in.
@@ -78,27 +82,31 @@ struct Master {
 
 impl Sentinels {
     /// The Sentinels at `urls`, watching the master named `name`. The
-    /// username, password and database of the first URL are used for the
-    /// master too.
+    /// scheme, username, password and database of the first URL are used
+    /// for the master too; `rediss://` URLs connect over TLS with `tls`,
+    /// to the Sentinels and to the master alike (see [`connect`]).
     ///
     /// # Errors
-    /// When a URL cannot be parsed.
-    pub fn new(urls: &[String], name: &str, timeout: Duration) -> Result<Self, RedisError> {
-        let infos = urls
+    /// When a URL cannot be used.
+    pub fn new(
+        urls: &[String],
+        name: &str,
+        timeout: Duration,
+        tls: &RedisTls,
+    ) -> Result<Self, LockError> {
+        let template = urls
+            .first()
+            .cloned()
+            .ok_or_else(|| LockError::Backend("no Sentinel URL".into()))?;
+        let sentinel_clients = urls
             .iter()
-            .map(|u| u.as_str().into_connection_info())
-            .collect::<Result<Vec<_>, _>>()?;
-        let template = infos.first().cloned().ok_or_else(|| {
-            RedisError::from((redis::ErrorKind::InvalidClientConfig, "no Sentinel URL"))
-        })?;
-        let sentinel_clients = infos
-            .into_iter()
-            .map(Client::open)
+            .map(|url| connect::client(url, tls))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             name: name.to_owned(),
             sentinel_clients,
             template,
+            tls: tls.clone(),
             last_addr: Mutex::new(None),
             timeout,
             current: Mutex::new(None),
@@ -194,22 +202,22 @@ impl Sentinels {
     }
 
     /// A client for the master at `host:port`, with the first Sentinel
-    /// URL's scheme, credentials and database.
+    /// URL's scheme, credentials and database, and the TLS settings.
     fn client_for(&self, host: String, port: u16) -> Result<Client, RedisError> {
-        let addr = match self.template.addr() {
-            ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => ConnectionAddr::Tcp(host, port),
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host
         };
-        Client::open(self.template.clone().set_addr(addr))
+        let url = connect::with_address(&self.template, &format!("{host}:{port}"))
+            .ok_or_else(|| unavailable("the Sentinels named a master address lockd cannot use"))?;
+        connect::client(&url, &self.tls).map_err(|e| {
+            RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "cannot use the master the Sentinels named",
+                e.to_string(),
+            ))
+        })
     }
 
     /// Counts a change of master when `addr` is not the last one used.

@@ -38,6 +38,16 @@ const EXPIRY_JITTER_MS: u64 = 5;
 /// measure of contention.
 pub type ContentionHook = Arc<dyn Fn(&LockName) + Send + Sync>;
 
+/// What a waiter that looked found.
+enum Looked {
+    /// Nobody holds the lock: try.
+    Free,
+    /// Held, for this much longer.
+    HeldFor(Duration),
+    /// The store did not say: wait on as before.
+    Unknown,
+}
+
 /// Locks with waiting, over one store.
 #[derive(Clone)]
 pub struct Locks {
@@ -54,7 +64,9 @@ impl Locks {
     /// [`LockError::ShuttingDown`].
     pub fn new(store: Arc<dyn Store>, max_waiters: usize, shutdown: CancellationToken) -> Self {
         let queues = Arc::new(WaitQueues::new(max_waiters));
-        store.watch_releases(queues.clone(), shutdown.clone());
+        if let Some(interest) = store.watch_releases(queues.clone(), shutdown.clone()) {
+            queues.tell(interest);
+        }
         Self {
             store,
             queues,
@@ -182,15 +194,30 @@ impl Locks {
         }
         loop {
             if place.is_head() {
-                let outcome = self.try_acquire(req, first).await;
-                first = false;
-                match outcome {
-                    Err(LockError::Held { retry_after }) => {
+                let held_until = if place.take_look() {
+                    self.look(&req.name).await
+                } else {
+                    Looked::Free
+                };
+                match held_until {
+                    Looked::HeldFor(retry_after) => {
                         let lease_end = Instant::now() + retry_after;
                         place.note_lease_end(lease_end);
                         retry_at = lease_end + jitter();
                     }
-                    other => return other,
+                    Looked::Unknown => {}
+                    Looked::Free => {
+                        let outcome = self.try_acquire(req, first).await;
+                        first = false;
+                        match outcome {
+                            Err(LockError::Held { retry_after }) => {
+                                let lease_end = Instant::now() + retry_after;
+                                place.note_lease_end(lease_end);
+                                retry_at = lease_end + jitter();
+                            }
+                            other => return other,
+                        }
+                    }
                 }
             }
             let head = place.is_head();
@@ -222,6 +249,22 @@ impl Locks {
                     });
                 }
             }
+        }
+    }
+
+    /// Whether `name` is still held, for a waiter woken to look (see
+    /// [`super::ReleaseListener::subscribed`]). An inspect has no effect,
+    /// so a store that fails (a master failing over) leaves the waiter
+    /// waiting, where a failed acquire would end its wait with 503.
+    async fn look(&self, name: &LockName) -> Looked {
+        match self.store.inspect(name).await {
+            Ok(None) => Looked::Free,
+            Ok(Some(LockInfo {
+                remaining: Some(remaining),
+                ..
+            })) => Looked::HeldFor(remaining),
+            // Held without a TTL (a foreign client), or no answer.
+            Ok(Some(_)) | Err(_) => Looked::Unknown,
         }
     }
 

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Token,
+    ReleaseListener, Released, Token, WaitInterest,
 };
 
 /// A lock store. Every store gives the same answers for the same sequence
@@ -66,9 +66,15 @@ pub trait Store: Send + Sync + 'static {
     /// A store failure as for [`Store::acquire`].
     async fn ping(&self) -> Result<(), LockError>;
 
-    /// Starts telling `listener` about every release and extend, on every
-    /// node, until `stop` is cancelled.
-    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken);
+    /// Starts telling `listener` about releases and extends, on every node,
+    /// until `stop` is cancelled; returns the [`WaitInterest`] to tell
+    /// which locks are waited for when the store hears only those (see
+    /// [`Node::watch_releases`]).
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ReleaseListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>>;
 }
 
 /// The store of one node (single-Redis mode, or memory): each call goes to
@@ -111,7 +117,11 @@ impl Store for Single {
         self.node.ping().await
     }
 
-    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
-        self.node.watch_releases(listener, stop);
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ReleaseListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
+        self.node.watch_releases(listener, stop)
     }
 }

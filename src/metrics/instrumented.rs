@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::Metrics;
 use crate::lock::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Token,
+    ReleaseListener, Released, Token, WaitInterest,
 };
 
 /// The `op` labels of `lockd_backend_duration_seconds`.
@@ -133,7 +133,11 @@ impl Node for Instrumented {
         self.inner.counts_for_quorum()
     }
 
-    fn watch_releases(&self, listener: Arc<dyn ReleaseListener>, stop: CancellationToken) {
-        self.inner.watch_releases(listener, stop);
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ReleaseListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
+        self.inner.watch_releases(listener, stop)
     }
 }

@@ -116,6 +116,75 @@ async fn two_instances_share_locks_and_wake_each_others_waiters_on_every_master(
     }
 }
 
+/// Release events travel by sharded pub/sub: an instance subscribes to a
+/// lock's channel (`SSUBSCRIBE`) on the master of its slot only while one
+/// of its waiters found the lock held, never with a pattern, and drops the
+/// subscription when its last waiter leaves. A wait that gets a free lock
+/// subscribes to nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_events_are_sharded_and_subscribed_only_while_someone_waits() {
+    let app = TestApp::cluster_with(|_| {}).await;
+    let cluster = shared_cluster();
+    let tag = format!("shard-{}-", random_token().get(..6).unwrap_or("x"));
+    for name in one_name_per_master(&tag) {
+        let channel = format!("{}:released", lock_key(&name));
+        let owner = cluster.master_of(&lock_key(&name));
+        let free = app
+            .acquire(&name, Some(json!({"ttl_ms": 30_000, "wait_ms": 5_000})))
+            .await;
+        free.expect_status(201);
+        assert_eq!(
+            cluster.shard_subscribers(owner, &channel),
+            0,
+            "{name}: a wait that got a free lock subscribed"
+        );
+        let waiting = {
+            let url = app.url(&format!("/locks/{name}"));
+            let client = app.client.clone();
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .json(&json!({"ttl_ms": 10_000, "wait_ms": 20_000}))
+                    .send()
+                    .await
+                    .expect("the waiter's answer")
+                    .status()
+                    .as_u16()
+            })
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                cluster.shard_subscribers(owner, &channel) == 1
+            })
+            .await,
+            "{name}: no SSUBSCRIBE on its master {owner} while a waiter waits"
+        );
+        for port in cluster.masters().into_iter().filter(|&p| p != owner) {
+            assert_eq!(
+                cluster.shard_subscribers(port, &channel),
+                0,
+                "{name} on {port}"
+            );
+        }
+        for port in cluster.masters() {
+            assert_eq!(
+                cluster.pattern_subscriptions(port),
+                0,
+                "PSUBSCRIBE on {port}"
+            );
+        }
+        app.release(&name, &free.token()).await.expect_status(204);
+        assert_eq!(waiting.await.expect("the waiter ran"), 201, "{name}");
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                cluster.shard_subscribers(owner, &channel) == 0
+            })
+            .await,
+            "{name}: still subscribed after its last waiter left"
+        );
+    }
+}
+
 /// `/readyz` is 200 over a cluster whose every slot is served, and the
 /// metrics say which store lockd runs on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,6 +378,24 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
 
+    // A waiter on b, parked on a lock a holds, in the slots the reshard
+    // moves; another on the master that is killed. Each must be woken by
+    // a's release after the change (its subscription followed the slot).
+    let parked_moved = (0..)
+        .map(|i| format!("parked-moved-{i}"))
+        .find(|n| {
+            let slot = cluster.slot(&lock_key(n));
+            let first = cluster.first_slot_of(masters[0]);
+            (first..first + 50).contains(&slot)
+        })
+        .expect("a name in the first slots");
+    let parked_killed = (0..)
+        .map(|i| format!("parked-killed-{i}"))
+        .find(|n| cluster.master_of(&lock_key(n)) == masters[2])
+        .expect("a name on the last master");
+    let moved_waiter = ParkedWaiter::park(&a, &b, &cluster, &parked_moved).await;
+    let killed_waiter = ParkedWaiter::park(&a, &b, &cluster, &parked_killed).await;
+
     // 1. A reshard moves the first hot name's slot to another master.
     let from = masters[0];
     let to = masters[1];
@@ -327,6 +414,7 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
         grants_on_every_shard(&a, &names).await,
         "no grants within 10 s of the reshard"
     );
+    moved_waiter.release_and_expect_woken(&a, &cluster).await;
 
     // 2. A master is killed; a replica takes over.
     let victim = masters[2];
@@ -344,6 +432,7 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
         "no grants within 10 s of the failover ({:?} after the kill)",
         killed_at.elapsed()
     );
+    killed_waiter.release_and_expect_woken(&a, &cluster).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::SeqCst);
     for client in clients {
@@ -356,6 +445,87 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
             !ledger.fences.lock().unwrap().is_empty(),
             "{name} was never granted"
         );
+    }
+}
+
+/// A lock `holder` holds for a minute, and a waiter on `waiter` that waits
+/// for it (for 50 s), subscribed to its release events.
+struct ParkedWaiter {
+    name: String,
+    token: String,
+    answer: tokio::task::JoinHandle<u16>,
+}
+
+impl ParkedWaiter {
+    async fn park(
+        holder: &TestApp,
+        waiter: &TestApp,
+        cluster: &crate::support::Cluster,
+        name: &str,
+    ) -> Self {
+        // Right after a failover one answer may still be a 503.
+        let mut held = holder.acquire_ttl(name, 60_000).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held.status == 503 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            held = holder.acquire_ttl(name, 60_000).await;
+        }
+        held.expect_status(201);
+        let answer = {
+            let url = waiter.url(&format!("/locks/{name}"));
+            let client = waiter.client.clone();
+            tokio::spawn(async move {
+                client
+                    .post(url)
+                    .json(&json!({"ttl_ms": 5_000, "wait_ms": 50_000}))
+                    .send()
+                    .await
+                    .map_or(0, |r| r.status().as_u16())
+            })
+        };
+        let (key, channel) = (lock_key(name), format!("{}:released", lock_key(name)));
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                cluster.shard_subscribers(cluster.master_of(&key), &channel) > 0
+            })
+            .await,
+            "the waiter for {name} never subscribed"
+        );
+        Self {
+            name: name.to_owned(),
+            token: held.token(),
+            answer,
+        }
+    }
+
+    /// Releases the lock on `holder`; the waiter must be granted within 3 s
+    /// (its wait had 40 s and more left, the lease 30 s and more).
+    async fn release_and_expect_woken(self, holder: &TestApp, cluster: &crate::support::Cluster) {
+        let released = eventually(Duration::from_secs(10), || async {
+            holder.release(&self.name, &self.token).await.status == 204
+        })
+        .await;
+        assert!(released, "{}: the holder could not release", self.name);
+        let at = Instant::now();
+        let status = tokio::time::timeout(Duration::from_secs(3), self.answer)
+            .await
+            .unwrap_or_else(|_| {
+                let channel = format!("{}:released", lock_key(&self.name));
+                let subscribed: Vec<(u16, u64)> = cluster
+                    .urls()
+                    .iter()
+                    .filter_map(|u| u.rsplit(':').next()?.parse().ok())
+                    .map(|port| (port, cluster.shard_subscribers(port, &channel)))
+                    .collect();
+                panic!(
+                    "{}: the waiter was not woken within 3 s; subscribers per node {subscribed:?}; master {}; nodes:\n{}",
+                    self.name,
+                    cluster.master_of(&lock_key(&self.name)),
+                    cluster.cli(cluster.master_of(&lock_key(&self.name)), &["CLUSTER", "NODES"])
+                )
+            })
+            .expect("the waiter ran");
+        assert_eq!(status, 201, "{}: after {:?}", self.name, at.elapsed());
     }
 }
 
@@ -403,6 +573,11 @@ async fn losing_the_only_seed_does_not_lose_the_cluster() {
     })
     .await;
     app.acquire_ttl("seed:warm", 5_000).await.expect_status(201);
+    let waiter = app
+        .sibling(|s| {
+            s.store.redis_urls = vec![format!("redis://127.0.0.1:{seed}").into()];
+        })
+        .await;
     let app = Arc::new(app);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Load through the failover, so connections fail and are made again.
@@ -432,4 +607,12 @@ async fn losing_the_only_seed_does_not_lose_the_cluster() {
         grants_on_every_shard(&app, &names).await,
         "no grants within 10 s of the only seed's death"
     );
+    // Release events still reach a waiter on an instance seeded with the
+    // dead node alone, for names on every master, the promoted one too.
+    for name in one_name_per_master_of(&cluster, "seed-wake-") {
+        ParkedWaiter::park(&app, &waiter, &cluster, &name)
+            .await
+            .release_and_expect_woken(&app, &cluster)
+            .await;
+    }
 }

@@ -5,14 +5,16 @@
 //! certificates; servers whose certificate lockd must refuse (another CA,
 //! expired, another name), which get 503s, one clear error in the log, and
 //! not a single command; TLS settings that cannot be used; Redlock over TLS
-//! nodes, and over a mix of TLS and plain ones; a Redis Cluster over TLS.
+//! nodes, and over a mix of TLS and plain ones; a Redis Cluster over TLS;
+//! a Sentinel and its master over TLS.
 
 use std::time::Duration;
 
 use reqwest::StatusCode;
 
 use crate::support::{
-    Lockd, RedisServer, Reply, ServerCert, TestCa, TlsCluster, TlsRedisServer, lockd, run_blocking,
+    Lockd, MASTER_NAME, RedisServer, Reply, ServerCert, TestCa, TlsCluster, TlsRedisServer,
+    TlsSentinel, lockd, run_blocking,
 };
 
 /// A client with a timeout, so that no test can hang.
@@ -465,6 +467,66 @@ async fn lockd_over_a_tls_redis_cluster_verifies_every_node() {
     let seeds = cluster.addrs()[..2].join(", ");
     let errors = errors_naming(&stderr, &seeds);
     assert_eq!(errors.len(), 1, "not one error naming the seeds:\n{stderr}");
+    assert!(
+        errors[0].contains("certificate could not be verified"),
+        "{}",
+        errors[0]
+    );
+}
+
+/// Sentinel mode over TLS: a TLS-only Sentinel watching a TLS-only master.
+/// With `--redis-ca-cert`, lockd asks the Sentinel over TLS, connects to
+/// the master it names over TLS, verifying both against that CA, and
+/// takes, extends and releases a lock there. With another CA it is not
+/// ready, gets 503s, and logs one error naming the Sentinel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_mode_over_tls_verifies_the_sentinels_and_the_master() {
+    let ca = TestCa::new("lockd test CA");
+    let cert = ca.server_cert(ServerCert::Good);
+    let master = TlsRedisServer::spawn(&cert, &ca, false).await;
+    let sentinel = {
+        let (master, cert, ca) = (&master, &cert, &ca);
+        tokio::task::block_in_place(|| TlsSentinel::start(master, cert, ca))
+    };
+    let url = sentinel.url();
+    let mut args = vec![
+        "--redis-mode",
+        "sentinel",
+        "--sentinel-master",
+        MASTER_NAME,
+        "--redis-url",
+        url.as_str(),
+        "--redis-ca-cert",
+        ca.cert_arg(),
+    ];
+    let lockd = Lockd::serve(&args, &[]).await;
+    assert_eq!(readyz(&lockd).await, 200, "{}", lockd.stderr());
+    take_extend_release(&lockd, "tls:sentinel", |token| {
+        master.lock_token("tls:sentinel") == token
+    })
+    .await;
+    assert!(
+        !lockd.stderr().contains(" ERROR "),
+        "an error was logged:\n{}",
+        lockd.stderr()
+    );
+
+    let other_ca = TestCa::new("someone else's CA");
+    args[7] = other_ca.cert_arg();
+    let refused = Lockd::serve(&args, &[]).await;
+    for _ in 0..3 {
+        assert_eq!(readyz(&refused).await, 503, "{}", refused.stderr());
+    }
+    send(http().post(refused.url("/locks/tls:sentinel")))
+        .await
+        .expect_problem(503, "backend-unavailable");
+    let stderr = refused.stderr();
+    let errors = errors_naming(&stderr, &sentinel.addr());
+    assert_eq!(
+        errors.len(),
+        1,
+        "not one error naming the Sentinel:\n{stderr}"
+    );
     assert!(
         errors[0].contains("certificate could not be verified"),
         "{}",

@@ -164,3 +164,46 @@ async fn under_sentinel_no_acknowledged_grant_is_lost_through_a_failover() {
     refused.expect_problem(503, "replication-lagging");
     assert_eq!(set.server(new).lock_token("frozen").await, None);
 }
+
+/// `--min-replicas-acked` above the replicas there are is said at start-up,
+/// naming the master that is short (every grant there would be answered
+/// 503): a server with no replica, and a cluster whose masters have 2 each
+/// when 3 are asked for. Enough replicas: no warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_few_replicas_for_min_replicas_acked_is_said_at_start_up() {
+    let warned = |stderr: &str| {
+        stderr
+            .lines()
+            .any(|l| l.contains(" WARN ") && l.contains("--min-replicas-acked is"))
+    };
+    let lone = RedisServer::spawn().await;
+    let lockd = crate::support::Lockd::serve(
+        &["--redis-url", &lone.url(), "--min-replicas-acked", "1"],
+        &[],
+    )
+    .await;
+    let stderr = lockd.stderr();
+    assert!(warned(&stderr), "{stderr}");
+    assert!(stderr.contains("has 0 replica(s)"), "{stderr}");
+
+    let cluster = tokio::task::spawn_blocking(shared_cluster)
+        .await
+        .expect("start the cluster");
+    let seed = cluster.master_urls()[0].clone();
+    for (asked, warns) in [("3", true), ("2", false)] {
+        let lockd = crate::support::Lockd::serve(
+            &[
+                "--redis-mode",
+                "cluster",
+                "--redis-url",
+                &seed,
+                "--min-replicas-acked",
+                asked,
+            ],
+            &[],
+        )
+        .await;
+        let stderr = lockd.stderr();
+        assert_eq!(warned(&stderr), warns, "{asked}: {stderr}");
+    }
+}

@@ -6,7 +6,8 @@
 -- in the hash at its grant or last extend), ARGV[3] release channel
 -- (KEYS[1] .. ':released'), ARGV[4] the TTL in ms when ARGV[2] is '' and
 -- the hash records none (a lock granted by an older lockd), ARGV[5] fence
--- retention in ms
+-- retention in ms, ARGV[6] the command to publish with: PUBLISH, or SPUBLISH
+-- on a Redis Cluster
 -- Returns {1, fence, ttl_ms} when extended, {0, 0, 0} when nobody holds the
 -- lock, {-1, 0, 0} when another token holds it. A lock that a foreign
 -- client set without a fence gets one (next_fence, from fence.lua in front
@@ -41,5 +42,6 @@ end
 redis.call('HSET', KEYS[2], 'ttl_ms', ttl)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
-redis.call('PUBLISH', ARGV[3], '')
+-- pcall: a server without SPUBLISH (Redis 6) still extends.
+redis.pcall(ARGV[6], ARGV[3], '')
 return {1, fence, tonumber(ttl)}

@@ -19,9 +19,15 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 static TRACING: LazyLock<()> = LazyLock::new(|| {
-    if std::env::var_os("TEST_LOG").is_some() {
+    if let Some(filter) = std::env::var_os("TEST_LOG") {
+        // `TEST_LOG=1`: everything at debug; otherwise a filter, such as
+        // `TEST_LOG=lockd=debug`.
+        let filter = match filter.to_str() {
+            Some("1") | None => "debug".to_owned(),
+            Some(filter) => filter.to_owned(),
+        };
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_test_writer()
             .try_init();
     }

@@ -238,6 +238,22 @@ impl Cluster {
         Some((value.to_owned(), pttl))
     }
 
+    /// How many clients of the node on `port` are subscribed to the sharded
+    /// channel `channel` (`PUBSUB SHARDNUMSUB`).
+    pub fn shard_subscribers(&self, port: u16, channel: &str) -> u64 {
+        cli(port, &["PUBSUB", "SHARDNUMSUB", channel])
+            .lines()
+            .nth(1)
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// How many pattern subscriptions the node on `port` has
+    /// (`PUBSUB NUMPAT`).
+    pub fn pattern_subscriptions(&self, port: u16) -> u64 {
+        cli(port, &["PUBSUB", "NUMPAT"]).trim().parse().unwrap_or(0)
+    }
+
     /// Runs `redis-cli -p <port> <args>` on one node and returns its output.
     pub fn cli(&self, port: u16, args: &[&str]) -> String {
         cli(port, args)

@@ -64,7 +64,7 @@
 //!   builds every app with settings changed by `tweak`, in module `m`; a
 //!   name may carry attributes such as `#[ignore = "bug: ..."]`.
 //!
-//! Set `TEST_LOG=1` to see lockd's logs while a test runs (with
+//! Set `TEST_LOG=1` (or a filter such as `TEST_LOG=lockd=debug`) to see lockd's logs while a test runs (with
 //! `cargo test -- --nocapture`; libtest captures them otherwise).
 
 mod app;

@@ -1,0 +1,457 @@
+//! Release events from Redis: how the waiters of one lockd instance learn
+//! that a lock they wait for was released (or extended), by any client.
+//!
+//! Every release and extend script publishes an empty message on the
+//! lock's channel `P{N}:released` (see [`super::redis`]). Two ways to hear
+//! them:
+//! - [`PatternEvents`], on one Redis server (single mode, or the master of
+//!   a Sentinel set, moving with it): one `PSUBSCRIBE P{*}:released`
+//!   connection hears every release, whether or not anyone waits.
+//! - [`ShardedEvents`], on a Redis Cluster: the scripts publish with
+//!   `SPUBLISH` (sharded pub/sub, Redis 7), which travels only within the
+//!   shard that owns the lock's slot, where `PUBLISH` would be copied to
+//!   every node of the cluster. Sharded channels have no patterns, so the
+//!   instance subscribes lock by lock (`SSUBSCRIBE P{N}:released`) while
+//!   one of its waiters found the lock held, and unsubscribes when the
+//!   last of them leaves ([`super::WaitInterest`]). The redis crate's
+//!   cluster connection sends each subscription to the master of the
+//!   channel's slot, and moves it when the slot map changes.
+//!
+//! Either way, events may be missed while a subscription is being made or
+//! remade (a new connection, a failover, a slot that moved): after every
+//! (re)subscription, the waiters that retry retry once, and until then
+//! they fall back to the holder's lease end.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::{Notify, mpsc};
+use tokio::time::{Instant, sleep_until};
+
+use super::connect::{ConnectReport, PushHandler, RedisTls};
+use super::pool::{ClusterTarget, KnownNodes};
+use super::sentinel::Sentinels;
+use super::{LockError, ReleaseListener, WaitInterest};
+use crate::backoff::ExponentialBackoff;
+
+/// The pauses between tries to (re)subscribe: 50 ms doubling up to 2 s.
+const EVENTS_BACKOFF: ExponentialBackoff =
+    ExponentialBackoff::new(Duration::from_millis(50), Duration::from_secs(2));
+
+/// After this many failed rounds of subscriptions in a row, the sharded
+/// subscriber opens a new cluster connection (with a fresh slot map).
+const ROUNDS_BEFORE_RECONNECT: u32 = 4;
+
+/// The channel of lock `name` under key prefix `prefix`: `P{N}:released`.
+pub fn channel(prefix: &str, name: &str) -> String {
+    format!("{prefix}{{{name}}}:released")
+}
+
+/// `P{name}:released` → `name`, for `prefix` `P`.
+fn lock_name<'a>(prefix: &str, channel: &'a str) -> Option<&'a str> {
+    channel
+        .strip_prefix(prefix)?
+        .strip_prefix('{')?
+        .strip_suffix("}:released")
+}
+
+/// The release-event subscriber of one Redis server: one `PSUBSCRIBE`
+/// connection per lockd instance, to the server, or in Sentinel mode to
+/// the master of the moment.
+pub struct PatternEvents {
+    /// The server (one client; several are tried in turn).
+    pub clients: Arc<[redis::Client]>,
+    /// In Sentinel mode: the subscription goes to the master now, and moves
+    /// when it changes.
+    pub sentinels: Option<Arc<Sentinels>>,
+    /// TLS failures to subscribe are reported with the pool's.
+    pub report: Arc<ConnectReport>,
+    /// The key prefix `P`.
+    pub prefix: String,
+    /// How long subscribing may take.
+    pub timeout: Duration,
+    pub listener: Arc<dyn ReleaseListener>,
+}
+
+impl PatternEvents {
+    /// Subscribes and dispatches events for ever, reconnecting with capped
+    /// exponential backoff when the connection is lost. After every
+    /// (re)subscription all waiters retry once, since releases may have been
+    /// missed meanwhile.
+    pub async fn run(self) {
+        let pattern = format!("{}{{*}}:released", glob_escape(&self.prefix));
+        let mut backoff = EVENTS_BACKOFF.pauses();
+        let mut fixed = self.clients.iter().cycle();
+        loop {
+            let mut changes = self.sentinels.as_ref().map(|s| s.changes());
+            let client = match &self.sentinels {
+                Some(sentinels) => match sentinels.master().await {
+                    Ok((client, _)) => client,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no master to subscribe to release events on");
+                        backoff.wait().await;
+                        continue;
+                    }
+                },
+                None => match fixed.next() {
+                    Some(client) => client.clone(),
+                    None => return,
+                },
+            };
+            match self.subscribe(&client, &pattern).await {
+                Ok(mut stream) => {
+                    backoff.reset();
+                    self.listener.resync();
+                    loop {
+                        let msg = match &mut changes {
+                            Some(changes) => tokio::select! {
+                                msg = stream.next() => msg,
+                                // A new master: subscribe there.
+                                _ = changes.changed() => None,
+                            },
+                            None => stream.next().await,
+                        };
+                        let Some(msg) = msg else { break };
+                        if let Some(name) = lock_name(&self.prefix, msg.get_channel_name()) {
+                            self.listener.released(name);
+                        }
+                    }
+                    tracing::warn!(
+                        node = %client.get_connection_info().addr(),
+                        "release-event connection to Redis lost; waiters fall back to lease expiry until it is back"
+                    );
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot subscribe to release events"),
+            }
+            backoff.wait().await;
+        }
+    }
+
+    async fn subscribe(
+        &self,
+        client: &redis::Client,
+        pattern: &str,
+    ) -> Result<redis::aio::PubSubStream, String> {
+        let connect = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.psubscribe(pattern).await?;
+            Ok::<_, redis::RedisError>(pubsub.into_on_message())
+        };
+        match tokio::time::timeout(self.timeout, connect).await {
+            Ok(Ok(stream)) => {
+                self.report.connected();
+                Ok(stream)
+            }
+            Ok(Err(e)) => {
+                self.report.failed(&e);
+                Err(e.to_string())
+            }
+            Err(_) => Err("timed out".into()),
+        }
+    }
+}
+
+/// Escapes the glob characters of Redis patterns (`*?[]\`).
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A change in what this instance waits for.
+enum Change {
+    Waiting(String),
+    Idle(String),
+}
+
+/// The [`WaitInterest`] of [`ShardedEvents`]: queues each change for its
+/// task.
+struct Interest(mpsc::UnboundedSender<Change>);
+
+impl WaitInterest for Interest {
+    fn waiting(&self, name: &str) {
+        let _ = self.0.send(Change::Waiting(name.to_owned()));
+    }
+
+    fn idle(&self, name: &str) {
+        let _ = self.0.send(Change::Idle(name.to_owned()));
+    }
+}
+
+/// Which lock channels are wanted, and which the cluster confirmed.
+#[derive(Default)]
+struct Subscribed {
+    /// Locks that some waiter of this instance waits for.
+    wanted: HashSet<String>,
+    /// Locks whose subscription a node confirmed (and has not dropped).
+    confirmed: HashSet<String>,
+}
+
+/// What the cluster connection's pushes and the subscriber's task share.
+struct Shared {
+    state: Mutex<Subscribed>,
+    /// Poked when a wanted subscription was lost (its slot moved, or a
+    /// node's connection dropped).
+    lost: Notify,
+    listener: Arc<dyn ReleaseListener>,
+    prefix: String,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, Subscribed> {
+        // Every critical section leaves the sets consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One push from a node (on the connection's task: never blocks).
+    fn on_push(&self, push: &PushInfo) {
+        let name = push.data.first().and_then(|v| match v {
+            Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+            _ => None,
+        });
+        let name = name.and_then(|channel| lock_name(&self.prefix, channel));
+        match (&push.kind, name) {
+            (PushKind::SMessage, Some(name)) => {
+                tracing::trace!(lock = name, "release event");
+                self.listener.released(name);
+            }
+            // A subscription is in place: a release may have come before
+            // it, so the lock's head looks once. (It may be a replica's
+            // answer while its master is down: the head only looks.)
+            (PushKind::SSubscribe, Some(name)) => {
+                tracing::debug!(lock = name, "release events of this lock subscribed");
+                self.state().confirmed.insert(name.to_owned());
+                self.listener.subscribed(name);
+            }
+            // Ours, or the node's when the slot moved away from it.
+            (PushKind::SUnsubscribe, Some(name)) => {
+                tracing::trace!(lock = name, "release events of this lock unsubscribed");
+                let mut state = self.state();
+                state.confirmed.remove(name);
+                if state.wanted.contains(name) {
+                    drop(state);
+                    self.lost.notify_one();
+                }
+            }
+            (PushKind::Disconnection, _) => {
+                tracing::debug!("a release-event connection to a cluster node dropped");
+                // Which node it was is not told: subscribe again to all.
+                self.state().confirmed.clear();
+                self.lost.notify_one();
+            }
+            (kind, _) => tracing::trace!(?kind, "other push"),
+        }
+    }
+}
+
+/// The release-event subscriber of a Redis Cluster: sharded pub/sub, one
+/// subscription per lock that a waiter of this instance waits for.
+pub struct ShardedEvents {
+    target: ClusterTarget,
+    shared: Arc<Shared>,
+    changes: mpsc::UnboundedReceiver<Change>,
+    report: Arc<ConnectReport>,
+    timeout: Duration,
+}
+
+impl ShardedEvents {
+    /// The subscriber of the cluster found from `seeds` (see
+    /// [`ClusterTarget::new`]; `known` is shared with the pool's target),
+    /// telling `listener` of releases of locks with key prefix `prefix`,
+    /// and the [`WaitInterest`] to tell it which locks are waited for.
+    /// Nothing is opened until [`ShardedEvents::run`].
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when the seeds cannot be used.
+    pub fn new(
+        seeds: Vec<String>,
+        tls: RedisTls,
+        known: KnownNodes,
+        listener: Arc<dyn ReleaseListener>,
+        prefix: &str,
+        report: Arc<ConnectReport>,
+        timeout: Duration,
+    ) -> Result<(Self, Arc<dyn WaitInterest>), LockError> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(Subscribed::default()),
+            lost: Notify::new(),
+            listener,
+            prefix: prefix.to_owned(),
+        });
+        let pushes = shared.clone();
+        let push: PushHandler = Arc::new(move |push: PushInfo| pushes.on_push(&push));
+        let target = ClusterTarget::new(seeds, tls, timeout, Some(push), known)?;
+        let (tx, changes) = mpsc::unbounded_channel();
+        let events = Self {
+            target,
+            shared,
+            changes,
+            report,
+            timeout,
+        };
+        Ok((events, Arc::new(Interest(tx))))
+    }
+
+    /// Connects, then follows what is waited for, for ever: subscribes
+    /// each newly waited-for lock, unsubscribes each one nobody waits for
+    /// any more, and subscribes again the ones lost. A connection that
+    /// keeps failing is replaced.
+    pub async fn run(mut self) {
+        let mut backoff = EVENTS_BACKOFF.pauses();
+        loop {
+            let conn = match tokio::time::timeout(self.timeout, self.target.connect()).await {
+                Ok(Ok(conn)) => {
+                    self.report.connected();
+                    conn
+                }
+                Ok(Err(e)) => {
+                    self.report.failed(&e);
+                    tracing::debug!(error = %e, "cannot connect to the Redis Cluster for release events");
+                    backoff.wait().await;
+                    continue;
+                }
+                Err(_) => {
+                    backoff.wait().await;
+                    continue;
+                }
+            };
+            backoff.reset();
+            self.shared.state().confirmed.clear();
+            if !self.follow(conn).await {
+                return;
+            }
+            tracing::warn!(
+                "release-event subscriptions to the Redis Cluster keep failing; reconnecting (waiters fall back to lease expiry meanwhile)"
+            );
+        }
+    }
+
+    /// Follows the changes on `conn`. Returns `false` when the wait queues
+    /// are gone (shutdown), `true` when `conn` should be replaced.
+    async fn follow(&mut self, mut conn: ClusterConnection) -> bool {
+        let mut pauses = EVENTS_BACKOFF.pauses();
+        let mut failed_rounds = 0;
+        // Subscribe at once to whatever is wanted already.
+        let mut retry_at = Some(Instant::now());
+        loop {
+            let retry = async move {
+                match retry_at {
+                    Some(at) => sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                change = self.changes.recv() => match change {
+                    None => return false,
+                    Some(Change::Waiting(name)) => {
+                        let fresh = {
+                            let mut state = self.shared.state();
+                            state.wanted.insert(name.clone());
+                            !state.confirmed.contains(&name)
+                        };
+                        if fresh && !self.command(&mut conn, true, &name).await {
+                            retry_at.get_or_insert_with(|| Instant::now() + pauses.next_pause());
+                        }
+                        continue;
+                    }
+                    Some(Change::Idle(name)) => {
+                        {
+                            let mut state = self.shared.state();
+                            state.wanted.remove(&name);
+                            state.confirmed.remove(&name);
+                        }
+                        // A failure leaves a subscription nobody needs:
+                        // its events wake nobody.
+                        let _ = self.command(&mut conn, false, &name).await;
+                        continue;
+                    }
+                },
+                () = self.shared.lost.notified() => {}
+                () = retry => {}
+            }
+            // Subscribe again to every wanted lock not confirmed.
+            let missing: Vec<String> = {
+                let state = self.shared.state();
+                state.wanted.difference(&state.confirmed).cloned().collect()
+            };
+            let mut all = true;
+            for name in &missing {
+                all &= self.command(&mut conn, true, name).await;
+            }
+            if all {
+                pauses.reset();
+                failed_rounds = 0;
+                retry_at = None;
+            } else {
+                failed_rounds += 1;
+                if failed_rounds >= ROUNDS_BEFORE_RECONNECT {
+                    return true;
+                }
+                retry_at = Some(Instant::now() + pauses.next_pause());
+            }
+        }
+    }
+
+    /// `SSUBSCRIBE` (or `SUNSUBSCRIBE`) the channel of `name` on the master
+    /// of its slot, within the timeout; whether it was answered.
+    ///
+    /// Sent with [`ClusterConnection::route_command`] to the master rather
+    /// than with the connection's own `ssubscribe`: that one counts
+    /// `SSUBSCRIBE` as a read, and while a master is down it subscribes on
+    /// one of its replicas instead, where the subscription is dropped (or,
+    /// if another replica is promoted, goes deaf) at the failover. Sent to
+    /// the master, it fails while the master is down and is tried again
+    /// until the new master answers. The confirmation is both the answer
+    /// and a push (see [`Shared::on_push`]).
+    async fn command(&self, conn: &mut ClusterConnection, subscribe: bool, name: &str) -> bool {
+        let channel = channel(&self.shared.prefix, name);
+        let mut cmd = redis::cmd(if subscribe {
+            "SSUBSCRIBE"
+        } else {
+            "SUNSUBSCRIBE"
+        });
+        cmd.arg(&channel);
+        let master = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+            &channel,
+            SlotAddr::Master,
+        )));
+        match tokio::time::timeout(self.timeout, conn.route_command(cmd, master)).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, subscribe, "a release-event subscription failed");
+                false
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_channel_names_its_lock() {
+        let channel = channel("lockd:", "orders:1");
+        assert_eq!(channel, "lockd:{orders:1}:released");
+        assert_eq!(lock_name("lockd:", &channel), Some("orders:1"));
+        assert_eq!(lock_name("other:", &channel), None);
+        assert_eq!(lock_name("lockd:", "lockd:{x}:fence"), None);
+    }
+
+    #[test]
+    fn glob_characters_in_the_prefix_are_escaped() {
+        assert_eq!(glob_escape("lockd:"), "lockd:");
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+}
