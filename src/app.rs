@@ -424,6 +424,12 @@ fn build_backend(
         ))?;
         let watched = backend.clone();
         metrics.watch_pool("cluster", move || pool_status(&watched));
+        if let Some(view) = backend.cluster_view() {
+            metrics.watch_master(move || MasterStatus {
+                addresses: view.masters(),
+                failovers: view.new_masters(),
+            });
+        }
         let node = instrument(Arc::new(backend), "cluster".into());
         return Ok(Arc::new(Single::new(node)));
     }
@@ -442,7 +448,7 @@ fn build_backend(
         metrics.watch_pool("sentinel", move || pool_status(&watched));
         if let Some(sentinels) = backend.sentinels() {
             metrics.watch_master(move || MasterStatus {
-                address: sentinels.master_addr(),
+                addresses: sentinels.master_addr().into_iter().collect(),
                 failovers: sentinels.failovers(),
             });
         }

@@ -11,6 +11,7 @@
 //! connection and tries once more on a fresh one (see
 //! [`super::redis::RedisBackend`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,9 +38,90 @@ pub enum Target {
     Sentinel(Arc<Sentinels>),
 }
 
-/// The nodes (`host:port`) a cluster connection saw last, shared by every
-/// connection to one cluster (the pool's and the release-event one's).
-pub type KnownNodes = Arc<Mutex<Vec<String>>>;
+/// What lockd knows of a cluster's nodes, from the last `CLUSTER NODES` it
+/// read: shared by every connection to one cluster (the pool's and the
+/// release-event one's), and by the metrics.
+#[derive(Default)]
+pub struct ClusterView {
+    /// Every node (`host:port`) not failing.
+    nodes: Mutex<Vec<String>>,
+    /// The masters among them that serve slots.
+    masters: Mutex<Vec<String>>,
+    /// Every address ever seen as a master, so that readings from nodes
+    /// that disagree for a moment count a new master once.
+    ever_masters: Mutex<std::collections::HashSet<String>>,
+    /// Masters that appeared after the first reading (a replica promoted,
+    /// a master added): the failovers seen, mostly.
+    new_masters: AtomicU64,
+}
+
+/// The [`ClusterView`] of one cluster, shared.
+pub type KnownNodes = Arc<ClusterView>;
+
+impl ClusterView {
+    /// Takes in a `CLUSTER NODES` listing.
+    pub fn observe(&self, listing: &str) {
+        let (nodes, masters) = parse_cluster_nodes(listing);
+        if nodes.is_empty() {
+            return;
+        }
+        *lock(&self.nodes) = nodes;
+        let mut ever = lock(&self.ever_masters);
+        let first = ever.is_empty();
+        for master in &masters {
+            if ever.insert(master.clone()) && !first {
+                self.new_masters.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        drop(ever);
+        *lock(&self.masters) = masters;
+    }
+
+    /// Every node not failing, as last seen.
+    pub fn nodes(&self) -> Vec<String> {
+        lock(&self.nodes).clone()
+    }
+
+    /// The masters serving slots, as last seen.
+    pub fn masters(&self) -> Vec<String> {
+        lock(&self.masters).clone()
+    }
+
+    /// How many masters appeared since the first reading.
+    pub fn new_masters(&self) -> u64 {
+        self.new_masters.load(Ordering::Relaxed)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Each critical section only assigns a value.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The nodes (`host:port`) of a `CLUSTER NODES` listing that are not
+/// failing, and the masters among them that serve slots.
+fn parse_cluster_nodes(listing: &str) -> (Vec<String>, Vec<String>) {
+    let mut nodes = Vec::new();
+    let mut masters = Vec::new();
+    for line in listing.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
+            continue;
+        };
+        if flags.contains("fail") || flags.contains("noaddr") {
+            continue;
+        }
+        let Some(addr) = addr.split('@').next().filter(|a| !a.is_empty()) else {
+            continue;
+        };
+        nodes.push(addr.to_owned());
+        if flags.contains("master") && fields.len() > 8 {
+            masters.push(addr.to_owned());
+        }
+    }
+    masters.sort();
+    (nodes, masters)
+}
 
 /// A Redis Cluster: the client over its seeds, and the nodes seen since,
 /// to connect through when every seed is down.
@@ -52,7 +134,7 @@ pub struct ClusterTarget {
     tls: RedisTls,
     timeout: Duration,
     push: Option<PushHandler>,
-    /// Every node the last connection saw.
+    /// The nodes seen.
     known: KnownNodes,
 }
 
@@ -97,40 +179,34 @@ impl ClusterTarget {
         let mut conn = match self.seeds.get_async_connection().await {
             Ok(conn) => conn,
             Err(e) => {
-                let known = self.known.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let known = self.known.nodes();
                 let Some(client) = (!known.is_empty()).then(|| self.over(&known)).flatten() else {
                     return Err(e);
                 };
                 client.get_async_connection().await?
             }
         };
-        let nodes = conn
-            .route_command(
-                redis::cmd("CLUSTER").arg("NODES").clone(),
-                redis::cluster_routing::RoutingInfo::SingleNode(
-                    redis::cluster_routing::SingleNodeRoutingInfo::Random,
-                ),
-            )
-            .await
-            .and_then(|v| redis::from_redis_value::<String>(v).map_err(Into::into));
-        if let Ok(text) = nodes {
-            let seen: Vec<String> = text
-                .lines()
-                .filter_map(|line| {
-                    let fields: Vec<&str> = line.split_whitespace().collect();
-                    let flags = fields.get(2)?;
-                    if flags.contains("fail") || flags.contains("noaddr") {
-                        return None;
-                    }
-                    Some(fields.get(1)?.split('@').next()?.to_owned())
-                })
-                .collect();
-            if !seen.is_empty() {
-                *self.known.lock().unwrap_or_else(|p| p.into_inner()) = seen;
-            }
+        if let Ok(listing) = cluster_nodes(&mut conn).await {
+            self.known.observe(&listing);
         }
         Ok(conn)
     }
+}
+
+/// `CLUSTER NODES`, asked of any node through `conn`.
+///
+/// # Errors
+/// When no node answers.
+pub async fn cluster_nodes(conn: &mut ClusterConnection) -> Result<String, RedisError> {
+    let listing = conn
+        .route_command(
+            redis::cmd("CLUSTER").arg("NODES").clone(),
+            redis::cluster_routing::RoutingInfo::SingleNode(
+                redis::cluster_routing::SingleNodeRoutingInfo::Random,
+            ),
+        )
+        .await?;
+    redis::from_redis_value::<String>(listing).map_err(Into::into)
 }
 
 /// One connection: to a server, or to a whole cluster. Either is
@@ -265,3 +341,68 @@ pub type Connection = managed::Object<Connector>;
 
 /// Why no connection could be had.
 pub type PoolError = managed::PoolError<RedisError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LISTING: &str = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+a2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
+a3 127.0.0.1:7002@17002 master,fail - 0 0 3 disconnected
+b1 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+b4 127.0.0.1:7006@17006 master - 0 0 4 connected 10923-16383
+b5 127.0.0.1:7007@17007 master - 0 0 0 connected
+";
+
+    #[test]
+    fn a_listing_gives_the_live_nodes_and_the_masters_that_serve_slots() {
+        let (nodes, masters) = parse_cluster_nodes(LISTING);
+        assert_eq!(
+            nodes,
+            [
+                "127.0.0.1:7000",
+                "127.0.0.1:7001",
+                "127.0.0.1:7003",
+                "127.0.0.1:7006",
+                "127.0.0.1:7007"
+            ]
+        );
+        assert_eq!(
+            masters,
+            ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7006"]
+        );
+    }
+
+    #[test]
+    fn a_promoted_replica_counts_as_a_new_master_and_a_reading_again_does_not() {
+        let view = ClusterView::default();
+        view.observe(LISTING);
+        view.observe(LISTING);
+        assert_eq!(view.new_masters(), 0);
+        // a1 failed; its replica b1 took over its slots.
+        view.observe(
+            "\
+a1 127.0.0.1:7000@17000 master,fail - 0 0 1 disconnected
+a2 127.0.0.1:7001@17001 myself,master - 0 0 2 connected 5461-10922
+b1 127.0.0.1:7003@17003 master - 0 0 5 connected 0-5460
+b4 127.0.0.1:7006@17006 master - 0 0 4 connected 10923-16383
+",
+        );
+        assert_eq!(
+            view.masters(),
+            ["127.0.0.1:7001", "127.0.0.1:7003", "127.0.0.1:7006"]
+        );
+        assert_eq!(view.new_masters(), 1);
+        // A node that has not heard of it yet does not count it twice.
+        view.observe(LISTING);
+        view.observe(
+            "b1 127.0.0.1:7003@17003 master - 0 0 5 connected 0-5460\n\
+             a2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922\n",
+        );
+        assert_eq!(view.new_masters(), 1);
+        // An empty answer changes nothing.
+        view.observe("");
+        assert_eq!(view.nodes().len(), 2);
+    }
+}

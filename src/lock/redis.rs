@@ -44,7 +44,7 @@ use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
 use super::connect::{self, ConnectReport, RedisTls};
 use super::events::{self, PatternEvents, ShardedEvents};
 use super::pool::{
-    ClusterTarget, Conn, Connection, Connector, KnownNodes, Pool, PoolError, Target,
+    ClusterTarget, Conn, Connection, Connector, KnownNodes, Pool, PoolError, Target, cluster_nodes,
 };
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
@@ -312,6 +312,15 @@ impl RedisBackend {
     /// gauges of the master and its changes).
     pub fn sentinels(&self) -> Option<Arc<Sentinels>> {
         self.sentinels.clone()
+    }
+
+    /// What is known of the cluster's nodes, in cluster mode (for the
+    /// gauge of its masters).
+    pub fn cluster_view(&self) -> Option<KnownNodes> {
+        match &self.events {
+            EventSource::Sharded { known, .. } => Some(known.clone()),
+            EventSource::Pattern(_) => None,
+        }
     }
 
     /// The pool, for gauges read at scrape time.
@@ -826,6 +835,16 @@ impl Node for RedisBackend {
             let stop = stop.clone();
             tokio::spawn(async move { sentinels.follow(stop).await });
         }
+        if let EventSource::Sharded { known, .. } = &self.events {
+            let (pool, view, timeout) = (self.pool.clone(), known.clone(), self.timeout);
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = follow_cluster(pool, view, timeout) => {}
+                    () = stop.cancelled() => {}
+                }
+            });
+        }
         let (run, interest): (BoxFuture<'static, ()>, _) = match &self.events {
             EventSource::Pattern(clients) => {
                 let events = PatternEvents {
@@ -865,6 +884,32 @@ impl Node for RedisBackend {
             }
         });
         interest
+    }
+}
+
+/// How often the cluster's nodes are read (`CLUSTER NODES`) in cluster
+/// mode.
+const CLUSTER_CHECK: Duration = Duration::from_secs(2);
+
+/// Reads the cluster's nodes every [`CLUSTER_CHECK`] through a pooled
+/// connection, for ever: the masters for the metrics, and the nodes to
+/// connect through when no seed answers.
+async fn follow_cluster(pool: Pool, view: KnownNodes, timeout: Duration) {
+    let mut every = tokio::time::interval(CLUSTER_CHECK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let read = async {
+            let mut conn = pool.get().await.ok()?;
+            match &mut *conn {
+                Conn::Cluster(cluster) => cluster_nodes(cluster).await.ok(),
+                _ => None,
+            }
+        };
+        match tokio::time::timeout(timeout, read).await {
+            Ok(Some(listing)) => view.observe(&listing),
+            _ => tracing::debug!("could not read the cluster's nodes"),
+        }
     }
 }
 

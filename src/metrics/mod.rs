@@ -124,8 +124,10 @@ type PoolReader = Box<dyn Fn() -> PoolStatus + Send + Sync>;
 /// The master of a Sentinel set, read at scrape time.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MasterStatus {
-    /// `host:port` of the master now, if one is known (never a password).
-    pub address: Option<String>,
+    /// `host:port` of each master now (never a password): the one a
+    /// Sentinel set names, if one is known, or those serving a cluster's
+    /// slots.
+    pub addresses: Vec<String>,
     /// Master changes seen since start.
     pub failovers: u64,
 }
@@ -184,9 +186,11 @@ pub struct Metrics {
     /// `lockd_store_mode{mode}`: 1 for the store lockd runs on (`memory`,
     /// `single`, `redlock`, `cluster` or `sentinel`).
     store_mode: IntGaugeVec,
-    /// `lockd_redis_master{node}`: 1 for the master Sentinel names now.
+    /// `lockd_redis_master{node}`: 1 for the master Sentinel names now, or
+    /// each master of a cluster.
     redis_master: IntGaugeVec,
-    /// `lockd_redis_failovers_total`: master changes seen (Sentinel).
+    /// `lockd_redis_failovers_total`: master changes seen (Sentinel), or
+    /// new masters (cluster).
     failovers: IntCounter,
     master: Mutex<Option<MasterReader>>,
     /// `lockd_http_requests_in_flight`.
@@ -330,13 +334,13 @@ impl Metrics {
             )?,
             redis_master: b.gauge(
                 "lockd_redis_master",
-                "Sentinel mode: 1 for the master lockd writes to now, by address.",
+                "Sentinel and cluster modes: 1 for each master lockd writes to now, by address.",
                 &["node"],
             )?,
             failovers: {
                 let c = IntCounter::new(
                     "lockd_redis_failovers_total",
-                    "Sentinel mode: changes of master seen (+switch-master, READONLY, a lost master).",
+                    "Sentinel mode: changes of master seen (+switch-master, READONLY, a lost master); cluster mode: masters that appeared (a replica promoted, a master added).",
                 )?;
                 registry.register(Box::new(c.clone()))?;
                 c
@@ -579,7 +583,7 @@ impl Metrics {
         let Some(read) = master.as_ref() else { return };
         let status = read();
         self.redis_master.reset();
-        if let Some(address) = &status.address {
+        for address in &status.addresses {
             self.redis_master.with_label_values(&[address]).set(1);
         }
         let seen = self.failovers.get();

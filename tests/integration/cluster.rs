@@ -573,6 +573,22 @@ async fn losing_the_only_seed_does_not_lose_the_cluster() {
     })
     .await;
     app.acquire_ttl("seed:warm", 5_000).await.expect_status(201);
+    // The metrics name every master, by address.
+    let masters_named = |text: &str, masters: &[u16]| {
+        masters.iter().all(|m| {
+            let node = format!("127.0.0.1:{m}");
+            metric(text, "lockd_redis_master", &[("node", &node)]) == Some(1.0)
+        })
+    };
+    let before = cluster.masters();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            masters_named(&app.metrics().await, &before)
+        })
+        .await,
+        "{}",
+        app.metrics().await
+    );
     let waiter = app
         .sibling(|s| {
             s.store.redis_urls = vec![format!("redis://127.0.0.1:{seed}").into()];
@@ -606,6 +622,23 @@ async fn losing_the_only_seed_does_not_lose_the_cluster() {
     assert!(
         grants_on_every_shard(&app, &names).await,
         "no grants within 10 s of the only seed's death"
+    );
+    // The promoted replica is named, the dead master no longer, and the
+    // failover was counted.
+    let after = cluster.masters();
+    let dead = format!("127.0.0.1:{seed}");
+    let named = eventually(Duration::from_secs(5), || async {
+        let text = app.metrics().await;
+        masters_named(&text, &after)
+            && metric(&text, "lockd_redis_master", &[("node", &dead)]).is_none()
+    })
+    .await;
+    let text = app.metrics().await;
+    assert!(named, "masters {after:?}:\n{text}");
+    assert_eq!(
+        metric(&text, "lockd_redis_failovers_total", &[]),
+        Some(1.0),
+        "{text}"
     );
     // Release events still reach a waiter on an instance seeded with the
     // dead node alone, for names on every master, the promoted one too.

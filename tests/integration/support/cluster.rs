@@ -328,7 +328,8 @@ impl Cluster {
     }
 
     /// Waits until every live node says `cluster_state:ok` and `MASTERS`
-    /// masters serve the slots (after a failover).
+    /// live masters serve the slots (after a failover: right after a kill
+    /// the dead master is still listed, unflagged, for a moment).
     pub fn wait_until_healthy(&self, within: Duration) -> bool {
         let deadline = Instant::now() + within;
         loop {
@@ -341,7 +342,8 @@ impl Cluster {
             let ok = live
                 .iter()
                 .all(|&p| cli(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"));
-            if ok && self.masters().len() == MASTERS {
+            let masters = self.masters();
+            if ok && masters.len() == MASTERS && masters.iter().all(|m| live.contains(m)) {
                 return true;
             }
             if Instant::now() > deadline {
