@@ -7,6 +7,7 @@
 #              release publishes an event nobody waits for;
 #   contended: 32 clients on 4 names, 5 ms holds, waiting on the server
 #              (lockd-bench contended): every release wakes a waiter.
+# The cluster is deploy/local/redis-cluster.sh's, on ports 17300-17308.
 # Prints each run, then the medians per build: cycles (grants) per second,
 # lockd µs per cycle and the cluster's µs per cycle (all 9 nodes). An event
 # sent with PUBLISH reaches all 9 nodes; one sent with SPUBLISH only the 3
@@ -27,27 +28,15 @@ bench=$(dirname "$last")/lockd-bench
 scripts/ensure-deps.sh redis-server redis-cli python3
 ticks=$(getconf CLK_TCK)
 work=$(mktemp -d)
+export REDIS_CLUSTER_PORT=17300
 ports=()
-for i in $(seq 0 8); do ports+=($((17300 + i))); done
+for i in $(seq 0 8); do ports+=($((REDIS_CLUSTER_PORT + i))); done
 cleanup() {
-  for p in "${ports[@]}"; do redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; done
+  deploy/local/redis-cluster.sh stop >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
-for p in "${ports[@]}"; do
-  mkdir -p "$work/$p"
-  redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
-    --cluster-config-file nodes.conf --cluster-node-timeout 5000 \
-    --save "" --appendonly no --dir "$work/$p" --daemonize yes \
-    --logfile "$work/$p/redis.log" >/dev/null
-done
-for p in "${ports[@]}"; do
-  until redis-cli -p "$p" ping >/dev/null 2>&1; do sleep 0.05; done
-done
-nodes=()
-for p in "${ports[@]}"; do nodes+=("127.0.0.1:$p"); done
-redis-cli --cluster create "${nodes[@]}" --cluster-replicas 2 --cluster-yes >/dev/null
-until redis-cli -p "${ports[0]}" cluster info | grep -q cluster_state:ok; do sleep 0.1; done
+deploy/local/redis-cluster.sh >/dev/null
 sleep 2
 pids=()
 for p in "${ports[@]}"; do

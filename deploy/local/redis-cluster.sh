@@ -3,12 +3,15 @@
 # with 2 replicas each on ports 7000-7008 (cluster bus ports 17000-17008),
 # no persistence, data in a temporary directory. Prints the lockd command
 # that uses it. `deploy/local/redis-cluster.sh stop` stops it.
+# REDIS_CLUSTER_PORT=N moves it to ports N to N+8 (bus ports 10000 above).
 # Needs redis-server and redis-cli (installed from Debian's packages when
 # missing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ports=(7000 7001 7002 7003 7004 7005 7006 7007 7008)
-dir=${TMPDIR:-/tmp}/lockd-redis-cluster
+base=${REDIS_CLUSTER_PORT:-7000}
+ports=()
+for i in 0 1 2 3 4 5 6 7 8; do ports+=($((base + i))); done
+dir=${TMPDIR:-/tmp}/lockd-redis-cluster-$base
 
 if [ "${1:-}" = stop ]; then
   for p in "${ports[@]}"; do redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; done
@@ -39,14 +42,14 @@ nodes=()
 for p in "${ports[@]}"; do nodes+=("127.0.0.1:$p"); done
 redis-cli --cluster create "${nodes[@]}" --cluster-replicas 2 --cluster-yes >/dev/null
 for _ in $(seq 100); do
-  redis-cli -p 7000 cluster info | grep -q 'cluster_state:ok' && break
+  redis-cli -p "$base" cluster info | grep -q 'cluster_state:ok' && break
   sleep 0.1
 done
-redis-cli -p 7000 cluster info | grep -q 'cluster_state:ok' || {
+redis-cli -p "$base" cluster info | grep -q 'cluster_state:ok' || {
   echo "error: the cluster did not form; logs in $dir" >&2
   exit 1
 }
-echo "a Redis Cluster runs on 127.0.0.1:7000-7008 (3 masters, 2 replicas each)"
+echo "a Redis Cluster runs on 127.0.0.1:${ports[0]}-${ports[8]} (3 masters, 2 replicas each)"
 echo "run lockd on it:"
-echo "  scripts/run.sh --redis-mode cluster --redis-url redis://127.0.0.1:7000 --redis-url redis://127.0.0.1:7001"
+echo "  scripts/run.sh --redis-mode cluster --redis-url redis://127.0.0.1:${ports[0]} --redis-url redis://127.0.0.1:${ports[1]}"
 echo "stop it: $0 stop"
