@@ -526,6 +526,8 @@ async fn check_topology(
 ) -> Result<(), StartupError> {
     let mode = store.mode();
     let mut masters_known = None;
+    // Each master once, as the first URL that told of it said.
+    let mut short_of_replicas = std::collections::BTreeMap::new();
     for url in &store.redis_urls {
         let report = match mode {
             RedisMode::Cluster => reports.node(&cluster_name(&store.redis_urls), tls),
@@ -589,17 +591,16 @@ async fn check_topology(
                 probe.version
             );
         }
-        let wanted = store.min_replicas_acked;
-        if let Some(short) = probe.replicas.iter().find(|(_, n)| *n < wanted) {
-            tracing::warn!(
-                node = %node_address(url.expose()),
-                "--min-replicas-acked is {wanted}, but {} has {} replica(s) in sync: every \
-                 grant there is answered 503 replication-lagging until enough replicas are \
-                 back",
-                short.0,
-                short.1
-            );
+        for (master, up) in probe.replicas {
+            short_of_replicas.entry(master).or_insert(up);
         }
+    }
+    let wanted = store.min_replicas_acked;
+    for (master, up) in short_of_replicas.iter().filter(|(_, up)| **up < wanted) {
+        tracing::warn!(
+            "--min-replicas-acked is {wanted}, but {master} has {up} replica(s) in sync: every \
+             grant there is answered 503 replication-lagging until enough replicas are back"
+        );
     }
     if let (Some(false), Some(name)) = (masters_known, &store.sentinel_master) {
         return Err(StartupError::Topology(format!(

@@ -68,8 +68,14 @@ async fn serve(app: Application) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The log filter when none is given: `info`, but only errors from the
+/// redis crate's cluster connection, which warns at every slot refresh
+/// (hundreds of lines a second while a master fails over; lockd logs
+/// what the failover does to requests itself).
+const DEFAULT_LOG_FILTER: &str = "info,redis::cluster_handling=error";
+
 /// Logs to stderr in `format`; `RUST_LOG` (or `LOCKD_LOG`, which wins)
-/// sets the filter, default `info`.
+/// sets the filter, default [`DEFAULT_LOG_FILTER`].
 fn init_logging(format: LogFormat) {
     let wanted = std::env::var("LOCKD_LOG")
         .ok()
@@ -80,9 +86,9 @@ fn init_logging(format: LogFormat) {
             eprintln!(
                 "lockd: ignoring the log filter in LOCKD_LOG/RUST_LOG ({e}); logging at info"
             );
-            EnvFilter::new("info")
+            EnvFilter::new(DEFAULT_LOG_FILTER)
         }
-        None => EnvFilter::new("info"),
+        None => EnvFilter::new(DEFAULT_LOG_FILTER),
     };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -41,11 +41,17 @@ done
 nodes=()
 for p in "${ports[@]}"; do nodes+=("127.0.0.1:$p"); done
 redis-cli --cluster create "${nodes[@]}" --cluster-replicas 2 --cluster-yes >/dev/null
-for _ in $(seq 100); do
-  redis-cli -p "$base" cluster info | grep -q 'cluster_state:ok' && break
+# Formed: the slots are served, and every replica follows its master (they
+# attach a few seconds after the masters serve).
+formed() {
+  redis-cli -p "$base" cluster info | grep -q 'cluster_state:ok' &&
+    [ "$(redis-cli -p "$base" cluster nodes | grep -c ' slave ')" = 6 ]
+}
+for _ in $(seq 300); do
+  formed && break
   sleep 0.1
 done
-redis-cli -p "$base" cluster info | grep -q 'cluster_state:ok' || {
+formed || {
   echo "error: the cluster did not form; logs in $dir" >&2
   exit 1
 }

@@ -55,10 +55,19 @@ sentinel failover-timeout $name 10000
 CONF
   redis-sentinel "$dir/sentinel-$p.conf"
 done
-for _ in $(seq 100); do
-  redis-cli -p 26380 sentinel master "$name" 2>/dev/null | grep -qx 'num-other-sentinels' && break
+# Settled: each Sentinel knows the two others (SENTINEL master prints one
+# field per line, its value on the next).
+settled() {
+  for p in "${sentinels[@]}"; do
+    redis-cli -p "$p" sentinel master "$name" 2>/dev/null |
+      grep -A1 -x 'num-other-sentinels' | tail -1 | grep -qx 2 || return 1
+  done
+}
+for _ in $(seq 300); do
+  settled && break
   sleep 0.1
 done
+settled || echo "warning: the Sentinels have not all found each other yet" >&2
 echo "a master (6380), two replicas (6381, 6382) and three Sentinels (26380-26382, master name $name) run on 127.0.0.1"
 echo "run lockd on it:"
 echo "  scripts/run.sh --redis-mode sentinel --sentinel-master $name --redis-url redis://127.0.0.1:26380 --redis-url redis://127.0.0.1:26381 --redis-url redis://127.0.0.1:26382"

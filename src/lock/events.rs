@@ -30,7 +30,7 @@ use futures_util::StreamExt as _;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{PushInfo, PushKind, Value};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 
 use super::connect::{ConnectReport, PushHandler, RedisTls};
@@ -254,10 +254,24 @@ impl Shared {
     }
 }
 
+/// Why [`ShardedEvents::follow`] returned.
+enum Follow {
+    /// The wait queues are gone.
+    Stop,
+    /// The cluster's masters changed.
+    MastersChanged,
+    /// Subscriptions kept failing.
+    Failing,
+}
+
 /// The release-event subscriber of a Redis Cluster: sharded pub/sub, one
 /// subscription per lock that a waiter of this instance waits for.
 pub struct ShardedEvents {
     target: ClusterTarget,
+    /// Changes of the cluster's masters: a connection opened before may
+    /// hold subscriptions on a master that was replaced (frozen, not
+    /// disconnected), so the subscriber starts afresh.
+    masters: watch::Receiver<u64>,
     shared: Arc<Shared>,
     changes: mpsc::UnboundedReceiver<Change>,
     report: Arc<ConnectReport>,
@@ -290,10 +304,12 @@ impl ShardedEvents {
         });
         let pushes = shared.clone();
         let push: PushHandler = Arc::new(move |push: PushInfo| pushes.on_push(&push));
+        let masters = known.changes();
         let target = ClusterTarget::new(seeds, tls, timeout, Some(push), known)?;
         let (tx, changes) = mpsc::unbounded_channel();
         let events = Self {
             target,
+            masters,
             shared,
             changes,
             report,
@@ -327,18 +343,20 @@ impl ShardedEvents {
             };
             backoff.reset();
             self.shared.state().confirmed.clear();
-            if !self.follow(conn).await {
-                return;
+            self.masters.mark_unchanged();
+            match self.follow(conn).await {
+                Follow::Stop => return,
+                Follow::MastersChanged => {}
+                Follow::Failing => tracing::warn!(
+                    "release-event subscriptions to the Redis Cluster keep failing; reconnecting (waiters fall back to lease expiry meanwhile)"
+                ),
             }
-            tracing::warn!(
-                "release-event subscriptions to the Redis Cluster keep failing; reconnecting (waiters fall back to lease expiry meanwhile)"
-            );
         }
     }
 
-    /// Follows the changes on `conn`. Returns `false` when the wait queues
-    /// are gone (shutdown), `true` when `conn` should be replaced.
-    async fn follow(&mut self, mut conn: ClusterConnection) -> bool {
+    /// Follows the changes on `conn`, until the wait queues are gone
+    /// (shutdown) or `conn` should be replaced.
+    async fn follow(&mut self, mut conn: ClusterConnection) -> Follow {
         let mut pauses = EVENTS_BACKOFF.pauses();
         let mut failed_rounds = 0;
         // Subscribe at once to whatever is wanted already.
@@ -352,7 +370,7 @@ impl ShardedEvents {
             };
             tokio::select! {
                 change = self.changes.recv() => match change {
-                    None => return false,
+                    None => return Follow::Stop,
                     Some(Change::Waiting(name)) => {
                         let fresh = {
                             let mut state = self.shared.state();
@@ -378,6 +396,12 @@ impl ShardedEvents {
                 },
                 () = self.shared.lost.notified() => {}
                 () = retry => {}
+                changed = self.masters.changed() => {
+                    if changed.is_ok() {
+                        tracing::debug!("the cluster's masters changed: subscribing afresh");
+                        return Follow::MastersChanged;
+                    }
+                }
             }
             // Subscribe again to every wanted lock not confirmed.
             let missing: Vec<String> = {
@@ -395,7 +419,7 @@ impl ShardedEvents {
             } else {
                 failed_rounds += 1;
                 if failed_rounds >= ROUNDS_BEFORE_RECONNECT {
-                    return true;
+                    return Follow::Failing;
                 }
                 retry_at = Some(Instant::now() + pauses.next_pause());
             }

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use deadpool::managed::{self, Metrics, RecycleResult};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
@@ -41,7 +43,6 @@ pub enum Target {
 /// What lockd knows of a cluster's nodes, from the last `CLUSTER NODES` it
 /// read: shared by every connection to one cluster (the pool's and the
 /// release-event one's), and by the metrics.
-#[derive(Default)]
 pub struct ClusterView {
     /// Every node (`host:port`) not failing.
     nodes: Mutex<Vec<String>>,
@@ -53,6 +54,23 @@ pub struct ClusterView {
     /// Masters that appeared after the first reading (a replica promoted,
     /// a master added): the failovers seen, mostly.
     new_masters: AtomicU64,
+    /// Bumped whenever the set of masters changes: connections opened
+    /// before hold a slot map that may send writes to a master that was
+    /// replaced (one frozen, say, which answers again later), so the pool
+    /// drops them and the release-event subscriber starts afresh.
+    generation: watch::Sender<u64>,
+}
+
+impl Default for ClusterView {
+    fn default() -> Self {
+        Self {
+            nodes: Mutex::default(),
+            masters: Mutex::default(),
+            ever_masters: Mutex::default(),
+            new_masters: AtomicU64::new(0),
+            generation: watch::channel(0).0,
+        }
+    }
 }
 
 /// The [`ClusterView`] of one cluster, shared.
@@ -74,7 +92,11 @@ impl ClusterView {
             }
         }
         drop(ever);
-        *lock(&self.masters) = masters;
+        let mut known = lock(&self.masters);
+        if !known.is_empty() && *known != masters {
+            self.generation.send_modify(|g| *g += 1);
+        }
+        *known = masters;
     }
 
     /// Every node not failing, as last seen.
@@ -85,6 +107,16 @@ impl ClusterView {
     /// The masters serving slots, as last seen.
     pub fn masters(&self) -> Vec<String> {
         lock(&self.masters).clone()
+    }
+
+    /// The generation of the set of masters (see [`ClusterView`]).
+    pub fn generation(&self) -> u64 {
+        *self.generation.borrow()
+    }
+
+    /// Changes of the generation, to wait on.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.generation.subscribe()
     }
 
     /// How many masters appeared since the first reading.
@@ -215,8 +247,10 @@ pub async fn cluster_nodes(conn: &mut ClusterConnection) -> Result<String, Redis
 pub enum Conn {
     /// A connection to one server.
     Server(MultiplexedConnection),
-    /// Connections to every node of a cluster, routing by key slot.
-    Cluster(ClusterConnection),
+    /// Connections to every node of a cluster, routing by key slot, with
+    /// the generation of the masters it was opened in (see
+    /// [`ClusterView`]).
+    Cluster(ClusterConnection, u64),
     /// A connection to the master of a Sentinel set, with the generation
     /// of the master it was opened to (see [`Sentinels`]).
     Master(MultiplexedConnection, u64),
@@ -237,7 +271,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Server(conn) | Self::Master(conn, _) => conn.req_packed_command(cmd),
-            Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn, _) => conn.req_packed_command(cmd),
         }
     }
 
@@ -251,14 +285,14 @@ impl ConnectionLike for Conn {
             Self::Server(conn) | Self::Master(conn, _) => {
                 conn.req_packed_commands(pipeline, offset, count)
             }
-            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(conn, _) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Self::Server(conn) | Self::Master(conn, _) => conn.get_db(),
-            Self::Cluster(conn) => conn.get_db(),
+            Self::Cluster(conn, _) => conn.get_db(),
         }
     }
 }
@@ -297,7 +331,10 @@ impl managed::Manager for Connector {
     async fn create(&self) -> Result<Conn, RedisError> {
         let client = match &self.target {
             Target::Server(client) => client,
-            Target::Cluster(cluster) => return Ok(Conn::Cluster(cluster.connect().await?)),
+            Target::Cluster(cluster) => {
+                let generation = cluster.known.generation();
+                return Ok(Conn::Cluster(cluster.connect().await?, generation));
+            }
             Target::Sentinel(sentinels) => {
                 let (client, generation) = sentinels.master().await?;
                 let conn = client
@@ -327,6 +364,13 @@ impl managed::Manager for Connector {
                 if *generation != sentinels.generation() =>
             {
                 Err(managed::RecycleError::message("the Redis master changed"))
+            }
+            (Conn::Cluster(_, generation), Target::Cluster(cluster))
+                if *generation != cluster.known.generation() =>
+            {
+                Err(managed::RecycleError::message(
+                    "the Redis Cluster's masters changed",
+                ))
             }
             _ => Ok(()),
         }

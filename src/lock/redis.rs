@@ -365,6 +365,22 @@ impl RedisBackend {
                         ));
                     }
                 }
+                if let (Some(view), Conn::Cluster(_, generation)) = (self.cluster_view(), &*conn)
+                    && view.generation() != *generation
+                {
+                    // The masters changed since this connection's slot map
+                    // was read: its answer may come from a master that was
+                    // replaced (frozen, then answering again), where a
+                    // write is lost.
+                    drop(Connection::take(conn));
+                    if answer.is_ok() {
+                        return Err(LockError::Unavailable(
+                            "the Redis Cluster's masters changed during the operation".into(),
+                        ));
+                    }
+                    topology_pauses.wait().await;
+                    continue;
+                }
                 match answer {
                     Ok(value) => {
                         self.report.connected();
@@ -418,7 +434,7 @@ impl RedisBackend {
         let acked: i64 = match conn {
             // A cluster routes WAIT to every master by default; only the
             // master of this key's slot holds the write.
-            Conn::Cluster(cluster) => {
+            Conn::Cluster(cluster, _) => {
                 let route = Route::with_key(key, SlotAddr::Master);
                 let value = cluster
                     .route_command(
@@ -446,23 +462,25 @@ impl RedisBackend {
     /// After a write on `conn` (the grant or new lease of `name`), whether
     /// enough replicas acknowledged it: `Ok` when
     /// [`RedisConfig::min_replicas_acked`] is 0 or met. A new grant
-    /// (`grant_of`) that falls short is compare-and-deleted again.
+    /// (`grant_of`) that falls short is compare-and-deleted again, on the
+    /// same connection (whose slot map found the node that granted it):
+    /// at once when it answers in time, else in the background for as long
+    /// as the lease may last.
     async fn check_replicas(
         &self,
         conn: Option<Conn>,
         keys: &Keys,
-        grant_of: Option<&Token>,
+        grant_of: Option<&AcquireRequest>,
     ) -> Result<(), LockError> {
         if self.min_replicas_acked == 0 {
             return Ok(());
         }
-        let acked = match conn {
-            Some(mut conn) => self.replicas_acked(&mut conn, &keys.lock).await,
-            None => Err(LockError::Unavailable(
+        let Some(mut conn) = conn else {
+            return Err(LockError::Unavailable(
                 "no connection to wait for replicas on".into(),
-            )),
+            ));
         };
-        let short = match acked {
+        let short = match self.replicas_acked(&mut conn, &keys.lock).await {
             Ok(acked) if acked >= self.min_replicas_acked => return Ok(()),
             Ok(acked) => LockError::ReplicationLagging {
                 acked,
@@ -471,11 +489,16 @@ impl RedisBackend {
             },
             Err(e) => e,
         };
-        if let Some(token) = grant_of {
+        if let Some(req) = grant_of {
             // Nothing is held that a failover could lose, nor handed out.
-            let _ = self
-                .run::<(i64, String)>(&self.release_call(keys, token))
-                .await;
+            let call = self.release_call(keys, &req.token);
+            let undone =
+                tokio::time::timeout(self.timeout, call.invoke_async::<(i64, String)>(&mut conn))
+                    .await;
+            if !matches!(undone, Ok(Ok(_))) {
+                let (this, req) = (self.clone(), req.clone());
+                tokio::spawn(async move { this.reap_timed_out(req, conn).await });
+            }
         }
         Err(short)
     }
@@ -652,7 +675,7 @@ impl Node for RedisBackend {
         };
         if status == 1 || status == 2 {
             // A new grant short of acks is undone; a renewal stands.
-            let grant_of = (status == 1).then_some(&req.token);
+            let grant_of = (status == 1).then_some(req);
             self.check_replicas(sent_on.clone(), &keys, grant_of)
                 .await?;
         }
@@ -902,7 +925,7 @@ async fn follow_cluster(pool: Pool, view: KnownNodes, timeout: Duration) {
         let read = async {
             let mut conn = pool.get().await.ok()?;
             match &mut *conn {
-                Conn::Cluster(cluster) => cluster_nodes(cluster).await.ok(),
+                Conn::Cluster(cluster, _) => cluster_nodes(cluster).await.ok(),
                 _ => None,
             }
         };

@@ -170,35 +170,58 @@ impl Sentinels {
     /// time: the `(ip, port)` of the highest `config-epoch`.
     async fn ask(&self) -> Result<(String, u16), RedisError> {
         let each = self.sentinel_clients.iter().map(|client| async move {
+            let node = client.get_connection_info().addr().to_string();
             let one = async {
-                let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
                 redis::cmd("SENTINEL")
                     .arg("master")
                     .arg(&self.name)
                     .query_async::<Vec<String>>(&mut conn)
                     .await
-                    .ok()
             };
             // One Sentinel that hangs must not hold up the others' answers.
-            let fields = tokio::time::timeout(self.timeout / 2, one).await.ok()??;
+            let fields = match tokio::time::timeout(self.timeout / 2, one).await {
+                Ok(Ok(fields)) => fields,
+                // It answered, and does not know the name.
+                Ok(Err(e)) if e.code().is_some() => {
+                    return Ok(None);
+                }
+                Ok(Err(e)) => return Err(format!("{node}: {e}")),
+                Err(_) => return Err(format!("{node}: no answer in {:?}", self.timeout / 2)),
+            };
             let field = |name: &str| {
                 fields
                     .chunks(2)
                     .find(|kv| kv.first().map(String::as_str) == Some(name))
                     .and_then(|kv| kv.get(1).cloned())
             };
-            let host = field("ip")?;
-            let port: u16 = field("port")?.parse().ok()?;
-            let epoch: u64 = field("config-epoch")?.parse().unwrap_or(0);
-            Some((epoch, host, port))
+            let known = (|| {
+                let host = field("ip")?;
+                let port: u16 = field("port")?.parse().ok()?;
+                let epoch: u64 = field("config-epoch")?.parse().unwrap_or(0);
+                Some((epoch, host, port))
+            })();
+            Ok(known)
         });
-        futures_util::future::join_all(each)
-            .await
+        let answers = futures_util::future::join_all(each).await;
+        let unreachable: Vec<String> = answers.iter().filter_map(|a| a.clone().err()).collect();
+        answers
             .into_iter()
+            .filter_map(Result::ok)
             .flatten()
             .max_by_key(|(epoch, _, _)| *epoch)
             .map(|(_, host, port)| (host, port))
-            .ok_or_else(|| unavailable("no Sentinel knows the master"))
+            .ok_or_else(|| {
+                if unreachable.len() == self.sentinel_clients.len() {
+                    RedisError::from((
+                        redis::ErrorKind::Io,
+                        "no Sentinel answered",
+                        unreachable.join("; "),
+                    ))
+                } else {
+                    unavailable("no Sentinel that answered knows the master")
+                }
+            })
     }
 
     /// A client for the master at `host:port`, with the first Sentinel

@@ -501,11 +501,19 @@ impl ParkedWaiter {
     /// Releases the lock on `holder`; the waiter must be granted within 3 s
     /// (its wait had 40 s and more left, the lease 30 s and more).
     async fn release_and_expect_woken(self, holder: &TestApp, cluster: &crate::support::Cluster) {
+        let last = std::sync::Mutex::new(String::new());
         let released = eventually(Duration::from_secs(10), || async {
-            holder.release(&self.name, &self.token).await.status == 204
+            let reply = holder.release(&self.name, &self.token).await;
+            *last.lock().unwrap() = format!("{} {}", reply.status, reply.text);
+            reply.status == 204
         })
         .await;
-        assert!(released, "{}: the holder could not release", self.name);
+        assert!(
+            released,
+            "{}: the holder could not release: {}",
+            self.name,
+            last.lock().unwrap()
+        );
         let at = Instant::now();
         let status = tokio::time::timeout(Duration::from_secs(3), self.answer)
             .await
@@ -526,6 +534,92 @@ impl ParkedWaiter {
             })
             .expect("the waiter ran");
         assert_eq!(status, 201, "{}: after {:?}", self.name, at.elapsed());
+    }
+}
+
+/// A master frozen (SIGSTOP: its connections stay open, nothing answers)
+/// until a replica takes over: lockd leaves it behind while it is still
+/// frozen (grants on its slots within 10 s, a waiter parked across the
+/// failover woken by the release), and once it thaws, no acquire gets a
+/// second grant of a lock held on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_master_is_left_behind_and_grants_nothing_when_it_thaws() {
+    let cluster = Arc::new(crate::support::Cluster::start());
+    // a's grants reach a replica before they are answered, so the locks it
+    // holds survive the failover; b waits for no acknowledgement, so only
+    // leaving the frozen master behind keeps it from granting there.
+    let a =
+        Arc::new(TestApp::cluster_on(cluster.clone(), |s| crate::support::with_acks(s, 1)).await);
+    let b = a.sibling(|_| {}).await;
+    let frozen = cluster.masters()[1];
+    let parked_name = (0..)
+        .map(|i| format!("frozen-parked-{i}"))
+        .find(|n| cluster.master_of(&lock_key(n)) == frozen)
+        .expect("a name on the master to freeze");
+    let held_name = (0..)
+        .map(|i| format!("frozen-held-{i}"))
+        .find(|n| cluster.master_of(&lock_key(n)) == frozen)
+        .expect("a name on the master to freeze");
+    // Pool connections and the subscription exist before the freeze.
+    a.acquire_ttl(&held_name, 200).await.expect_status(201);
+    let parked = ParkedWaiter::park(&a, &b, &cluster, &parked_name).await;
+    cluster.signal(frozen, "STOP");
+    let healed = {
+        let cluster = cluster.clone();
+        tokio::task::spawn_blocking(move || cluster.wait_until_healthy(Duration::from_secs(30)))
+            .await
+            .expect("wait for the failover")
+    };
+    assert!(healed, "no replica took over within 30 s");
+    let names = one_name_per_master_of(&cluster, "frozen-probe-");
+    assert!(
+        grants_on_every_shard(&a, &names).await && grants_on_every_shard(&b, &names).await,
+        "no grants within 10 s of the failover, the old master still frozen"
+    );
+    parked.release_and_expect_woken(&a, &cluster).await;
+    // X holds a lock on the new master; acquires race the thaw.
+    let held = eventually_granted(&a, &held_name, 60_000).await;
+    let racers: Vec<_> = [a.clone(), Arc::new(b)]
+        .into_iter()
+        .map(|app| {
+            let name = held_name.clone();
+            tokio::spawn(async move {
+                let mut granted = Vec::new();
+                let until = Instant::now() + Duration::from_secs(3);
+                while Instant::now() < until {
+                    let reply = app.acquire_ttl(&name, 60_000).await;
+                    if reply.status == 201 {
+                        granted.push(reply.fence());
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                granted
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.signal(frozen, "CONT");
+    for racer in racers {
+        let granted = racer.await.expect("a racer ran");
+        assert!(
+            granted.is_empty(),
+            "{held_name} held (fence {}) was granted again: fences {granted:?}",
+            held.fence()
+        );
+    }
+}
+
+/// `name` granted to `app` within 10 s (503s right after a failover are
+/// retried).
+async fn eventually_granted(app: &TestApp, name: &str, ttl_ms: u64) -> crate::support::Reply {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reply = app.acquire_ttl(name, ttl_ms).await;
+        if reply.status != 503 || Instant::now() > deadline {
+            reply.expect_status(201);
+            return reply;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

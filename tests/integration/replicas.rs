@@ -205,5 +205,13 @@ async fn too_few_replicas_for_min_replicas_acked_is_said_at_start_up() {
         .await;
         let stderr = lockd.stderr();
         assert_eq!(warned(&stderr), warns, "{asked}: {stderr}");
+        if warns {
+            // Every master is named, once.
+            for master in cluster.master_urls() {
+                let named = format!("the master {}", master.trim_start_matches("redis://"));
+                let times = stderr.lines().filter(|l| l.contains(&named)).count();
+                assert_eq!(times, 1, "{named}: {stderr}");
+            }
+        }
     }
 }

@@ -280,6 +280,19 @@ impl Cluster {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to the node on `port`: a frozen
+    /// node keeps its connections open and answers nothing.
+    pub fn signal(&self, port: u16, signal: &str) {
+        let children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, child)) = children.iter().find(|(p, _)| *p == port) {
+            let status = Command::new("kill")
+                .args([&format!("-{signal}"), &child.id().to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill -{signal} {port}");
+        }
+    }
+
     /// The node id of the node on `port`.
     pub fn node_id(&self, port: u16) -> String {
         cli(port, &["CLUSTER", "MYID"]).trim().to_owned()
@@ -355,9 +368,11 @@ impl Cluster {
 }
 
 /// `redis-cli -p <port> <args>`'s stdout (empty when it fails).
+/// Gives up after 2 s (coreutils `timeout`): a frozen node (SIGSTOP)
+/// accepts the connection and never answers.
 fn cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
+    Command::new("timeout")
+        .args(["2", "redis-cli", "-p", &port.to_string()])
         .args(args)
         .stdin(Stdio::null())
         .output()
