@@ -46,6 +46,8 @@ pub enum Target {
 pub struct ClusterView {
     /// Every node (`host:port`) not failing.
     nodes: Mutex<Vec<String>>,
+    /// The nodes flagged failing (`fail` or `fail?`) at the last reading.
+    failing: Mutex<Vec<String>>,
     /// The masters among them that serve slots.
     masters: Mutex<Vec<String>>,
     /// Every address ever seen as a master, so that readings from nodes
@@ -65,6 +67,7 @@ impl Default for ClusterView {
     fn default() -> Self {
         Self {
             nodes: Mutex::default(),
+            failing: Mutex::default(),
             masters: Mutex::default(),
             ever_masters: Mutex::default(),
             new_masters: AtomicU64::new(0),
@@ -84,6 +87,7 @@ impl ClusterView {
             return;
         }
         *lock(&self.nodes) = nodes;
+        *lock(&self.failing) = failing_nodes(listing);
         let mut ever = lock(&self.ever_masters);
         let first = ever.is_empty();
         for master in &masters {
@@ -95,6 +99,7 @@ impl ClusterView {
         let mut known = lock(&self.masters);
         if !known.is_empty() && *known != masters {
             self.generation.send_modify(|g| *g += 1);
+            tracing::debug!(?masters, "the cluster's masters changed");
         }
         *known = masters;
     }
@@ -102,6 +107,11 @@ impl ClusterView {
     /// Every node not failing, as last seen.
     pub fn nodes(&self) -> Vec<String> {
         lock(&self.nodes).clone()
+    }
+
+    /// Whether `addr` was flagged failing at the last reading.
+    pub fn is_failing(&self, addr: &str) -> bool {
+        lock(&self.failing).iter().any(|a| a == addr)
     }
 
     /// The masters serving slots, as last seen.
@@ -128,6 +138,20 @@ impl ClusterView {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Each critical section only assigns a value.
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The nodes (`host:port`) of a `CLUSTER NODES` listing flagged failing.
+fn failing_nodes(listing: &str) -> Vec<String> {
+    listing
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            flags
+                .contains("fail")
+                .then(|| fields.get(1)?.split('@').next().map(str::to_owned))?
+        })
+        .collect()
 }
 
 /// The nodes (`host:port`) of a `CLUSTER NODES` listing that are not
@@ -163,6 +187,8 @@ pub struct ClusterTarget {
     /// The first seed's URL: the scheme and credentials of a client over
     /// other nodes.
     template: String,
+    /// The seeds' addresses (`host:port`).
+    seed_addrs: Vec<String>,
     tls: RedisTls,
     timeout: Duration,
     push: Option<PushHandler>,
@@ -185,8 +211,20 @@ impl ClusterTarget {
         push: Option<PushHandler>,
         known: KnownNodes,
     ) -> Result<Self, LockError> {
+        let seed_addrs = seeds
+            .iter()
+            .filter_map(|url| {
+                let url = url::Url::parse(url).ok()?;
+                Some(format!(
+                    "{}:{}",
+                    url.host_str()?,
+                    url.port().unwrap_or(6379)
+                ))
+            })
+            .collect();
         Ok(Self {
             seeds: connect::cluster_client(&seeds, &tls, timeout, push.as_ref())?,
+            seed_addrs,
             template: seeds.first().cloned().unwrap_or_default(),
             tls,
             timeout,
@@ -207,8 +245,31 @@ impl ClusterTarget {
 
     /// A connection through the seeds or, when none answers, through the
     /// nodes seen before; then remembers every node the cluster lists.
+    /// Seeds the cluster flags failing are left out: the redis crate waits
+    /// for every initial node, and a frozen one (SIGSTOP, a partition)
+    /// accepts the connection and never answers, which would hold up
+    /// every new connection past its time limit.
     pub async fn connect(&self) -> Result<ClusterConnection, RedisError> {
-        let mut conn = match self.seeds.get_async_connection().await {
+        let live: Vec<String> = self
+            .seed_addrs
+            .iter()
+            .filter(|a| !self.known.is_failing(a))
+            .cloned()
+            .collect();
+        let first = if live.len() == self.seed_addrs.len() {
+            self.seeds.get_async_connection().await
+        } else if live.is_empty() {
+            Err(RedisError::from((
+                redis::ErrorKind::Io,
+                "every seed is failing",
+            )))
+        } else {
+            match self.over(&live) {
+                Some(client) => client.get_async_connection().await,
+                None => self.seeds.get_async_connection().await,
+            }
+        };
+        let mut conn = match first {
             Ok(conn) => conn,
             Err(e) => {
                 let known = self.known.nodes();

@@ -915,23 +915,33 @@ impl Node for RedisBackend {
 const CLUSTER_CHECK: Duration = Duration::from_secs(2);
 
 /// Reads the cluster's nodes every [`CLUSTER_CHECK`] through a pooled
-/// connection, for ever: the masters for the metrics, and the nodes to
-/// connect through when no seed answers.
+/// connection, for ever: the masters for the metrics (and the generation
+/// that retires connections after a change), and the nodes to connect
+/// through when no seed answers. Each reading asks a random node; one that
+/// does not answer within a third of `timeout` (a frozen node) is left for
+/// another, up to three tries.
 async fn follow_cluster(pool: Pool, view: KnownNodes, timeout: Duration) {
     let mut every = tokio::time::interval(CLUSTER_CHECK);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let read = async {
-            let mut conn = pool.get().await.ok()?;
-            match &mut *conn {
-                Conn::Cluster(cluster, _) => cluster_nodes(cluster).await.ok(),
-                _ => None,
+        let mut read = false;
+        for _ in 0..3 {
+            let once = async {
+                let mut conn = pool.get().await.ok()?;
+                match &mut *conn {
+                    Conn::Cluster(cluster, _) => cluster_nodes(cluster).await.ok(),
+                    _ => None,
+                }
+            };
+            if let Ok(Some(listing)) = tokio::time::timeout(timeout / 3, once).await {
+                view.observe(&listing);
+                read = true;
+                break;
             }
-        };
-        match tokio::time::timeout(timeout, read).await {
-            Ok(Some(listing)) => view.observe(&listing),
-            _ => tracing::debug!("could not read the cluster's nodes"),
+        }
+        if !read {
+            tracing::debug!("could not read the cluster's nodes");
         }
     }
 }

@@ -548,10 +548,13 @@ async fn a_frozen_master_is_left_behind_and_grants_nothing_when_it_thaws() {
     // a's grants reach a replica before they are answered, so the locks it
     // holds survive the failover; b waits for no acknowledgement, so only
     // leaving the frozen master behind keeps it from granting there.
+    // The master to freeze is not the seed: with a frozen seed this still
+    // fails now and then (a new connection can wait on the seed until the
+    // cluster flags it), which is open.
+    let frozen = cluster.masters()[1];
     let a =
         Arc::new(TestApp::cluster_on(cluster.clone(), |s| crate::support::with_acks(s, 1)).await);
     let b = a.sibling(|_| {}).await;
-    let frozen = cluster.masters()[1];
     let parked_name = (0..)
         .map(|i| format!("frozen-parked-{i}"))
         .find(|n| cluster.master_of(&lock_key(n)) == frozen)
