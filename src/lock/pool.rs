@@ -182,8 +182,6 @@ fn parse_cluster_nodes(listing: &str) -> (Vec<String>, Vec<String>) {
 /// A Redis Cluster: the client over its seeds, and the nodes seen since,
 /// to connect through when every seed is down.
 pub struct ClusterTarget {
-    /// The client over the seeds.
-    seeds: ClusterClient,
     /// The first seed's URL: the scheme and credentials of a client over
     /// other nodes.
     template: String,
@@ -222,8 +220,10 @@ impl ClusterTarget {
                 ))
             })
             .collect();
+        // Checks the seeds (one scheme, usable URLs); connections are made
+        // seed by seed (see `connect`).
+        connect::cluster_client(&seeds, &tls, timeout, push.as_ref())?;
         Ok(Self {
-            seeds: connect::cluster_client(&seeds, &tls, timeout, push.as_ref())?,
             seed_addrs,
             template: seeds.first().cloned().unwrap_or_default(),
             tls,
@@ -245,10 +245,11 @@ impl ClusterTarget {
 
     /// A connection through the seeds or, when none answers, through the
     /// nodes seen before; then remembers every node the cluster lists.
-    /// Seeds the cluster flags failing are left out: the redis crate waits
-    /// for every initial node, and a frozen one (SIGSTOP, a partition)
-    /// accepts the connection and never answers, which would hold up
-    /// every new connection past its time limit.
+    /// The seeds are tried side by side, one client each, and the first
+    /// that connects wins: the redis crate waits for every initial node of
+    /// a client, and a frozen one (SIGSTOP, a partition) accepts the
+    /// connection and never answers, which held up every new connection
+    /// past its time limit. Seeds the cluster flags failing are left out.
     pub async fn connect(&self) -> Result<ClusterConnection, RedisError> {
         let live: Vec<String> = self
             .seed_addrs
@@ -256,18 +257,22 @@ impl ClusterTarget {
             .filter(|a| !self.known.is_failing(a))
             .cloned()
             .collect();
-        let first = if live.len() == self.seed_addrs.len() {
-            self.seeds.get_async_connection().await
-        } else if live.is_empty() {
+        // One client per live seed, raced: the first seed that answers
+        // wins, and one that hangs is dropped with the other losers.
+        let attempts: Vec<_> = live
+            .iter()
+            .filter_map(|seed| self.over(std::slice::from_ref(seed)))
+            .map(|client| Box::pin(async move { client.get_async_connection().await }))
+            .collect();
+        let first = if attempts.is_empty() {
             Err(RedisError::from((
                 redis::ErrorKind::Io,
                 "every seed is failing",
             )))
         } else {
-            match self.over(&live) {
-                Some(client) => client.get_async_connection().await,
-                None => self.seeds.get_async_connection().await,
-            }
+            futures_util::future::select_ok(attempts)
+                .await
+                .map(|(conn, _)| conn)
         };
         let mut conn = match first {
             Ok(conn) => conn,

@@ -538,7 +538,8 @@ impl ParkedWaiter {
 }
 
 /// A master frozen (SIGSTOP: its connections stay open, nothing answers)
-/// until a replica takes over: lockd leaves it behind while it is still
+/// until a replica takes over, one of lockd's two seeds: lockd leaves it
+/// behind while it is still
 /// frozen (grants on its slots within 10 s, a waiter parked across the
 /// failover woken by the release), and once it thaws, no acquire gets a
 /// second grant of a lock held on the new master.
@@ -548,13 +549,23 @@ async fn a_frozen_master_is_left_behind_and_grants_nothing_when_it_thaws() {
     // a's grants reach a replica before they are answered, so the locks it
     // holds survive the failover; b waits for no acknowledgement, so only
     // leaving the frozen master behind keeps it from granting there.
-    // The master to freeze is not the seed: with a frozen seed this still
-    // fails now and then (a new connection can wait on the seed until the
-    // cluster flags it), which is open.
-    let frozen = cluster.masters()[1];
-    let a =
-        Arc::new(TestApp::cluster_on(cluster.clone(), |s| crate::support::with_acks(s, 1)).await);
-    let b = a.sibling(|_| {}).await;
+    // The master to freeze is one of the two seeds.
+    let masters = cluster.masters();
+    let frozen = masters[1];
+    let seeds = move |s: &mut lockd::config::Settings| {
+        s.store.redis_urls = [frozen, masters[0]]
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}").into())
+            .collect();
+    };
+    let a = Arc::new(
+        TestApp::cluster_on(cluster.clone(), |s| {
+            seeds(s);
+            crate::support::with_acks(s, 1);
+        })
+        .await,
+    );
+    let b = a.sibling(seeds).await;
     let parked_name = (0..)
         .map(|i| format!("frozen-parked-{i}"))
         .find(|n| cluster.master_of(&lock_key(n)) == frozen)
