@@ -159,13 +159,16 @@ impl RedisServer {
         *self.child.lock().unwrap() = Some(child);
         let deadline = Instant::now() + REDIS_START_TIMEOUT;
         loop {
-            if let Some(status) = self
+            // The guard must be gone before the block locks again (an
+            // `if let` keeps its scrutinee's temporaries for the whole
+            // block: a server that exited at start deadlocked here).
+            let exited = self
                 .child
                 .lock()
                 .unwrap()
                 .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
                 self.child.lock().unwrap().take();
                 return Err(format!("redis-server exited: {status}"));
             }
