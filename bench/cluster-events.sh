@@ -26,7 +26,7 @@ last=${bins[$((${#bins[@]} - 1))]}
 bench=$(dirname "$last")/lockd-bench
 [ -x "$bench" ] || bench=target/release/lockd-bench
 scripts/ensure-deps.sh redis-server redis-cli python3
-ticks=$(getconf CLK_TCK)
+. bench/lib.sh
 work=$(mktemp -d)
 export REDIS_CLUSTER_PORT=17300
 ports=()
@@ -42,8 +42,7 @@ pids=()
 for p in "${ports[@]}"; do
   pids+=("$(redis-cli -p "$p" info server | awk -F: '/^process_id/ {print $2}' | tr -d '\r')")
 done
-cpu() { awk -v t="$ticks" '{print ($14 + $15) / t}' "/proc/$1/stat"; }
-cluster_cpu() { for pid in "${pids[@]}"; do cpu "$pid"; done | paste -sd' '; }
+cluster_cpu() { for pid in "${pids[@]}"; do proc_cpu_seconds "$pid"; done | paste -sd' '; }
 lockd_port=17399
 results="$work/results"
 : >"$results"
@@ -58,9 +57,9 @@ for run in $(seq 1 "$runs"); do
         cycle) args=(cycle --clients 16 --seconds "$seconds") ;;
         contended) args=(contended --clients 32 --names 4 --hold-ms 5 --wait-ms 2000 --seconds "$seconds") ;;
       esac
-      l0=$(cpu "$lockd"); c0=$(cluster_cpu)
+      l0=$(proc_cpu_seconds "$lockd"); c0=$(cluster_cpu)
       "$bench" --server "http://127.0.0.1:$lockd_port" --json "$work/run.json" "${args[@]}" >/dev/null 2>&1
-      l1=$(cpu "$lockd"); c1=$(cluster_cpu)
+      l1=$(proc_cpu_seconds "$lockd"); c1=$(cluster_cpu)
       kill "$lockd"; wait "$lockd" 2>/dev/null || true
       python3 - "$work/run.json" "$bin" "$load" "$run" "$l0" "$l1" "$c0" "$c1" >>"$results" <<'EOF'
 import json, sys

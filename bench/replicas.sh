@@ -33,6 +33,7 @@ out=${4:-${CARGO_TARGET_DIR:-target}/bench-replicas}
 # haproxy is in /usr/sbin, which is not on every user's PATH.
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 scripts/ensure-deps.sh redis-server redis-cli haproxy curl python3
+. bench/lib.sh
 cargo build --release --locked --bin lockd --bin lockd-bench >&2
 bin=${CARGO_TARGET_DIR:-target}/release
 mkdir -p "$out"
@@ -102,8 +103,6 @@ stop_haproxy() {
   haproxy_pid=""
 }
 
-# CPU ticks (user + system) of a process so far.
-ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
 # The machine's busy ticks (neither idle, waiting for I/O nor stolen by
 # the hypervisor), all ticks and stolen ticks so far, all cores together.
 machine() { awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print t - $5 - $6 - $9, t, $9 }' /proc/stat; }
@@ -130,14 +129,14 @@ measure() {
   procs=("$redis_pid" "${replica_pid[@]}" "$null_pid")
   if [ -n "$haproxy_pid" ]; then names+=(haproxy); procs+=("$haproxy_pid"); fi
   local before=() after=() m0 m1 c0 c1 t0 t1
-  for pid in "${procs[@]}"; do before+=("$(ticks "$pid")"); done
+  for pid in "${procs[@]}"; do before+=("$(proc_ticks "$pid")"); done
   children_cpu >"$work/c0"; m0=$(machine); t0=$(date +%s.%N)
   echo; echo "== $scenario, round $round: lockd-bench -> $target"
   "$bin/lockd-bench" --server "http://$target" --json "$out/$scenario-$round.json" \
     cycle --clients "$clients" --seconds "$seconds"
   t1=$(date +%s.%N); m1=$(machine); children_cpu >"$work/c1"
   c0=$(cat "$work/c0"); c1=$(cat "$work/c1")
-  for pid in "${procs[@]}"; do after+=("$(ticks "$pid")"); done
+  for pid in "${procs[@]}"; do after+=("$(proc_ticks "$pid")"); done
   [ -n "$haproxy_pid" ] && stop_haproxy
   python3 - "$out/$scenario-$round.cpu.json" "$(getconf CLK_TCK)" "$t0" "$t1" "$c0" "$c1" \
     "$m0" "$m1" "${names[*]}" "${before[*]}" "${after[*]}" <<'PY'

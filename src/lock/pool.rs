@@ -185,8 +185,9 @@ pub struct ClusterTarget {
     /// The first seed's URL: the scheme and credentials of a client over
     /// other nodes.
     template: String,
-    /// The seeds' addresses (`host:port`).
-    seed_addrs: Vec<String>,
+    /// Each seed's address (`host:port`) and a client over it alone, made
+    /// once (a client reads the TLS files when it is made).
+    seeds: Vec<(String, ClusterClient)>,
     tls: RedisTls,
     timeout: Duration,
     push: Option<PushHandler>,
@@ -209,22 +210,26 @@ impl ClusterTarget {
         push: Option<PushHandler>,
         known: KnownNodes,
     ) -> Result<Self, LockError> {
-        let seed_addrs = seeds
-            .iter()
-            .filter_map(|url| {
-                let url = url::Url::parse(url).ok()?;
+        // Checks the seeds (one scheme, usable URLs); connections are made
+        // seed by seed (see `connect`).
+        connect::cluster_client(&seeds, &tls, timeout, push.as_ref())?;
+        let mut clients = Vec::with_capacity(seeds.len());
+        for seed in &seeds {
+            let Some(addr) = url::Url::parse(seed).ok().and_then(|url| {
                 Some(format!(
                     "{}:{}",
                     url.host_str()?,
                     url.port().unwrap_or(6379)
                 ))
-            })
-            .collect();
-        // Checks the seeds (one scheme, usable URLs); connections are made
-        // seed by seed (see `connect`).
-        connect::cluster_client(&seeds, &tls, timeout, push.as_ref())?;
+            }) else {
+                continue;
+            };
+            let client =
+                connect::cluster_client(std::slice::from_ref(seed), &tls, timeout, push.as_ref())?;
+            clients.push((addr, client));
+        }
         Ok(Self {
-            seed_addrs,
+            seeds: clients,
             template: seeds.first().cloned().unwrap_or_default(),
             tls,
             timeout,
@@ -251,18 +256,13 @@ impl ClusterTarget {
     /// connection and never answers, which held up every new connection
     /// past its time limit. Seeds the cluster flags failing are left out.
     pub async fn connect(&self) -> Result<ClusterConnection, RedisError> {
-        let live: Vec<String> = self
-            .seed_addrs
-            .iter()
-            .filter(|a| !self.known.is_failing(a))
-            .cloned()
-            .collect();
         // One client per live seed, raced: the first seed that answers
         // wins, and one that hangs is dropped with the other losers.
-        let attempts: Vec<_> = live
+        let attempts: Vec<_> = self
+            .seeds
             .iter()
-            .filter_map(|seed| self.over(std::slice::from_ref(seed)))
-            .map(|client| Box::pin(async move { client.get_async_connection().await }))
+            .filter(|(addr, _)| !self.known.is_failing(addr))
+            .map(|(_, client)| Box::pin(client.get_async_connection()))
             .collect();
         let first = if attempts.is_empty() {
             Err(RedisError::from((

@@ -88,25 +88,13 @@ async fn two_instances_share_locks_and_wake_each_others_waiters_on_every_master(
         let held = a.acquire_ttl(&name, 60_000).await;
         held.expect_status(201);
         b.acquire_ttl(&name, 60_000).await.expect_status(409);
-        let waiting = {
-            let b_url = b.url(&format!("/locks/{name}"));
-            let client = b.client.clone();
-            tokio::spawn(async move {
-                let sent = Instant::now();
-                let answer = client
-                    .post(b_url)
-                    .json(&json!({"ttl_ms": 10_000, "wait_ms": 20_000}))
-                    .send()
-                    .await
-                    .expect("the waiter's answer");
-                (answer.status().as_u16(), sent.elapsed())
-            })
-        };
+        let waiting = b.spawn_wait(&name, 10_000, 20_000);
         // Let the waiter park on b before the release on a.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let released_at = Instant::now();
         a.release(&name, &held.token()).await.expect_status(204);
-        let (status, _) = waiting.await.expect("the waiter ran");
+        let answer = waiting.await.expect("the waiter ran");
+        let status = answer.expect("the waiter's answer").status;
         assert_eq!(status, 201, "{name}: the waiter was not granted");
         let woke_after = released_at.elapsed();
         assert!(
@@ -138,20 +126,7 @@ async fn release_events_are_sharded_and_subscribed_only_while_someone_waits() {
             0,
             "{name}: a wait that got a free lock subscribed"
         );
-        let waiting = {
-            let url = app.url(&format!("/locks/{name}"));
-            let client = app.client.clone();
-            tokio::spawn(async move {
-                client
-                    .post(url)
-                    .json(&json!({"ttl_ms": 10_000, "wait_ms": 20_000}))
-                    .send()
-                    .await
-                    .expect("the waiter's answer")
-                    .status()
-                    .as_u16()
-            })
-        };
+        let waiting = app.spawn_wait(&name, 10_000, 20_000);
         assert!(
             eventually(Duration::from_secs(5), || async {
                 cluster.shard_subscribers(owner, &channel) == 1
@@ -174,7 +149,8 @@ async fn release_events_are_sharded_and_subscribed_only_while_someone_waits() {
             );
         }
         app.release(&name, &free.token()).await.expect_status(204);
-        assert_eq!(waiting.await.expect("the waiter ran"), 201, "{name}");
+        let answer = waiting.await.expect("the waiter ran");
+        assert_eq!(answer.expect("the waiter's answer").status, 201, "{name}");
         assert!(
             eventually(Duration::from_secs(5), || async {
                 cluster.shard_subscribers(owner, &channel) == 0
@@ -453,7 +429,7 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
 struct ParkedWaiter {
     name: String,
     token: String,
-    answer: tokio::task::JoinHandle<u16>,
+    answer: tokio::task::JoinHandle<Result<crate::support::Reply, reqwest::Error>>,
 }
 
 impl ParkedWaiter {
@@ -471,18 +447,7 @@ impl ParkedWaiter {
             held = holder.acquire_ttl(name, 60_000).await;
         }
         held.expect_status(201);
-        let answer = {
-            let url = waiter.url(&format!("/locks/{name}"));
-            let client = waiter.client.clone();
-            tokio::spawn(async move {
-                client
-                    .post(url)
-                    .json(&json!({"ttl_ms": 5_000, "wait_ms": 50_000}))
-                    .send()
-                    .await
-                    .map_or(0, |r| r.status().as_u16())
-            })
-        };
+        let answer = waiter.spawn_wait(name, 5_000, 50_000);
         let (key, channel) = (lock_key(name), format!("{}:released", lock_key(name)));
         assert!(
             eventually(Duration::from_secs(5), || async {
@@ -532,7 +497,8 @@ impl ParkedWaiter {
                     cluster.cli(cluster.master_of(&lock_key(&self.name)), &["CLUSTER", "NODES"])
                 )
             })
-            .expect("the waiter ran");
+            .expect("the waiter ran")
+            .map_or(0, |reply| reply.status.as_u16());
         assert_eq!(status, 201, "{}: after {:?}", self.name, at.elapsed());
     }
 }

@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
 use crate::support::{
     MASTER_NAME, RedisServer, SentinelSet, TestApp, eventually, lock_key, lockd, metric,
     random_token, run,
@@ -137,18 +135,7 @@ async fn c15_failover_wakeup_waiters_still_wake_after_a_failover() {
     let b = a.sibling(|_| {}).await;
     let held = a.acquire_ttl("k", 60_000).await;
     held.expect_status(201);
-    let waiter = {
-        let (url, client) = (b.url("/locks/k"), b.client.clone());
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .json(&json!({"ttl_ms": 10_000, "wait_ms": 30_000}))
-                .timeout(Duration::from_secs(40))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        })
-    };
+    let waiter = b.spawn_wait("k", 10_000, 30_000);
     let new = set.fail_over().await;
     // Both instances write to the new master, and it has A's lock.
     let moved = eventually(Duration::from_secs(10), || async {
@@ -169,7 +156,8 @@ async fn c15_failover_wakeup_waiters_still_wake_after_a_failover() {
     let status = waiter
         .await
         .expect("the waiter ran")
-        .expect("the waiter's answer");
+        .expect("the waiter's answer")
+        .status;
     assert_eq!(status, 201, "B was not granted");
     let woke = released_at.elapsed();
     assert!(

@@ -407,15 +407,24 @@ impl TestApp {
         if let Some(body) = body {
             request = request.body(body);
         }
-        let response = request.send().await?;
-        let status = response.status();
-        let headers = response.headers().clone();
-        let text = response.text().await?;
-        Ok(Reply {
-            status,
-            headers,
-            text,
-        })
+        Reply::read(request.send().await?).await
+    }
+
+    /// A waiting acquire, `POST /locks/{name}` with `{"ttl_ms", "wait_ms"}`,
+    /// on its own task: its answer, or `Err` when none came within
+    /// `wait_ms` and 10 s more.
+    pub fn spawn_wait(
+        &self,
+        name: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> JoinHandle<Result<Reply, reqwest::Error>> {
+        let request = self
+            .client
+            .post(self.url(&format!("/locks/{name}")))
+            .json(&serde_json::json!({ "ttl_ms": ttl_ms, "wait_ms": wait_ms }))
+            .timeout(Duration::from_millis(wait_ms) + Duration::from_secs(10));
+        tokio::spawn(async move { Reply::read(request.send().await?).await })
     }
 
     /// Sends a request with an optional JSON body.

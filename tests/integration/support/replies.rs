@@ -16,6 +16,18 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// Reads a whole answer; `Err` when the body does not arrive.
+    pub async fn read(response: reqwest::Response) -> Result<Self, reqwest::Error> {
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await?;
+        Ok(Self {
+            status,
+            headers,
+            text,
+        })
+    }
+
     /// The body as JSON (panics when it is not).
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.text).unwrap_or_else(|e| {

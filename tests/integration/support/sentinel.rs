@@ -3,6 +3,7 @@
 //! [`MASTER_NAME`]. Each test that fails it over starts its own; every
 //! process is killed on drop.
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -23,8 +24,10 @@ pub struct SentinelSet {
     sentinels: Vec<SentinelProcess>,
 }
 
-struct SentinelProcess {
+pub(super) struct SentinelProcess {
     port: u16,
+    /// `redis-cli`'s options to reach it.
+    cli: Vec<String>,
     child: Mutex<Child>,
     _dir: tempfile::TempDir,
 }
@@ -154,47 +157,69 @@ impl SentinelSet {
 }
 
 impl SentinelProcess {
+    /// A plain-TCP Sentinel of a [`SentinelSet`] (quorum 2, down after
+    /// 1 s), watching `master`; waits until it answers `PING`.
     fn start(master: u16) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir for a Sentinel");
-        let port = free_port();
-        let conf = dir.path().join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\n\
-                 sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
-                 sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
-                 sentinel failover-timeout {MASTER_NAME} 4000\n\
-                 sentinel parallel-syncs {MASTER_NAME} 2\n",
-                dir.path().display()
-            ),
-        )
-        .expect("write sentinel.conf");
-        let child = Command::new("redis-sentinel")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-sentinel");
-        let sentinel = Self {
-            port,
-            child: Mutex::new(child),
-            _dir: dir,
-        };
+        let sentinel = Self::spawn(
+            |port, dir| {
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                     sentinel failover-timeout {MASTER_NAME} 4000\n\
+                     sentinel parallel-syncs {MASTER_NAME} 2\n",
+                    dir.display()
+                )
+            },
+            Vec::new(),
+        );
         let deadline = Instant::now() + Duration::from_secs(10);
         while sentinel.cli(&["PING"]).trim() != "PONG" {
             assert!(
                 Instant::now() < deadline,
-                "redis-sentinel on {port} did not start"
+                "redis-sentinel on {} did not start",
+                sentinel.port
             );
             std::thread::sleep(Duration::from_millis(20));
         }
         sentinel
     }
 
-    fn cli(&self, args: &[&str]) -> String {
+    /// Starts `redis-sentinel` on a free port with the configuration
+    /// `conf(port, dir)` returns (`dir` is the Sentinel's own temporary
+    /// directory). `cli` are the `redis-cli` options that reach it (such
+    /// as TLS), used by [`Self::cli`]. Does not wait for it to answer.
+    pub(super) fn spawn(conf: impl FnOnce(u16, &Path) -> String, cli: Vec<String>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for a Sentinel");
+        let port = free_port();
+        let path = dir.path().join("sentinel.conf");
+        std::fs::write(&path, conf(port, dir.path())).expect("write sentinel.conf");
+        let child = Command::new("redis-sentinel")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-sentinel");
+        Self {
+            port,
+            cli,
+            child: Mutex::new(child),
+            _dir: dir,
+        }
+    }
+
+    /// The Sentinel's port.
+    pub(super) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis-cli` against this Sentinel: its standard output, empty
+    /// when it could not run.
+    pub(super) fn cli(&self, args: &[&str]) -> String {
         Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(&self.cli)
             .args(args)
             .stdin(Stdio::null())
             .output()

@@ -13,6 +13,7 @@ use rcgen::{
     KeyUsagePurpose,
 };
 
+use super::sentinel::SentinelProcess;
 use super::{PREFIX, free_port};
 
 /// A certificate authority of the test's own, with its certificate
@@ -432,58 +433,58 @@ impl TlsCluster {
 /// master as [`super::MASTER_NAME`] over TLS (`tls-replication yes`), with
 /// quorum 1. Killed on drop.
 pub struct TlsSentinel {
-    port: u16,
-    _dir: tempfile::TempDir,
-    child: Child,
-    probe: IssuedCert,
+    sentinel: SentinelProcess,
+    /// The client certificate `redis-cli` probes it with (its files must
+    /// outlive the Sentinel).
+    _probe: IssuedCert,
 }
 
 impl TlsSentinel {
     /// Starts a Sentinel with `cert` (its server and client certificate)
     /// watching `master`, and waits until it names the master.
     pub fn start(master: &TlsRedisServer, cert: &IssuedCert, ca: &TestCa) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir for a Sentinel");
-        let port = free_port();
-        let conf = dir.path().join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port 0\ntls-port {port}\nbind 127.0.0.1\ndir {dir}\n\
-                 tls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
-                 tls-auth-clients no\ntls-replication yes\n\
-                 sentinel monitor {name} 127.0.0.1 {master} 1\n",
-                dir = dir.path().display(),
-                cert = cert.cert(),
-                key = cert.key(),
-                ca = ca.cert().display(),
-                name = super::MASTER_NAME,
-                master = master.port(),
-            ),
-        )
-        .expect("write sentinel.conf");
-        let child = Command::new("redis-sentinel")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-sentinel");
-        let sentinel = Self {
-            port,
-            _dir: dir,
-            child,
-            probe: ca.client_cert("probe"),
-        };
+        let probe = ca.client_cert("probe");
+        let cli = [
+            "--tls",
+            "--insecure",
+            "--cert",
+            probe.cert(),
+            "--key",
+            probe.key(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let sentinel = SentinelProcess::spawn(
+            |port, dir| {
+                format!(
+                    "port 0\ntls-port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     tls-cert-file {cert}\ntls-key-file {key}\ntls-ca-cert-file {ca}\n\
+                     tls-auth-clients no\ntls-replication yes\n\
+                     sentinel monitor {name} 127.0.0.1 {master} 1\n",
+                    dir = dir.display(),
+                    cert = cert.cert(),
+                    key = cert.key(),
+                    ca = ca.cert().display(),
+                    name = super::MASTER_NAME,
+                    master = master.port(),
+                )
+            },
+            cli,
+        );
         let deadline = Instant::now() + START_TIMEOUT;
         let wanted = master.port().to_string();
         loop {
             let named = sentinel.cli(&["SENTINEL", "get-master-addr-by-name", super::MASTER_NAME]);
             if named.lines().nth(1).map(str::trim) == Some(wanted.as_str()) {
-                return sentinel;
+                return Self {
+                    sentinel,
+                    _probe: probe,
+                };
             }
             assert!(
                 Instant::now() < deadline,
-                "the TLS Sentinel on {port} did not name the master: {named}"
+                "the TLS Sentinel on {} did not name the master: {named}",
+                sentinel.port()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -491,30 +492,11 @@ impl TlsSentinel {
 
     /// `rediss://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
-        format!("rediss://127.0.0.1:{}", self.port)
+        format!("rediss://127.0.0.1:{}", self.sentinel.port())
     }
 
     /// `127.0.0.1:<port>`, as lockd names the node.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["--tls", "--insecure", "--cert", self.probe.cert()])
-            .args(["--key", self.probe.key()])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for TlsSentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        format!("127.0.0.1:{}", self.sentinel.port())
     }
 }
