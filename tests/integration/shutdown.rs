@@ -11,9 +11,10 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use crate::support::{Lockd, RedisServer, free_port, lock_key, metric, random_token};
+use crate::support::{
+    Lockd, RedisServer, Reply as Answer, free_port, lock_key, metric, random_token,
+};
 use nix::sys::signal::Signal;
-use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -50,69 +51,18 @@ fn http_client(timeout: Duration) -> reqwest::Client {
         .expect("HTTP client")
 }
 
-/// One HTTP answer, read in full.
-#[derive(Debug)]
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    text: String,
-}
-
-impl Answer {
-    async fn read(response: reqwest::Response) -> Result<Self, reqwest::Error> {
-        let status = response.status();
-        let headers = response.headers().clone();
-        let text = response.text().await?;
-        Ok(Self {
-            status,
-            headers,
-            text,
-        })
+/// The problem's slug of `answer`, or `ok` for a success: what the access
+/// log names as `result`.
+fn result_of(answer: &Answer) -> String {
+    if answer.status.is_success() {
+        return "ok".into();
     }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.text)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.text))
-    }
-
-    fn header(&self, name: &str) -> Option<String> {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().expect("ASCII header").to_owned())
-    }
-
-    /// The problem's slug, or `ok` for a success: what the access log names
-    /// as `result`.
-    fn result(&self) -> String {
-        if self.status.is_success() {
-            return "ok".into();
-        }
-        let problem = self.json();
-        problem["type"]
-            .as_str()
-            .and_then(|t| t.strip_prefix("urn:lockd:problem:"))
-            .unwrap_or_else(|| panic!("not a lockd problem: {problem}"))
-            .to_owned()
-    }
-
-    /// Asserts a problem document of `status` and `slug`, and returns it.
-    #[track_caller]
-    fn expect_problem(&self, status: u16, slug: &str) -> Value {
-        assert_eq!(self.status.as_u16(), status, "{self:?}");
-        assert!(
-            self.header("content-type")
-                .is_some_and(|t| t.starts_with("application/problem+json")),
-            "{self:?}"
-        );
-        let problem = self.json();
-        assert_eq!(
-            problem["type"],
-            format!("urn:lockd:problem:{slug}"),
-            "{self:?}"
-        );
-        assert!(problem["request_id"].is_string(), "{self:?}");
-        problem
-    }
+    let problem = answer.json();
+    problem["type"]
+        .as_str()
+        .and_then(|t| t.strip_prefix("urn:lockd:problem:"))
+        .unwrap_or_else(|| panic!("not a lockd problem: {problem}"))
+        .to_owned()
 }
 
 /// Scrapes `url` (a `/metrics` URL).
@@ -641,7 +591,7 @@ impl<'a> Workload<'a> {
             route: ask.route,
             lock: ask.lock,
             status: answer.status.as_u16(),
-            result: answer.result(),
+            result: result_of(answer),
             request_id,
         });
     }

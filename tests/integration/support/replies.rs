@@ -83,7 +83,8 @@ impl Reply {
     }
 
     /// Asserts that this is an RFC 9457 problem document with `status` and
-    /// `urn:lockd:problem:<slug>`, and returns it.
+    /// `urn:lockd:problem:<slug>`, with a title, a detail and the request
+    /// id, and returns it.
     #[track_caller]
     pub fn expect_problem(&self, status: u16, slug: &str) -> Value {
         self.expect_status(status);
@@ -108,6 +109,11 @@ impl Reply {
                 self.text
             );
         }
+        assert!(
+            body["request_id"].is_string(),
+            "problem without `request_id`: {}",
+            self.text
+        );
         body
     }
 }
