@@ -10,6 +10,10 @@ use lockd::client;
 use lockd::config::Settings;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc, not the system allocator (see docs/performance.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -38,6 +38,7 @@ use serde_json::json;
 mod client;
 mod contended;
 mod cycle;
+mod etcd;
 mod handoff;
 mod names;
 mod null_server;
@@ -81,6 +82,19 @@ enum Scenario {
         #[arg(long, default_value = "redis://127.0.0.1:6379")]
         redis_url: String,
         /// Concurrent clients, each on its own connection and key.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// How long to run, in seconds.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+    },
+    /// The same cycles on etcd's lock API through its HTTP gateway: lease,
+    /// lock, unlock.
+    EtcdCycle {
+        /// The etcd gateway (`--listen-client-urls` of etcd).
+        #[arg(long, default_value = "http://127.0.0.1:2379")]
+        endpoint: String,
+        /// Concurrent clients, each on its own name.
         #[arg(long, default_value_t = 16)]
         clients: usize,
         /// How long to run, in seconds.
@@ -131,6 +145,10 @@ enum Scenario {
         /// The Redis lockd uses, to count its connections.
         #[arg(long, default_value = "redis://127.0.0.1:6379")]
         redis_url: String,
+        /// How long after the drain, with every waiter's connection
+        /// closed, to read lockd's memory again, in seconds.
+        #[arg(long, default_value_t = 20)]
+        settle_seconds: u64,
     },
     /// What locks used once leave in Redis: memory and keys before, right
     /// after, and after the fence retention.
@@ -183,6 +201,11 @@ async fn main() -> std::process::ExitCode {
             clients,
             seconds,
         } => raw::run(&redis_url, clients, Duration::from_secs(seconds)).await,
+        Scenario::EtcdCycle {
+            endpoint,
+            clients,
+            seconds,
+        } => etcd::run(&endpoint, clients, Duration::from_secs(seconds)).await,
         Scenario::Contended {
             clients,
             names,
@@ -218,7 +241,11 @@ async fn main() -> std::process::ExitCode {
             count,
             pid,
             redis_url,
-        } => waiters::run(&lockd, count, pid, &redis_url).await,
+            settle_seconds,
+        } => {
+            let settle = Duration::from_secs(settle_seconds);
+            waiters::run(&lockd, &cli.server, count, pid, &redis_url, settle).await
+        }
         Scenario::Names {
             count,
             clients,
