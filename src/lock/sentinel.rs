@@ -4,8 +4,10 @@
 //! (`SENTINEL master NAME`), takes the answer of the highest
 //! `config-epoch` (a Sentinel that has not heard of the last failover yet
 //! still names the old master, which calls itself master until it is
-//! demoted: the epoch tells the answers apart), checks that the node calls
-//! itself master (`ROLE`), keeps it, and connects there.
+//! demoted: the epoch tells the answers apart) from the Sentinels not in the
+//! middle of a failover (the leader names the old master at the new epoch
+//! until it switches), checks that the node calls itself master (`ROLE`),
+//! keeps it, and connects there.
 //!
 //! - When a Sentinel announces `+switch-master` for that name (one
 //!   subscription per Sentinel, see [`Sentinels::follow`]), lockd moves to
@@ -65,6 +67,53 @@ pub struct Sentinels {
     failovers: AtomicU64,
     /// Tells the release-event subscriber to move to the new master.
     changes: watch::Sender<u64>,
+}
+
+/// One Sentinel's answer to `SENTINEL master NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Named {
+    /// The master's address as this Sentinel knows it.
+    host: String,
+    port: u16,
+    /// Its `config-epoch`: bumped by each failover.
+    epoch: u64,
+    /// `failover_in_progress` is among its flags: this Sentinel leads a
+    /// failover that has not switched yet. It then gives the failover's
+    /// new epoch beside the old master's address for about half a second,
+    /// while the other Sentinels already name the new master at that epoch.
+    in_failover: bool,
+}
+
+/// The master to use, of the Sentinels' answers: the address of the
+/// highest `config-epoch`, among the answers of Sentinels that are not in
+/// the middle of a failover (all of them, when every one is). When answers
+/// of that epoch name different addresses, the one `is_kept` says is in use
+/// wins, else the one most Sentinels name (the first, on a tie). `None`
+/// when there is no answer.
+fn choose(answers: &[Named], is_kept: impl Fn(&str, u16) -> bool) -> Option<(String, u16)> {
+    let settled: Vec<&Named> = answers.iter().filter(|a| !a.in_failover).collect();
+    let pool: Vec<&Named> = if settled.is_empty() {
+        answers.iter().collect()
+    } else {
+        settled
+    };
+    let top = pool.iter().map(|a| a.epoch).max()?;
+    let best: Vec<&&Named> = pool.iter().filter(|a| a.epoch == top).collect();
+    if let Some(kept) = best.iter().find(|a| is_kept(&a.host, a.port)) {
+        return Some((kept.host.clone(), kept.port));
+    }
+    let votes = |a: &Named| {
+        best.iter()
+            .filter(|b| b.host == a.host && b.port == a.port)
+            .count()
+    };
+    let mut winner = *best.first()?;
+    for a in &best {
+        if votes(a) > votes(winner) {
+            winner = a;
+        }
+    }
+    Some((winner.host.clone(), winner.port))
 }
 
 /// A resolution failure: transient, as a server that does not answer.
@@ -128,7 +177,7 @@ impl Sentinels {
         }
         let seen = self.generation();
         let ask = async {
-            let (host, port) = self.ask().await?;
+            let (host, port) = self.ask(None).await?;
             let client = self.client_for(host, port)?;
             let mut conn = client.get_multiplexed_async_connection().await?;
             let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
@@ -167,8 +216,9 @@ impl Sentinels {
     }
 
     /// The master by every Sentinel that answers `SENTINEL master NAME` in
-    /// time: the `(ip, port)` of the highest `config-epoch`.
-    async fn ask(&self) -> Result<(String, u16), RedisError> {
+    /// time, as [`choose`] picks it of their answers; `kept` (`host:port`,
+    /// the master in use) wins a tie.
+    async fn ask(&self, kept: Option<&str>) -> Result<(String, u16), RedisError> {
         let each = self.sentinel_clients.iter().map(|client| async move {
             let node = client.get_connection_info().addr().to_string();
             let one = async {
@@ -196,32 +246,40 @@ impl Sentinels {
                     .and_then(|kv| kv.get(1).cloned())
             };
             let known = (|| {
-                let host = field("ip")?;
-                let port: u16 = field("port")?.parse().ok()?;
-                let epoch: u64 = field("config-epoch")?.parse().unwrap_or(0);
-                Some((epoch, host, port))
+                Some(Named {
+                    host: field("ip")?,
+                    port: field("port")?.parse().ok()?,
+                    epoch: field("config-epoch")?.parse().unwrap_or(0),
+                    in_failover: field("flags")
+                        .is_some_and(|f| f.split(',').any(|f| f == "failover_in_progress")),
+                })
             })();
             Ok(known)
         });
         let answers = futures_util::future::join_all(each).await;
         let unreachable: Vec<String> = answers.iter().filter_map(|a| a.clone().err()).collect();
-        answers
+        let named: Vec<Named> = answers
             .into_iter()
             .filter_map(Result::ok)
             .flatten()
-            .max_by_key(|(epoch, _, _)| *epoch)
-            .map(|(_, host, port)| (host, port))
-            .ok_or_else(|| {
-                if unreachable.len() == self.sentinel_clients.len() {
-                    RedisError::from((
-                        redis::ErrorKind::Io,
-                        "no Sentinel answered",
-                        unreachable.join("; "),
-                    ))
-                } else {
-                    unavailable("no Sentinel that answered knows the master")
-                }
+            .collect();
+        let is_kept = |host: &str, port: u16| {
+            kept.is_some_and(|kept| {
+                self.client_for(host.to_owned(), port)
+                    .is_ok_and(|c| c.get_connection_info().addr().to_string() == kept)
             })
+        };
+        choose(&named, is_kept).ok_or_else(|| {
+            if unreachable.len() == self.sentinel_clients.len() {
+                RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no Sentinel answered",
+                    unreachable.join("; "),
+                ))
+            } else {
+                unavailable("no Sentinel that answered knows the master")
+            }
+        })
     }
 
     /// A client for the master at `host:port`, with the first Sentinel
@@ -258,10 +316,11 @@ impl Sentinels {
         }
     }
 
-    /// Moves to the master at `host:port` (from `+switch-master`) at once.
-    fn switch_to(&self, host: &str, port: u16) {
+    /// Moves to the master at `host:port` at once; `why` says what named
+    /// it (`+switch-master`, or the check every second).
+    fn switch_to(&self, host: &str, port: u16, why: &str) {
         let Ok(client) = self.client_for(host.to_owned(), port) else {
-            self.forget(self.generation(), "+switch-master");
+            self.forget(self.generation(), why);
             return;
         };
         let addr = client.get_connection_info().addr().to_string();
@@ -276,7 +335,7 @@ impl Sentinels {
             generation,
         });
         drop(current);
-        tracing::warn!(old = ?old.map(|m| m.addr), new = %addr, name = %self.name, "+switch-master: the Redis master changed");
+        tracing::warn!(old = ?old.map(|m| m.addr), new = %addr, name = %self.name, reason = why, "the Redis master changed");
         self.note_master(&addr);
         self.changes.send_replace(generation);
     }
@@ -348,11 +407,12 @@ impl Sentinels {
         loop {
             tokio::time::sleep(TOPOLOGY_CHECK).await;
             let Some(kept) = self.kept() else { continue };
-            if let Ok(Ok((host, port))) = tokio::time::timeout(self.timeout, self.ask()).await
+            let asked = tokio::time::timeout(self.timeout, self.ask(Some(&kept.addr))).await;
+            if let Ok(Ok((host, port))) = asked
                 && let Ok(client) = self.client_for(host.clone(), port)
                 && client.get_connection_info().addr().to_string() != kept.addr
             {
-                self.switch_to(&host, port);
+                self.switch_to(&host, port, "the Sentinels name another master");
             }
         }
     }
@@ -376,7 +436,7 @@ impl Sentinels {
                             && *name == self.name
                         {
                             match port.parse() {
-                                Ok(port) => self.switch_to(host, port),
+                                Ok(port) => self.switch_to(host, port, "+switch-master"),
                                 Err(_) => self.forget(self.generation(), "+switch-master"),
                             }
                         }
@@ -387,5 +447,66 @@ impl Sentinels {
             }
             backoff.wait().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Named, choose};
+
+    fn named(port: u16, epoch: u64, in_failover: bool) -> Named {
+        Named {
+            host: "127.0.0.1".into(),
+            port,
+            epoch,
+            in_failover,
+        }
+    }
+
+    fn pick(answers: &[Named], kept: Option<u16>) -> Option<u16> {
+        choose(answers, |_, port| Some(port) == kept).map(|(_, port)| port)
+    }
+
+    #[test]
+    fn the_highest_epoch_wins() {
+        let answers = [
+            named(6380, 1, false),
+            named(6381, 2, false),
+            named(6380, 1, false),
+        ];
+        assert_eq!(pick(&answers, Some(6380)), Some(6381));
+        assert_eq!(pick(&[], None), None);
+    }
+
+    /// Seen in a kill of the master: the leader gives the new epoch with
+    /// the old address while it reconfigures the replicas. Taking it moved
+    /// lockd back to the dead master for half a second.
+    #[test]
+    fn a_sentinel_in_the_middle_of_a_failover_is_not_believed() {
+        let answers = [
+            named(6381, 3, false),
+            named(6381, 3, false),
+            named(6380, 3, true),
+        ];
+        for kept in [None, Some(6380), Some(6381)] {
+            assert_eq!(pick(&answers, kept), Some(6381), "kept {kept:?}");
+        }
+        // The leader's answer in the other order too.
+        let answers = [named(6380, 3, true), named(6381, 3, false)];
+        assert_eq!(pick(&answers, Some(6380)), Some(6381));
+        // When it is the only one that answers, it is all there is.
+        assert_eq!(pick(&[named(6380, 3, true)], None), Some(6380));
+    }
+
+    #[test]
+    fn a_tie_keeps_the_master_in_use_else_the_most_named() {
+        let answers = [
+            named(6380, 2, false),
+            named(6381, 2, false),
+            named(6381, 2, false),
+        ];
+        assert_eq!(pick(&answers, Some(6380)), Some(6380));
+        assert_eq!(pick(&answers, None), Some(6381));
+        assert_eq!(pick(&answers, Some(6399)), Some(6381));
     }
 }
