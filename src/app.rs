@@ -580,6 +580,16 @@ async fn check_topology(
                 );
             }
         }
+        if let Some(master) = &probe.replica_of {
+            return wrong(
+                &format!(
+                    "a replica of {master} (role:slave in INFO replication): every write there \
+                     fails with READONLY"
+                ),
+                "give the master's URL, or, when Redis Sentinel watches it, use --redis-mode \
+                 sentinel --sentinel-master NAME with the Sentinels' URLs",
+            );
+        }
         if let Some(known) = probe.knows_master {
             *masters_known.get_or_insert(false) |= known;
         }
@@ -620,6 +630,9 @@ struct Probe {
     knows_master: Option<bool>,
     /// `redis_version` of `INFO server`.
     version: String,
+    /// For a standalone server that is a replica (`role:slave` in `INFO
+    /// replication`): its master's `host:port`.
+    replica_of: Option<String>,
     /// Its major version, when it parses.
     version_major: Option<u32>,
     /// When replica acknowledgements are asked for: each master this URL
@@ -680,6 +693,23 @@ async fn replicas_up(
             vec![("the server".to_owned(), up)]
         }
     }
+}
+
+/// The master (`host:port`) of a server whose `INFO replication` says
+/// `role:slave`; `None` for a master, or when it does not say.
+fn replica_of(replication: &str) -> Option<String> {
+    let field = |name: &str| {
+        replication
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .map(str::to_owned)
+    };
+    if field("role:")?.as_str() != "slave" {
+        return None;
+    }
+    let host = field("master_host:").unwrap_or_else(|| "?".into());
+    let port = field("master_port:").unwrap_or_else(|| "?".into());
+    Some(format!("{host}:{port}"))
 }
 
 /// Every master of a `CLUSTER NODES` listing (`host:port`, `master` in its
@@ -770,10 +800,21 @@ async fn probe(
         } else {
             Vec::new()
         };
+        let replica_of = if server_mode == "standalone" {
+            let replication: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            replica_of(&replication)
+        } else {
+            None
+        };
         Some(Probe {
             server_mode,
             knows_master,
             version,
+            replica_of,
             version_major,
             replicas,
         })
@@ -816,6 +857,15 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_names_its_master_and_a_master_names_none() {
+        let replica =
+            "# Replication\r\nrole:slave\r\nmaster_host:127.0.0.1\r\nmaster_port:6380\r\n";
+        assert_eq!(replica_of(replica).as_deref(), Some("127.0.0.1:6380"));
+        assert_eq!(replica_of("role:master\r\nconnected_slaves:2\r\n"), None);
+        assert_eq!(replica_of(""), None);
+    }
 
     #[test]
     fn a_cluster_listing_gives_each_live_master_its_live_replicas() {

@@ -40,12 +40,14 @@ async fn main() -> ExitCode {
             let app = match Application::build(&settings).await {
                 Ok(app) => app,
                 Err(e) => {
-                    tracing::error!("{e}");
                     // Settings that cannot be used (such as an unreadable
-                    // TLS key) exit 2, as a bad flag does.
+                    // TLS key, or a replica given as the server) exit 2, and
+                    // say so in one line, as a bad flag does.
                     return if e.is_settings() {
+                        eprintln!("lockd: {e}");
                         ExitCode::from(2)
                     } else {
+                        tracing::error!("{e}");
                         ExitCode::FAILURE
                     };
                 }

@@ -8,7 +8,8 @@
 # arguments it runs `lockd-bench --server <haproxy> ARGS...` through haproxy
 # and exits with its status. Either way everything it started is stopped on
 # exit. Logs (lockd-N.log, haproxy.log, redis.log) are kept in LOGS
-# (default target/deploy-haproxy), emptied at the next start.
+# (default target/deploy-haproxy), emptied at the next start. HAPROXY_PORT
+# and HAPROXY_STATS_PORT set haproxy's two ports (default: free ones).
 #
 # `cycle` and `contended` measure through haproxy; `handoff` and `waiters`
 # read one lockd's /metrics, which haproxy sends to any replica, so they
@@ -81,8 +82,8 @@ for i in $(seq "$replicas"); do
   replica_env+=("LOCKD_REPLICA_$i=127.0.0.1:$port")
 done
 
-haproxy_port=$(free_port)
-stats_port=$(free_port)
+haproxy_port=${HAPROXY_PORT:-$(free_port)}
+stats_port=${HAPROXY_STATS_PORT:-$(free_port)}
 env "${replica_env[@]}" LOCKD_REPLICAS="$replicas" \
   LOCKD_HAPROXY_BIND="127.0.0.1:$haproxy_port" LOCKD_HAPROXY_STATS="127.0.0.1:$stats_port" \
   LOCKD_HAPROXY_ADMIN="$work/admin.sock" haproxy -db -f deploy/haproxy/haproxy.cfg >"$logs/haproxy.log" 2>&1 &

@@ -3,12 +3,15 @@
 # with 2 replicas each on ports 7000-7008 (cluster bus ports 17000-17008),
 # no persistence, data in a temporary directory. Prints the lockd command
 # that uses it. `deploy/local/redis-cluster.sh stop` stops it.
-# REDIS_CLUSTER_PORT=N moves it to ports N to N+8 (bus ports 10000 above).
+# REDIS_CLUSTER_PORT=N moves it to ports N to N+8, and REDIS_CLUSTER_BUS_PORT=M
+# its bus ports to M to M+8 (default: 10000 above the ports). Give the same
+# variables to `stop`.
 # Needs redis-server and redis-cli (installed from Debian's packages when
 # missing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 base=${REDIS_CLUSTER_PORT:-7000}
+bus=${REDIS_CLUSTER_BUS_PORT:-$((base + 10000))}
 ports=()
 for i in 0 1 2 3 4 5 6 7 8; do ports+=($((base + i))); done
 dir=${TMPDIR:-/tmp}/lockd-redis-cluster-$base
@@ -31,6 +34,7 @@ rm -rf "$dir"
 for p in "${ports[@]}"; do
   mkdir -p "$dir/$p"
   redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
+    --cluster-port $((bus + p - base)) \
     --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
     --save "" --appendonly no --dir "$dir/$p" --daemonize yes \
     --logfile "$dir/$p/redis.log" >/dev/null
@@ -58,4 +62,4 @@ formed || {
 echo "a Redis Cluster runs on 127.0.0.1:${ports[0]}-${ports[8]} (3 masters, 2 replicas each)"
 echo "run lockd on it:"
 echo "  scripts/run.sh --redis-mode cluster --redis-url redis://127.0.0.1:${ports[0]} --redis-url redis://127.0.0.1:${ports[1]}"
-echo "stop it: $0 stop"
+echo "stop it: REDIS_CLUSTER_PORT=$base $0 stop"

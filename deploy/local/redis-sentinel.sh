@@ -4,14 +4,20 @@
 # and 6382, Sentinels on 26380-26382 watching it as "lockd-master"; no
 # persistence, data in a temporary directory. Prints the lockd command
 # that uses it, and how to fail over. `deploy/local/redis-sentinel.sh stop`
-# stops it. Needs redis-server, redis-cli and redis-sentinel (installed from
-# Debian's packages when missing).
+# stops it. REDIS_SENTINEL_PORT=N moves the servers to ports N to N+2 and
+# REDIS_SENTINEL_SENTINEL_PORT=M the Sentinels to M to M+2 (default: 20000
+# above the servers); give the same variables to `stop`. Needs
+# redis-server, redis-cli and redis-sentinel (installed from Debian's
+# packages when missing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-servers=(6380 6381 6382)
-sentinels=(26380 26381 26382)
+base=${REDIS_SENTINEL_PORT:-6380}
+sbase=${REDIS_SENTINEL_SENTINEL_PORT:-$((base + 20000))}
+servers=("$base" $((base + 1)) $((base + 2)))
+sentinels=("$sbase" $((sbase + 1)) $((sbase + 2)))
+master=${servers[0]}
 name=lockd-master
-dir=${TMPDIR:-/tmp}/lockd-redis-sentinel
+dir=${TMPDIR:-/tmp}/lockd-redis-sentinel-$base
 
 if [ "${1:-}" = stop ]; then
   for p in "${sentinels[@]}" "${servers[@]}"; do redis-cli -p "$p" shutdown nosave >/dev/null 2>&1 || true; done
@@ -36,10 +42,10 @@ done
 for p in "${servers[@]}"; do
   for _ in $(seq 50); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
 done
-redis-cli -p 6381 replicaof 127.0.0.1 6380 >/dev/null
-redis-cli -p 6382 replicaof 127.0.0.1 6380 >/dev/null
+redis-cli -p "${servers[1]}" replicaof 127.0.0.1 "$master" >/dev/null
+redis-cli -p "${servers[2]}" replicaof 127.0.0.1 "$master" >/dev/null
 for _ in $(seq 100); do
-  [ "$(redis-cli -p 6380 info replication | grep -c 'state=online')" = 2 ] && break
+  [ "$(redis-cli -p "$master" info replication | grep -c 'state=online')" = 2 ] && break
   sleep 0.1
 done
 for p in "${sentinels[@]}"; do
@@ -49,7 +55,7 @@ bind 127.0.0.1
 daemonize yes
 logfile $dir/sentinel-$p.log
 dir $dir
-sentinel monitor $name 127.0.0.1 6380 2
+sentinel monitor $name 127.0.0.1 $master 2
 sentinel down-after-milliseconds $name 2000
 sentinel failover-timeout $name 10000
 CONF
@@ -68,8 +74,8 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 settled || echo "warning: the Sentinels have not all found each other yet" >&2
-echo "a master (6380), two replicas (6381, 6382) and three Sentinels (26380-26382, master name $name) run on 127.0.0.1"
+echo "a master ($master), two replicas (${servers[1]}, ${servers[2]}) and three Sentinels (${sentinels[0]}-${sentinels[2]}, master name $name) run on 127.0.0.1"
 echo "run lockd on it:"
-echo "  scripts/run.sh --redis-mode sentinel --sentinel-master $name --redis-url redis://127.0.0.1:26380 --redis-url redis://127.0.0.1:26381 --redis-url redis://127.0.0.1:26382"
-echo "fail over: redis-cli -p 26380 sentinel failover $name"
-echo "stop it: $0 stop"
+echo "  scripts/run.sh --redis-mode sentinel --sentinel-master $name --redis-url redis://127.0.0.1:${sentinels[0]} --redis-url redis://127.0.0.1:${sentinels[1]} --redis-url redis://127.0.0.1:${sentinels[2]}"
+echo "fail over: redis-cli -p ${sentinels[0]} sentinel failover $name"
+echo "stop it: REDIS_SENTINEL_PORT=$base REDIS_SENTINEL_SENTINEL_PORT=$sbase $0 stop"

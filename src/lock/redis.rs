@@ -410,6 +410,13 @@ impl RedisBackend {
                         self.pool.retain(|_, _| false);
                         retried = true;
                     }
+                    // The node was demoted. A fresh connection may reach
+                    // the new master (a managed service's endpoint moves
+                    // to it; Sentinel mode asks again, above).
+                    Err(e) if e.code() == Some("READONLY") => {
+                        drop(Connection::take(conn));
+                        return Err(self.error(&e));
+                    }
                     Err(e) => return Err(self.error(&e)),
                 }
             }

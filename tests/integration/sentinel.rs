@@ -293,15 +293,38 @@ async fn a_failover_is_followed_once_while_its_leader_has_not_switched_yet() {
 
 /// Bad Sentinel settings exit 2 with a clear message: no
 /// `--sentinel-master`, a name no Sentinel monitors, `--sentinel-master`
-/// outside Sentinel mode, Sentinel mode over a plain server, and a
-/// Sentinel given to single mode.
+/// outside Sentinel mode, Sentinel mode over a plain server, a Sentinel
+/// given to single mode, and a replica given to single or Redlock mode.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_sentinel_settings_exit_2_naming_the_problem() {
     let set = SentinelSet::start().await;
     let sentinel = set.sentinel_urls()[0].clone();
     let plain_server = RedisServer::spawn().await;
     let plain = plain_server.url();
+    let master = set.server(set.master_port()).url();
+    let replicas: Vec<String> = set
+        .servers
+        .iter()
+        .filter(|s| s.port() != set.master_port())
+        .map(RedisServer::url)
+        .collect();
+    let master_addr = format!("127.0.0.1:{}", set.master_port());
+    let replica_of = format!("a replica of {master_addr}");
     let cases: Vec<(Vec<&str>, &str)> = vec![
+        // One of the replicas, as a single server: every write fails.
+        (vec!["--redis-url", &replicas[0]], &replica_of),
+        // A master and its replicas are not independent Redlock nodes.
+        (
+            vec![
+                "--redis-url",
+                &master,
+                "--redis-url",
+                &replicas[0],
+                "--redis-url",
+                &replicas[1],
+            ],
+            &replica_of,
+        ),
         (
             vec!["--redis-mode", "sentinel", "--redis-url", &sentinel],
             "--sentinel-master",
