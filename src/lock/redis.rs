@@ -347,10 +347,18 @@ impl RedisBackend {
             let mut retried = false;
             let mut topology_pauses = TOPOLOGY_BACKOFF.pauses();
             loop {
-                let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                *sent_on = Some((*conn).clone());
-                let answer = call.invoke_async(&mut *conn).await;
-                if let (Some(sentinels), Conn::Master(_, generation)) = (&self.sentinels, &*conn) {
+                let mut held = Some(self.pool.get().await.map_err(|e| self.pool_error(e))?);
+                let mut conn = held.as_deref().cloned().ok_or_else(|| {
+                    LockError::Unavailable("no pooled Redis connection".into())
+                })?;
+                if self.shares_connections() {
+                    // Back to the pool at once: concurrent operations send
+                    // their scripts on one connection, pipelined.
+                    held = None;
+                }
+                *sent_on = Some(conn.clone());
+                let answer = call.invoke_async(&mut conn).await;
+                if let (Some(sentinels), Conn::Master(_, generation)) = (&self.sentinels, &conn) {
                     let generation = *generation;
                     if matches!(&answer, Err(e) if e.code() == Some("READONLY")) {
                         sentinels.forget(generation, "READONLY");
@@ -359,20 +367,20 @@ impl RedisBackend {
                         // The master changed while the script ran: its
                         // answer may come from a node that is no longer
                         // the master, where a write is lost.
-                        drop(Connection::take(conn));
+                        self.discard(held.take());
                         return Err(LockError::Unavailable(
                             "the Redis master changed during the operation".into(),
                         ));
                     }
                 }
-                if let (Some(view), Conn::Cluster(_, generation)) = (self.cluster_view(), &*conn)
+                if let (Some(view), Conn::Cluster(_, generation)) = (self.cluster_view(), &conn)
                     && view.generation() != *generation
                 {
                     // The masters changed since this connection's slot map
                     // was read: its answer may come from a master that was
                     // replaced (frozen, then answering again), where a
                     // write is lost.
-                    drop(Connection::take(conn));
+                    self.discard(held.take());
                     if answer.is_ok() {
                         return Err(LockError::Unavailable(
                             "the Redis Cluster's masters changed during the operation".into(),
@@ -391,12 +399,12 @@ impl RedisBackend {
                     // it again on a fresh connection (a fresh slot map),
                     // while the operation's time lasts.
                     Err(e) if is_topology_change(&e) => {
-                        drop(Connection::take(conn));
+                        self.discard(held.take());
                         topology_pauses.wait().await;
                     }
                     Err(e) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
                         if let (Some(sentinels), Conn::Master(_, generation)) =
-                            (&self.sentinels, &*conn)
+                            (&self.sentinels, &conn)
                         {
                             sentinels.forget(*generation, "connection lost");
                         }
@@ -406,7 +414,7 @@ impl RedisBackend {
                         // Redis went away: the idle connections are as dead
                         // as this one. Throw them all out, so that the retry
                         // connects afresh.
-                        drop(Connection::take(conn));
+                        self.discard(held.take());
                         self.pool.retain(|_, _| false);
                         retried = true;
                     }
@@ -414,7 +422,7 @@ impl RedisBackend {
                     // the new master (a managed service's endpoint moves
                     // to it; Sentinel mode asks again, above).
                     Err(e) if e.code() == Some("READONLY") => {
-                        drop(Connection::take(conn));
+                        self.discard(held.take());
                         return Err(self.error(&e));
                     }
                     Err(e) => return Err(self.error(&e)),
@@ -426,6 +434,30 @@ impl RedisBackend {
             .map_err(|_| {
                 LockError::Unavailable(format!("no answer from Redis in {:?}", self.timeout))
             })?
+    }
+
+    /// Whether operations share pooled connections rather than hold one
+    /// each. They share unless replicas must acknowledge writes: `WAIT`
+    /// blocks its connection in Redis, and would hold up every operation
+    /// sent on it behind its timeout. A multiplexed connection carries
+    /// concurrent operations in order, and Redis reads the scripts sent
+    /// together in one read: fewer system calls in lockd and in Redis per
+    /// operation than one connection each (see docs/performance.md).
+    fn shares_connections(&self) -> bool {
+        self.min_replicas_acked == 0
+    }
+
+    /// Takes a connection that must not be used again out of the pool:
+    /// `held`, the pooled connection this operation holds, or, when it
+    /// shares connections (and so holds none), every idle one: the broken
+    /// one is among them.
+    fn discard(&self, held: Option<Connection>) {
+        match held {
+            Some(conn) => drop(Connection::take(conn)),
+            None => {
+                self.pool.retain(|_, _| false);
+            }
+        }
     }
 
     /// How many replicas acknowledged every write made so far on `conn`
