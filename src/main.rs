@@ -10,9 +10,12 @@ use lockd::client;
 use lockd::config::Settings;
 use tracing_subscriber::EnvFilter;
 
-/// mimalloc, not the system allocator (see docs/performance.md).
+/// jemalloc, not the system allocator: it returns freed memory to the
+/// system (its background thread, set in `.cargo/config.toml`), where
+/// glibc's kept the RSS of a burst of 10,000 waiters (360 MB) until
+/// restart; see docs/performance.md.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -36,7 +39,8 @@ async fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            init_logging(settings.service.log_format);
+            // Flushes the log lines still queued when dropped, at exit.
+            let _logs = init_logging(settings.service.log_format);
             let app = match Application::build(&settings).await {
                 Ok(app) => app,
                 Err(e) => {
@@ -81,8 +85,13 @@ async fn serve(app: Application) -> Result<(), Box<dyn std::error::Error>> {
 const DEFAULT_LOG_FILTER: &str = "info,redis::cluster_handling=error";
 
 /// Logs to stderr in `format`; `RUST_LOG` (or `LOCKD_LOG`, which wins)
-/// sets the filter, default [`DEFAULT_LOG_FILTER`].
-fn init_logging(format: LogFormat) {
+/// sets the filter, default [`DEFAULT_LOG_FILTER`]. Lines are written by a
+/// thread of their own (tracing-appender's non-blocking writer), so a slow
+/// stderr (a full pipe, a slow disk) does not stall the request that
+/// logged; the lines queued together go out in one write. When its queue
+/// is full, logging waits rather than dropping lines: the access log is
+/// complete. Keep the guard until exit: dropping it flushes the queue.
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let wanted = std::env::var("LOCKD_LOG")
         .ok()
         .or_else(|| std::env::var("RUST_LOG").ok());
@@ -96,9 +105,13 @@ fn init_logging(format: LogFormat) {
         }
         None => EnvFilter::new(DEFAULT_LOG_FILTER),
     };
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("lockd-log")
+        .finish(std::io::BufWriter::new(std::io::stderr()));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     match format {
         LogFormat::Pretty => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => logs
@@ -107,4 +120,5 @@ fn init_logging(format: LogFormat) {
             .with_span_list(false)
             .init(),
     }
+    guard
 }

@@ -9,14 +9,13 @@
 //! by path (so that every layer knows the route template), or its 404
 //! fallback, and the layers run, outermost first. On every route:
 //!
-//! 1. [`telemetry`]: an unusable client `x-request-id` is dropped; the
-//!    request ID is set (the client's, or a fresh UUID) and copied to the
-//!    response; the request's tracing span opens; the HTTP metrics count
-//!    and time the request, and the access log line is written once it is
-//!    answered (499 if the client went away); [`telemetry::normalize`]
-//!    turns any error from below that is not yet a problem document
-//!    (router 404 and 405, body-limit 413, timeout 503) into one
-//!    ([`problem`]) and writes the request ID into every problem document.
+//! 1. [`telemetry`], one layer: the request ID is set (the client's
+//!    `x-request-id` when usable, or a fresh UUID) and copied to the
+//!    response; the request's tracing span opens; any error from below
+//!    that is not yet a problem document (router 404 and 405, body-limit
+//!    413, timeout 503) becomes one ([`problem`]), with the request ID in
+//!    it; the HTTP metrics count and time the request, and the access log
+//!    line is written once it is answered (499 if the client went away).
 //! 2. [`target`]: a `#fragment`, a path or query that is not UTF-8 once
 //!    percent-decoded, a `token` in the query, or a transfer coding other
 //!    than `chunked`: 400, before anything reads the body.

@@ -348,9 +348,10 @@ impl RedisBackend {
             let mut topology_pauses = TOPOLOGY_BACKOFF.pauses();
             loop {
                 let mut held = Some(self.pool.get().await.map_err(|e| self.pool_error(e))?);
-                let mut conn = held.as_deref().cloned().ok_or_else(|| {
-                    LockError::Unavailable("no pooled Redis connection".into())
-                })?;
+                let mut conn = held
+                    .as_deref()
+                    .cloned()
+                    .ok_or_else(|| LockError::Unavailable("no pooled Redis connection".into()))?;
                 if self.shares_connections() {
                     // Back to the pool at once: concurrent operations send
                     // their scripts on one connection, pipelined.
