@@ -1,6 +1,6 @@
 //! What wraps every request: a request ID, a tracing span with one access
 //! log line, HTTP metrics, and problem documents for errors raised below
-//! the handlers ([`normalize`]).
+//! the handlers (`normalize`).
 //!
 //! The request ID comes from the client's `x-request-id` header when it is
 //! usable (1 to 128 visible ASCII characters), or is a fresh UUID. It is
@@ -37,9 +37,9 @@ const MAX_REQUEST_ID: usize = 128;
 /// Puts the telemetry around `app`; `metrics` counts its requests.
 ///
 /// One layer does it all, in this order: an unusable client `x-request-id`
-/// is replaced ([`usable_request_id`]), the ID set on the request; the
+/// is replaced (`usable_request_id`), the ID set on the request; the
 /// span opens and wraps the rest; the request is counted in flight; below
-/// it, the answer is [`normalize`]d; then the HTTP metrics and the access
+/// it, the answer is normalized; then the HTTP metrics and the access
 /// line record it (499 if the client went away), and the ID is copied to
 /// the answer. One layer rather than six (tower-http's request-ID and trace
 /// layers and three `from_fn` middlewares), each of which cloned its inner
