@@ -581,13 +581,20 @@ async fn check_topology(
             }
         }
         if let Some(master) = &probe.replica_of {
+            let instead = if mode == RedisMode::Redlock {
+                "Redlock nodes must be independent masters, not a master and its replicas; \
+                 give independent masters, or, when Redis Sentinel watches these, use \
+                 --redis-mode sentinel --sentinel-master NAME with the Sentinels' URLs"
+            } else {
+                "give the master's URL, or, when Redis Sentinel watches it, use --redis-mode \
+                 sentinel --sentinel-master NAME with the Sentinels' URLs"
+            };
             return wrong(
                 &format!(
                     "a replica of {master} (role:slave in INFO replication): every write there \
                      fails with READONLY"
                 ),
-                "give the master's URL, or, when Redis Sentinel watches it, use --redis-mode \
-                 sentinel --sentinel-master NAME with the Sentinels' URLs",
+                instead,
             );
         }
         if let Some(known) = probe.knows_master {

@@ -62,4 +62,4 @@ formed || {
 echo "a Redis Cluster runs on 127.0.0.1:${ports[0]}-${ports[8]} (3 masters, 2 replicas each)"
 echo "run lockd on it:"
 echo "  scripts/run.sh --redis-mode cluster --redis-url redis://127.0.0.1:${ports[0]} --redis-url redis://127.0.0.1:${ports[1]}"
-echo "stop it: REDIS_CLUSTER_PORT=$base $0 stop"
+echo "stop it: ${TMPDIR:+TMPDIR=$TMPDIR }REDIS_CLUSTER_PORT=$base $0 stop"

@@ -78,4 +78,4 @@ echo "a master ($master), two replicas (${servers[1]}, ${servers[2]}) and three 
 echo "run lockd on it:"
 echo "  scripts/run.sh --redis-mode sentinel --sentinel-master $name --redis-url redis://127.0.0.1:${sentinels[0]} --redis-url redis://127.0.0.1:${sentinels[1]} --redis-url redis://127.0.0.1:${sentinels[2]}"
 echo "fail over: redis-cli -p ${sentinels[0]} sentinel failover $name"
-echo "stop it: REDIS_SENTINEL_PORT=$base REDIS_SENTINEL_SENTINEL_PORT=$sbase $0 stop"
+echo "stop it: ${TMPDIR:+TMPDIR=$TMPDIR }REDIS_SENTINEL_PORT=$base REDIS_SENTINEL_SENTINEL_PORT=$sbase $0 stop"

@@ -48,11 +48,11 @@ pub struct ClusterView {
     nodes: Mutex<Vec<String>>,
     /// The nodes flagged failing (`fail` or `fail?`) at the last reading.
     failing: Mutex<Vec<String>>,
-    /// The masters among them that serve slots.
+    /// The masters that serve slots, as [`Topology::serving`] finds them.
     masters: Mutex<Vec<String>>,
-    /// Every address ever seen as a master, so that readings from nodes
-    /// that disagree for a moment count a new master once.
-    ever_masters: Mutex<std::collections::HashSet<String>>,
+    /// Each node as the freshest listing told of it, so that a node that
+    /// has not heard of a failover yet moves nothing back.
+    topology: Mutex<Topology>,
     /// Masters that appeared after the first reading (a replica promoted,
     /// a master added): the failovers seen, mostly.
     new_masters: AtomicU64,
@@ -69,7 +69,7 @@ impl Default for ClusterView {
             nodes: Mutex::default(),
             failing: Mutex::default(),
             masters: Mutex::default(),
-            ever_masters: Mutex::default(),
+            topology: Mutex::default(),
             new_masters: AtomicU64::new(0),
             generation: watch::channel(0).0,
         }
@@ -82,20 +82,17 @@ pub type KnownNodes = Arc<ClusterView>;
 impl ClusterView {
     /// Takes in a `CLUSTER NODES` listing.
     pub fn observe(&self, listing: &str) {
-        let (nodes, masters) = parse_cluster_nodes(listing);
+        let (nodes, _) = parse_cluster_nodes(listing);
         if nodes.is_empty() {
             return;
         }
         *lock(&self.nodes) = nodes;
         *lock(&self.failing) = failing_nodes(listing);
-        let mut ever = lock(&self.ever_masters);
-        let first = ever.is_empty();
-        for master in &masters {
-            if ever.insert(master.clone()) && !first {
-                self.new_masters.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        drop(ever);
+        let mut topology = lock(&self.topology);
+        let appeared = topology.observe(listing);
+        let masters = topology.serving();
+        drop(topology);
+        self.new_masters.fetch_add(appeared, Ordering::Relaxed);
         let mut known = lock(&self.masters);
         if !known.is_empty() && *known != masters {
             self.generation.send_modify(|g| *g += 1);
@@ -132,6 +129,121 @@ impl ClusterView {
     /// How many masters appeared since the first reading.
     pub fn new_masters(&self) -> u64 {
         self.new_masters.load(Ordering::Relaxed)
+    }
+}
+
+/// What the `CLUSTER NODES` listings read so far say of each node (by
+/// node ID). A listing comes from any node, and a node that has not heard
+/// of the last failover yet still names the old master, with the older
+/// config epoch: a line about a node is taken only when its config epoch
+/// (the node's own, or its master's for a replica) is at least the one
+/// held. Redis Cluster resolves slot ownership the same way: a slot
+/// belongs to the master that claims it with the highest epoch.
+#[derive(Debug, Default)]
+struct Topology {
+    nodes: std::collections::HashMap<String, NodeView>,
+    /// Whether a listing was taken in yet: the first one counts no master
+    /// as new.
+    seen: bool,
+}
+
+/// One node, as the freshest listing told of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NodeView {
+    addr: String,
+    master: bool,
+    epoch: u64,
+    /// The slot ranges it claims (inclusive).
+    slots: Vec<(u16, u16)>,
+}
+
+impl Topology {
+    /// Takes in one listing; returns how many masters appeared in it: a
+    /// node not seen before that is a master, or a replica promoted (seen
+    /// as a master at a higher epoch than as a replica). An old master
+    /// promoted again after it came back as a replica counts again; one
+    /// that a stale listing still calls master does not.
+    fn observe(&mut self, listing: &str) -> u64 {
+        let mut appeared = 0;
+        for line in listing.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(id), Some(addr), Some(flags), Some(epoch)) =
+                (f.first(), f.get(1), f.get(2), f.get(6))
+            else {
+                continue;
+            };
+            let (Some(addr), Ok(epoch)) = (
+                addr.split('@').next().filter(|a| !a.is_empty()),
+                epoch.parse::<u64>(),
+            ) else {
+                continue;
+            };
+            let view = NodeView {
+                addr: addr.to_owned(),
+                master: flags.split(',').any(|f| f == "master"),
+                epoch,
+                slots: f.iter().skip(8).filter_map(|r| slot_range(r)).collect(),
+            };
+            match self.nodes.get(*id) {
+                Some(held) if held.epoch > view.epoch => continue,
+                Some(held) if !held.master && view.master && view.epoch > held.epoch => {
+                    appeared += 1;
+                }
+                None if view.master && self.seen => appeared += 1,
+                _ => {}
+            }
+            self.nodes.insert((*id).to_owned(), view);
+        }
+        self.seen |= !self.nodes.is_empty();
+        appeared
+    }
+
+    /// The masters that serve slots (`host:port`, sorted): each slot goes
+    /// to the master that claims it with the highest epoch, and a master
+    /// left with none (its slots were taken over) serves none.
+    fn serving(&self) -> Vec<String> {
+        let mut claimants: Vec<&NodeView> = self
+            .nodes
+            .values()
+            .filter(|n| n.master && !n.slots.is_empty())
+            .collect();
+        claimants.sort_by(|a, b| b.epoch.cmp(&a.epoch).then_with(|| a.addr.cmp(&b.addr)));
+        let mut taken = vec![false; 16_384];
+        let mut serving: Vec<String> = Vec::new();
+        for node in claimants {
+            let mut got = false;
+            for &(from, to) in &node.slots {
+                for slot in from..=to.min(16_383) {
+                    if let Some(t) = taken.get_mut(usize::from(slot))
+                        && !*t
+                    {
+                        *t = true;
+                        got = true;
+                    }
+                }
+            }
+            if got {
+                serving.push(node.addr.clone());
+            }
+        }
+        serving.sort();
+        serving.dedup();
+        serving
+    }
+}
+
+/// A slot range of a `CLUSTER NODES` line (`0-5460` or `5461`); `None` for
+/// the migrating and importing marks (`[5461->-id]`).
+fn slot_range(field: &str) -> Option<(u16, u16)> {
+    if field.starts_with('[') {
+        return None;
+    }
+    match field.split_once('-') {
+        Some((from, to)) => Some((from.parse().ok()?, to.parse().ok()?)),
+        None => {
+            let slot = field.parse().ok()?;
+            Some((slot, slot))
+        }
     }
 }
 
@@ -514,5 +626,55 @@ b4 127.0.0.1:7006@17006 master - 0 0 4 connected 10923-16383
         // An empty answer changes nothing.
         view.observe("");
         assert_eq!(view.nodes().len(), 2);
+    }
+
+    /// Found by a new-user review: a listing from a node that has not
+    /// heard of the failover named the killed master again (the gauge went
+    /// back to it, and every pooled connection was dropped); and the old
+    /// master, promoted again after it came back as a replica, was not
+    /// counted (the count held every address ever seen as a master).
+    #[test]
+    fn a_stale_listing_moves_nothing_back_and_a_master_promoted_again_counts_again() {
+        let view = ClusterView::default();
+        view.observe(LISTING);
+        let failed_over = "\
+a1 127.0.0.1:7000@17000 master,fail - 0 0 1 disconnected
+a2 127.0.0.1:7001@17001 myself,master - 0 0 2 connected 5461-10922
+b1 127.0.0.1:7003@17003 master - 0 0 5 connected 0-5460
+b4 127.0.0.1:7006@17006 master - 0 0 4 connected 10923-16383
+";
+        view.observe(failed_over);
+        let generation = view.generation();
+        let masters = view.masters();
+        // A node that still calls a1 the master, with a1's slots.
+        view.observe(LISTING);
+        assert_eq!(view.masters(), masters, "the stale listing moved a1 back");
+        assert_eq!(view.generation(), generation, "nothing changed");
+        assert_eq!(view.new_masters(), 1);
+        // a1 comes back as b1's replica, then b1 fails and a1 takes over.
+        view.observe(
+            "a1 127.0.0.1:7000@17000 slave b1 0 0 5 connected\n\
+             b1 127.0.0.1:7003@17003 master - 0 0 5 connected 0-5460\n",
+        );
+        assert_eq!(view.new_masters(), 1);
+        view.observe(
+            "a1 127.0.0.1:7000@17000 master - 0 0 6 connected 0-5460\n\
+             b1 127.0.0.1:7003@17003 master,fail - 0 0 5 disconnected\n",
+        );
+        assert_eq!(view.new_masters(), 2, "a1 promoted again");
+        assert!(view.masters().contains(&"127.0.0.1:7000".to_owned()));
+        assert!(!view.masters().contains(&"127.0.0.1:7003".to_owned()));
+        // A reshard bumps the epoch of a master that imports slots: not a
+        // failover.
+        view.observe("a2 127.0.0.1:7001@17001 master - 0 0 7 connected 5000-10922\n");
+        assert_eq!(view.new_masters(), 2);
+    }
+
+    #[test]
+    fn slot_ranges_are_read_and_migration_marks_skipped() {
+        assert_eq!(slot_range("0-5460"), Some((0, 5460)));
+        assert_eq!(slot_range("5461"), Some((5461, 5461)));
+        assert_eq!(slot_range("[5461->-abc]"), None);
+        assert_eq!(slot_range("x"), None);
     }
 }
