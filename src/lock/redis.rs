@@ -280,6 +280,11 @@ impl RedisBackend {
         };
         let pool = Pool::builder(Connector::new(target, connection, restarts.clone()))
             .max_size(config.pool_size)
+            // The connection handed back last goes out first, so that
+            // operations that share connections share the same one (and
+            // Redis reads their scripts together), rather than spreading
+            // over every connection ever opened.
+            .queue_mode(deadpool::managed::QueueMode::Lifo)
             .wait_timeout(Some(config.timeout))
             .create_timeout(Some(config.timeout))
             .recycle_timeout(Some(config.timeout))
