@@ -23,9 +23,15 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     redis.call('DEL', KEYS[1])
     return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
   end
-  redis.pcall('DEL', KEYS[3])
-  local meta = redis.pcall('HSET', KEYS[3], 'fence', string.format('%.0f', fence),
-    'owner', ARGV[3], 'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2])
+  -- Every field is written (owner '' when none), so a hash left by an
+  -- earlier lease needs no DEL first: only a key of another type does.
+  local fields = {'fence', string.format('%.0f', fence), 'owner', ARGV[3],
+    'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2]}
+  local meta = redis.pcall('HSET', KEYS[3], unpack(fields))
+  if type(meta) == 'table' and meta.err then
+    redis.pcall('DEL', KEYS[3])
+    meta = redis.pcall('HSET', KEYS[3], unpack(fields))
+  end
   if type(meta) == 'table' and meta.err then
     redis.call('DEL', KEYS[1])
     return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. meta.err)
