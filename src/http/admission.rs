@@ -20,11 +20,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
 use axum::http::Method;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::problem::{ApiError, Kind};
 
@@ -64,17 +62,29 @@ impl Admission {
     }
 }
 
-/// Middleware: serves the request if its room has a free slot, else 503
-/// `overloaded`.
-pub async fn admit(State(admission): State<Admission>, request: Request, next: Next) -> Response {
-    let room = admission.room(request.method());
-    let Ok(_slot) = room.clone().try_acquire_owned() else {
-        return ApiError::new(
+/// A slot for a request of `method` in its room, held until dropped.
+///
+/// # Errors
+/// [`Overloaded`] when the room is full.
+pub fn admit(admission: &Admission, method: &Method) -> Result<OwnedSemaphorePermit, Overloaded> {
+    admission
+        .room(method)
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| Overloaded)
+}
+
+/// A request's room is full: 503 `overloaded` with `Retry-After`.
+#[derive(Debug, Clone, Copy)]
+pub struct Overloaded;
+
+impl IntoResponse for Overloaded {
+    fn into_response(self) -> Response {
+        ApiError::new(
             Kind::Overloaded,
             "this instance is serving as many requests of this kind as it allows; retry shortly",
         )
         .retry_after(RETRY)
-        .into_response();
-    };
-    next.run(request).await
+        .into_response()
+    }
 }

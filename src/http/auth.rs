@@ -32,12 +32,11 @@ const BAD_KEY: &str = r#"Bearer realm="lockd", error="invalid_token""#;
 
 /// Guards `/locks/{name}`: the permission comes from the method (POST
 /// acquire, PATCH extend, DELETE release, GET read), and the name must be
-/// under one of the key's prefixes.
-pub async fn guard_locks(
-    State(auth): State<Option<Arc<Auth>>>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// under one of the key's prefixes. Returns the request to serve.
+///
+/// # Errors
+/// The refusal (401, 403 or 429) to answer instead.
+pub async fn guard_locks(auth: Option<&Auth>, request: Request) -> Result<Request, Response> {
     let permission = match *request.method() {
         Method::POST => Permission::Acquire,
         Method::PATCH => Permission::Extend,
@@ -52,9 +51,9 @@ pub async fn guard_locks(
         .map(|Path(name)| name)
         .unwrap_or_default();
     let request = Request::from_parts(parts, body);
-    match check(auth.as_deref(), &request, permission, Some(&name)) {
-        Ok(()) => next.run(request).await,
-        Err(refusal) => refusal.into_response(),
+    match check(auth, &request, permission, Some(&name)) {
+        Ok(()) => Ok(request),
+        Err(refusal) => Err(refusal.into_response()),
     }
 }
 

@@ -10,9 +10,8 @@
 use std::time::Duration;
 
 use axum::body::{Body, to_bytes};
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderValue, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::LengthLimitError;
 use tokio::time::Instant;
@@ -53,23 +52,22 @@ pub fn timeout_or(e: LockError) -> ApiError {
     }
 }
 
-/// Middleware: sets the request's [`Deadline`] and reads its whole body
-/// before it (413 over [`BODY_LIMIT`], 503 `timeout` when it is late).
-pub async fn read_body_by_deadline(
-    State(limits): State<Limits>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// Sets the request's [`Deadline`] and reads its whole body before it;
+/// returns the request with the body read.
+///
+/// # Errors
+/// The answer instead: 413 over [`BODY_LIMIT`], 400 when the body cannot
+/// be read, 503 `timeout` when it is late.
+pub async fn read_body_by_deadline(limits: &Limits, request: Request) -> Result<Request, Response> {
     let deadline = Deadline(Instant::now() + limits.request_timeout);
     let (mut parts, body) = request.into_parts();
     let bytes = match tokio::time::timeout(deadline.remaining(), to_bytes(body, BODY_LIMIT)).await {
         Ok(Ok(bytes)) => bytes,
-        Ok(Err(e)) => return body_error(&e),
-        Err(_) => return ApiError::timeout().into_response(),
+        Ok(Err(e)) => return Err(body_error(&e)),
+        Err(_) => return Err(ApiError::timeout().into_response()),
     };
     parts.extensions.insert(deadline);
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
 /// 413 when the body was over the limit (the rest of it was not read, so

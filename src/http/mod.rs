@@ -24,7 +24,7 @@
 //!    body is cut as it is read.
 //! 4. An unknown path ends here, at the fallback: 404.
 //!
-//! On `/locks/{name}`, then:
+//! On `/locks/{name}`, then, in one layer (`routes::gate_locks`):
 //!
 //! 5. [`admission`]: a slot in the request's room (acquires and inspects,
 //!    or extends and releases), else 503 `overloaded` at once.
