@@ -119,17 +119,17 @@ for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
 pids=()
 
 if [ "$waiters" -gt 0 ]; then
-echo; echo "== waiters: $waiters parked on one lock"
-port=$(free_port)
-"${bins[$((${#bins[@]} - 1))]}" serve --listen "127.0.0.1:$port" --redis-url "$redis_url" \
-  --max-waiters "$waiters" 2>"$out/lockd-waiters.log" &
-pids+=($!); lockd_pid=$!
-until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.05; done
-"$bench" --server "http://127.0.0.1:$port" --json "$out/waiters.json" waiters \
-  --count "$waiters" --pid "$lockd_pid" --redis-url "$redis_url" --settle-seconds 20
-echo; echo "== handoff"
-"$bench" --server "http://127.0.0.1:$port" --json "$out/handoff.json" handoff \
-  --rounds 1000 --poll-rounds 0
+  echo; echo "== waiters: $waiters parked on one lock"
+  port=$(free_port)
+  "${bins[$((${#bins[@]} - 1))]}" serve --listen "127.0.0.1:$port" --redis-url "$redis_url" \
+    --max-waiters "$waiters" 2>"$out/lockd-waiters.log" &
+  pids+=($!); lockd_pid=$!
+  until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.05; done
+  "$bench" --server "http://127.0.0.1:$port" --json "$out/waiters.json" waiters \
+    --count "$waiters" --pid "$lockd_pid" --redis-url "$redis_url" --settle-seconds 20
+  echo; echo "== handoff"
+  "$bench" --server "http://127.0.0.1:$port" --json "$out/handoff.json" handoff \
+    --rounds 1000 --poll-rounds 0
 fi
 
 echo
