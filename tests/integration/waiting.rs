@@ -1038,6 +1038,14 @@ async fn waiters_get_the_lock_after_a_redis_restart_and_release_events_resume() 
         },
         async {
             until_waiters(&two, 1).await;
+            // B counts as waiting from the moment it joins the queue, before
+            // its first try has come back (a restart in the middle of that
+            // try ends the wait with 503, as any failed try does).
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while acquire_tries(&two).await < 1 {
+                assert!(Instant::now() < deadline, "B's first try never ended");
+                sleep(Duration::from_millis(5)).await;
+            }
             redis.stop();
             sleep(Duration::from_millis(300)).await;
             redis.start().await;
