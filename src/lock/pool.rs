@@ -82,7 +82,7 @@ pub type KnownNodes = Arc<ClusterView>;
 impl ClusterView {
     /// Takes in a `CLUSTER NODES` listing.
     pub fn observe(&self, listing: &str) {
-        let (nodes, _) = parse_cluster_nodes(listing);
+        let nodes = parse_cluster_nodes(listing);
         if nodes.is_empty() {
             return;
         }
@@ -267,10 +267,10 @@ fn failing_nodes(listing: &str) -> Vec<String> {
 }
 
 /// The nodes (`host:port`) of a `CLUSTER NODES` listing that are not
-/// failing, and the masters among them that serve slots.
-fn parse_cluster_nodes(listing: &str) -> (Vec<String>, Vec<String>) {
+/// failing. (Which of them are masters serving slots is for
+/// [`Topology::serving`], which weighs the listings by config epoch.)
+fn parse_cluster_nodes(listing: &str) -> Vec<String> {
     let mut nodes = Vec::new();
-    let mut masters = Vec::new();
     for line in listing.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
@@ -283,12 +283,8 @@ fn parse_cluster_nodes(listing: &str) -> (Vec<String>, Vec<String>) {
             continue;
         };
         nodes.push(addr.to_owned());
-        if flags.contains("master") && fields.len() > 8 {
-            masters.push(addr.to_owned());
-        }
     }
-    masters.sort();
-    (nodes, masters)
+    nodes
 }
 
 /// A Redis Cluster: the client over its seeds, and the nodes seen since,
@@ -579,7 +575,10 @@ b5 127.0.0.1:7007@17007 master - 0 0 0 connected
 
     #[test]
     fn a_listing_gives_the_live_nodes_and_the_masters_that_serve_slots() {
-        let (nodes, masters) = parse_cluster_nodes(LISTING);
+        let nodes = parse_cluster_nodes(LISTING);
+        let view = ClusterView::default();
+        view.observe(LISTING);
+        let masters = view.masters();
         assert_eq!(
             nodes,
             [

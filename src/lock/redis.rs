@@ -352,16 +352,11 @@ impl RedisBackend {
             let mut retried = false;
             let mut topology_pauses = TOPOLOGY_BACKOFF.pauses();
             loop {
-                let mut held = Some(self.pool.get().await.map_err(|e| self.pool_error(e))?);
-                let mut conn = held
-                    .as_deref()
-                    .cloned()
-                    .ok_or_else(|| LockError::Unavailable("no pooled Redis connection".into()))?;
-                if self.shares_connections() {
-                    // Back to the pool at once: concurrent operations send
-                    // their scripts on one connection, pipelined.
-                    held = None;
-                }
+                let pooled = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+                let mut conn = (*pooled).clone();
+                // When shared, back to the pool at once: concurrent
+                // operations send their scripts on one connection, pipelined.
+                let mut held = (!self.shares_connections()).then_some(pooled);
                 *sent_on = Some(conn.clone());
                 let answer = call.invoke_async(&mut conn).await;
                 if let (Some(sentinels), Conn::Master(_, generation)) = (&self.sentinels, &conn) {

@@ -396,12 +396,7 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
     let victim = masters[2];
     cluster.kill(victim);
     let killed_at = Instant::now();
-    let healed = {
-        let cluster = cluster.clone();
-        tokio::task::spawn_blocking(move || cluster.wait_until_healthy(Duration::from_secs(30)))
-            .await
-            .expect("wait for the failover")
-    };
+    let healed = cluster.healed_within(Duration::from_secs(30)).await;
     assert!(healed, "no replica took over within 30 s");
     assert!(
         grants_on_every_shard(&a, &names).await,
@@ -544,12 +539,7 @@ async fn a_frozen_master_is_left_behind_and_grants_nothing_when_it_thaws() {
     a.acquire_ttl(&held_name, 200).await.expect_status(201);
     let parked = ParkedWaiter::park(&a, &b, &cluster, &parked_name).await;
     cluster.signal(frozen, "STOP");
-    let healed = {
-        let cluster = cluster.clone();
-        tokio::task::spawn_blocking(move || cluster.wait_until_healthy(Duration::from_secs(30)))
-            .await
-            .expect("wait for the failover")
-    };
+    let healed = cluster.healed_within(Duration::from_secs(30)).await;
     assert!(healed, "no replica took over within 30 s");
     let names = one_name_per_master_of(&cluster, "frozen-probe-");
     assert!(
@@ -682,12 +672,7 @@ async fn losing_the_only_seed_does_not_lose_the_cluster() {
         })
     };
     cluster.kill(seed);
-    let healed = {
-        let cluster = cluster.clone();
-        tokio::task::spawn_blocking(move || cluster.wait_until_healthy(Duration::from_secs(30)))
-            .await
-            .expect("wait for the failover")
-    };
+    let healed = cluster.healed_within(Duration::from_secs(30)).await;
     assert!(healed, "no replica took over within 30 s");
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -139,15 +139,7 @@ async fn try_request(
     if let Some(body) = body {
         request = request.json(&body);
     }
-    let response = request.send().await?;
-    let status = response.status();
-    let headers = response.headers().clone();
-    let text = response.text().await?;
-    Ok(Reply {
-        status,
-        headers,
-        text,
-    })
+    Reply::read(request.send().await?).await
 }
 
 /// Sends a request on its own task (so it can stay in flight while the

@@ -340,6 +340,15 @@ impl Cluster {
         text
     }
 
+    /// [`Self::wait_until_healthy`] on a blocking thread (it runs
+    /// `redis-cli`), for async tests.
+    pub async fn healed_within(self: &Arc<Self>, within: Duration) -> bool {
+        let cluster = self.clone();
+        tokio::task::spawn_blocking(move || cluster.wait_until_healthy(within))
+            .await
+            .expect("wait for the failover")
+    }
+
     /// Waits until every live node says `cluster_state:ok` and `MASTERS`
     /// live masters serve the slots (after a failover: right after a kill
     /// the dead master is still listed, unflagged, for a moment).

@@ -42,6 +42,19 @@ impl IssuedCert {
     pub fn key(&self) -> &str {
         self.key.to_str().expect("a UTF-8 path")
     }
+
+    /// `redis-cli`'s options to reach a TLS server with this certificate
+    /// as the client's, trusting any server certificate (`--insecure`).
+    pub fn cli_args(&self) -> [&str; 6] {
+        [
+            "--tls",
+            "--insecure",
+            "--cert",
+            self.cert(),
+            "--key",
+            self.key(),
+        ]
+    }
 }
 
 /// What a server certificate is like.
@@ -281,14 +294,7 @@ impl TlsRedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         let out = Command::new("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args([
-                "--tls",
-                "--insecure",
-                "--cert",
-                self.probe.cert(),
-                "--key",
-                self.probe.key(),
-            ])
+            .args(self.probe.cli_args())
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -349,16 +355,8 @@ impl TlsCluster {
         // `timeout`: redis-cli waits for ever for a cluster that never
         // joins (a certificate the nodes refuse on the bus).
         let created = Command::new("timeout")
-            .args([
-                "60",
-                "redis-cli",
-                "--tls",
-                "--insecure",
-                "--cert",
-                probe.cert(),
-                "--key",
-                probe.key(),
-            ])
+            .args(["60", "redis-cli"])
+            .args(probe.cli_args())
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
@@ -444,16 +442,7 @@ impl TlsSentinel {
     /// watching `master`, and waits until it names the master.
     pub fn start(master: &TlsRedisServer, cert: &IssuedCert, ca: &TestCa) -> Self {
         let probe = ca.client_cert("probe");
-        let cli = [
-            "--tls",
-            "--insecure",
-            "--cert",
-            probe.cert(),
-            "--key",
-            probe.key(),
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let cli = probe.cli_args().map(str::to_owned).to_vec();
         let sentinel = SentinelProcess::spawn(
             |port, dir| {
                 format!(
