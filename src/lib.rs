@@ -32,5 +32,6 @@ pub mod framing;
 pub mod http;
 pub mod keygen;
 pub mod lock;
+pub mod logs;
 pub mod metrics;
 pub mod transport;

@@ -40,7 +40,13 @@ async fn main() -> ExitCode {
                 }
             };
             // Flushes the log lines still queued when dropped, at exit.
-            let _logs = init_logging(settings.service.log_format);
+            let _logs = match init_logging(settings.service.log_format) {
+                Ok(guard) => guard,
+                Err(e) => {
+                    eprintln!("lockd: cannot start the log writer thread: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let app = match Application::build(&settings).await {
                 Ok(app) => app,
                 Err(e) => {
@@ -86,12 +92,16 @@ const DEFAULT_LOG_FILTER: &str = "info,redis::cluster_handling=error";
 
 /// Logs to stderr in `format`; `RUST_LOG` (or `LOCKD_LOG`, which wins)
 /// sets the filter, default [`DEFAULT_LOG_FILTER`]. Lines are written by a
-/// thread of their own (tracing-appender's non-blocking writer), so a slow
+/// thread of their own, a batch at a time ([`lockd::logs`]), so a slow
 /// stderr (a full pipe, a slow disk) does not stall the request that
-/// logged; the lines queued together go out in one write. When its queue
-/// is full, logging waits rather than dropping lines: the access log is
-/// complete. Keep the guard until exit: dropping it flushes the queue.
-fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+/// logged, and a busy server pays one write and one wake-up per batch, not
+/// per line. When the buffer is full, logging waits rather than dropping
+/// lines: the access log is complete. Keep the guard until exit: dropping
+/// it writes what is left.
+///
+/// # Errors
+/// When the writer thread cannot be started.
+fn init_logging(format: LogFormat) -> std::io::Result<lockd::logs::FlushGuard> {
     let wanted = std::env::var("LOCKD_LOG")
         .ok()
         .or_else(|| std::env::var("RUST_LOG").ok());
@@ -105,10 +115,7 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
         }
         None => EnvFilter::new(DEFAULT_LOG_FILTER),
     };
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("lockd-log")
-        .finish(std::io::BufWriter::new(std::io::stderr()));
+    let (writer, guard) = lockd::logs::batched(std::io::stderr(), "lockd-log")?;
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer);
@@ -120,5 +127,5 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
             .with_span_list(false)
             .init(),
     }
-    guard
+    Ok(guard)
 }
