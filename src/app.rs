@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum_server::Handle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -186,7 +185,8 @@ impl Application {
     /// The metrics listener, if any, serves until the main one is done.
     ///
     /// # Errors
-    /// When a listener fails.
+    /// None at present: accept errors are logged and accepting goes on
+    /// ([`Transport::serve`]).
     pub async fn run_until<F>(self, shutdown: F) -> std::io::Result<()>
     where
         F: Future<Output = ()> + Send + 'static,
@@ -195,8 +195,8 @@ impl Application {
             self.auth.clone(),
             self.stopping.clone(),
         ));
-        let main = Handle::new();
-        let metrics = Handle::new();
+        let main = CancellationToken::new();
+        let metrics = CancellationToken::new();
         let metrics_server = self.metrics.map(|(listener, router)| {
             let transport = self.transport.plain();
             let handle = metrics.clone();
@@ -206,36 +206,32 @@ impl Application {
             .transport
             .serve(self.listener, self.router, main.clone());
         tokio::pin!(serve);
-        let result = tokio::select! {
-            // The server failed before any shutdown.
-            result = &mut serve => result,
+        tokio::select! {
+            // Only once `main` is cancelled, which the other arm does.
+            () = &mut serve => {}
             () = shutdown => {
                 // Readiness turns 503 and every wait ends at once; the
                 // listener stops accepting, idle connections are closed and
                 // the requests in flight finish.
                 self.stopping.cancel();
-                main.graceful_shutdown(None);
+                main.cancel();
                 // A client that never finishes its request must not hold
                 // the process for ever: past the shutdown timeout this
                 // returns, and the process exits with the connections still
                 // open.
-                match tokio::time::timeout(self.shutdown_timeout, &mut serve).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        tracing::warn!(timeout = ?self.shutdown_timeout, "requests still open after the shutdown timeout; closing them");
-                        Ok(())
-                    }
+                if tokio::time::timeout(self.shutdown_timeout, &mut serve).await.is_err() {
+                    tracing::warn!(timeout = ?self.shutdown_timeout, "requests still open after the shutdown timeout; closing them");
                 }
             }
-        };
+        }
         // Also stops the release-event task when the server failed.
         self.stopping.cancel();
-        metrics.graceful_shutdown(None);
+        metrics.cancel();
         if let Some(server) = metrics_server {
             // Scrapes are short; a stuck one is not waited for.
             let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
         }
-        result
+        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 //! How connections are served: HTTP/1.1 over TCP, or over TLS (rustls with
-//! the ring provider), through `axum-server` and hyper, with hyper's limits
-//! on request heads.
+//! the ring provider, through tokio-rustls), each by hyper's HTTP/1
+//! connection with hyper's limits on request heads, and shut down
+//! gracefully by hyper-util's [`GracefulShutdown`].
 //!
 //! - TLS: a PEM certificate chain and key (`--tls-cert`, `--tls-key`),
 //!   loaded once at start-up. ALPN offers `http/1.1` only.
@@ -22,28 +23,31 @@
 //! - Every connection (over TLS: its decrypted bytes) is read through
 //!   [`framing::watch`], which marks the requests whose target had a
 //!   `#fragment`, which hyper would otherwise drop without a trace.
+//! - hyper's HTTP/1-only connection, not hyper-util's "auto" one (which
+//!   axum-server and `axum::serve` use): its future is the HTTP/1 state
+//!   alone, where the auto one carries room for HTTP/2's too, on every
+//!   connection, a parked waiter's included (docs/performance.md).
 
 use std::fmt;
-use std::future::{Ready, ready};
 use std::io;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum_server::Handle;
-use axum_server::accept::Accept;
-use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
-use futures_util::TryFutureExt as _;
-use futures_util::future::MapOk;
-use hyper_util::rt::TokioTimer;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::service::TowerToHyperService;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{ListenSettings, MIN_HEADER_BYTES};
-use crate::framing::{self, Flagged, Watched};
+use crate::framing;
 
 /// Why the TLS certificate or key cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +89,7 @@ pub enum TlsError {
 #[derive(Clone)]
 pub struct Transport {
     /// `None`: plain HTTP.
-    tls: Option<RustlsConfig>,
+    tls: Option<TlsAcceptor>,
     /// hyper's HTTP/1 header read timeout, also the TLS handshake timeout.
     header_read_timeout: Duration,
     /// hyper's HTTP/1 read buffer, in bytes.
@@ -111,7 +115,7 @@ impl Transport {
     /// key, or the key does not fit the certificate.
     pub fn from_settings(settings: &ListenSettings) -> Result<Self, TlsError> {
         let tls = match &settings.tls {
-            Some(files) => Some(RustlsConfig::from_config(Arc::new(server_config(
+            Some(files) => Some(TlsAcceptor::from(Arc::new(server_config(
                 &files.cert,
                 &files.key,
             )?))),
@@ -137,62 +141,131 @@ impl Transport {
         }
     }
 
-    /// Serves `router` on `listener` until `handle` shuts the server down:
-    /// after [`Handle::graceful_shutdown`] it stops accepting at once, lets
-    /// the requests in flight finish and returns when every connection is
-    /// closed.
+    /// Serves `router` on `listener` until `stop` is cancelled. Then it
+    /// stops accepting at once, closes the idle connections, lets the
+    /// requests in flight finish (their connections close after the
+    /// answer) and returns when every connection is closed. A connection
+    /// still in its TLS handshake is dropped.
     ///
-    /// # Errors
-    /// When the listener cannot be handed over to the server.
-    pub async fn serve(
-        &self,
-        listener: TcpListener,
-        router: Router,
-        handle: Handle<SocketAddr>,
-    ) -> io::Result<()> {
-        let server = axum_server::from_tcp(listener.into_std()?)?;
-        let service = router.into_make_service();
-        match &self.tls {
-            None => {
-                self.configure(server.acceptor(Watch(NoDelay)), handle)
-                    .serve(service)
-                    .await
-            }
-            Some(tls) => {
-                let acceptor = RustlsAcceptor::new(tls.clone())
-                    .handshake_timeout(self.header_read_timeout)
-                    .acceptor(NoDelay);
-                self.configure(server.acceptor(Watch(acceptor)), handle)
-                    .serve(service)
-                    .await
+    /// Accept errors are logged and accepting goes on; one that is not the
+    /// client's (such as no file descriptor left) pauses it for
+    /// [`ACCEPT_PAUSE`] first.
+    pub async fn serve(&self, listener: TcpListener, router: Router, stop: CancellationToken) {
+        let connections = GracefulShutdown::new();
+        let server = Arc::new(Server {
+            http: self.http1(),
+            tls: self.tls.clone(),
+            handshake_timeout: self.header_read_timeout,
+            router,
+            stop: stop.clone(),
+        });
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, _)) => {
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                    }
+                    let server = server.clone();
+                    let watcher = connections.watcher();
+                    // Two kinds of task, so that a plain connection's is
+                    // not the size of a TLS one's (8.5 kB: rustls's state).
+                    if server.tls.is_some() {
+                        tokio::spawn(async move { server.tls_connection(stream, watcher).await });
+                    } else {
+                        tokio::spawn(async move { server.requests(stream, watcher).await });
+                    }
+                }
+                Err(e) if is_the_clients(&e) => {
+                    tracing::debug!(error = %e, "connection dropped before it was accepted");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_PAUSE).await;
+                }
             }
         }
+        drop(listener);
+        connections.shutdown().await;
     }
 
-    /// HTTP/1.1 only, with the head limits, `handle`, and accept errors
-    /// logged.
-    fn configure<A>(
-        &self,
-        server: axum_server::Server<SocketAddr, A>,
-        handle: Handle<SocketAddr>,
-    ) -> axum_server::Server<SocketAddr, A> {
-        let mut server = server.http1_only().handle(handle);
-        server
-            .http_builder()
-            .http1()
-            .timer(TokioTimer::new())
+    /// hyper's HTTP/1 connection settings: the head limits.
+    fn http1(&self) -> http1::Builder {
+        let mut http = http1::Builder::new();
+        http.timer(TokioTimer::new())
             .header_read_timeout(self.header_read_timeout)
             // hyper panics below its minimum; loading the settings refuses
             // it, and settings edited in code get the minimum.
             .max_buf_size(self.max_header_bytes.max(MIN_HEADER_BYTES));
-        server.accept_error_handler(|peer, error| match peer {
-            // A TLS handshake that failed or timed out (such as plain HTTP
-            // sent to the HTTPS port): the client's business.
-            Some(peer) => {
-                tracing::debug!(%peer, %error, "connection dropped before its first request")
+        http
+    }
+}
+
+/// How long accepting pauses after an error that is not the client's
+/// (such as `EMFILE`), rather than fail again at once in a busy loop.
+pub const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// Whether an accept error concerns only the connection being accepted.
+fn is_the_clients(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+    )
+}
+
+/// What every connection of one listener shares.
+struct Server {
+    http: http1::Builder,
+    tls: Option<TlsAcceptor>,
+    handshake_timeout: Duration,
+    router: Router,
+    stop: CancellationToken,
+}
+
+impl Server {
+    /// Serves one accepted connection over TLS: the handshake, then its
+    /// requests until it closes.
+    async fn tls_connection(&self, stream: TcpStream, watcher: Watcher) {
+        let Some(tls) = &self.tls else {
+            return self.requests(stream, watcher).await;
+        };
+        let peer = stream.peer_addr().ok();
+        let handshake = tokio::time::timeout(self.handshake_timeout, tls.accept(stream));
+        let outcome = tokio::select! {
+            // A handshake does not hold a shutdown up.
+            () = self.stop.cancelled() => return,
+            outcome = handshake => outcome,
+        };
+        match outcome {
+            Ok(Ok(stream)) => self.requests(stream, watcher).await,
+            // Plain HTTP sent to the HTTPS port, say: the client's business.
+            Ok(Err(error)) => {
+                tracing::debug!(?peer, %error, "TLS handshake failed; connection dropped");
             }
-            None => tracing::warn!(%error, "cannot accept a connection"),
-        })
+            Err(_) => tracing::debug!(?peer, "TLS handshake timed out; connection dropped"),
+        }
+    }
+
+    /// Serves the requests of a connection (its TLS already done).
+    async fn requests<I>(&self, io: I, watcher: Watcher)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (io, service) = framing::watch(io, self.router.clone());
+        let connection = self
+            .http
+            .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+        if let Err(error) = watcher.watch(connection).await {
+            // A client that went away, a head that timed out or was
+            // refused: nothing lockd can act on.
+            tracing::debug!(%error, "connection closed with an error");
+        }
     }
 }
 
@@ -247,48 +320,4 @@ fn server_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, TlsErr
     .map_err(config_error)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
-}
-
-/// An acceptor that sets `TCP_NODELAY` on each accepted connection; a
-/// socket that refuses is served anyway (the option only saves latency).
-#[derive(Debug, Clone, Copy)]
-struct NoDelay;
-
-impl<S> Accept<TcpStream, S> for NoDelay {
-    type Stream = TcpStream;
-    type Service = S;
-    type Future = Ready<io::Result<(TcpStream, S)>>;
-
-    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-        ready(Ok((stream, service)))
-    }
-}
-
-/// An acceptor that reads each connection `A` accepted through
-/// [`framing::watch`].
-#[derive(Debug, Clone, Copy)]
-struct Watch<A>(A);
-
-/// What [`Watch`] makes of an accepted connection.
-type Watching<I, S> = (Watched<I>, Flagged<S>);
-
-/// How [`Watch`] makes it.
-type WatchFn<I, S> = fn((I, S)) -> Watching<I, S>;
-
-impl<A, S> Accept<TcpStream, S> for Watch<A>
-where
-    A: Accept<TcpStream, S>,
-{
-    type Stream = Watched<A::Stream>;
-    type Service = Flagged<A::Service>;
-    type Future = MapOk<A::Future, fn((A::Stream, A::Service)) -> Watching<A::Stream, A::Service>>;
-
-    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
-        let watch: WatchFn<A::Stream, A::Service> =
-            |(stream, service)| framing::watch(stream, service);
-        self.0.accept(stream, service).map_ok(watch)
-    }
 }
