@@ -5,7 +5,9 @@
 //! `timeout`, and the outcome is counted in the lock metrics as
 //! `unavailable`.
 //!
-//! The route-level `TimeoutLayer` stays as a backstop a little later.
+//! These limits are the only ones on `/locks`: every wait of a request
+//! there (the body, the lock core) is inside one, so no route-level
+//! `TimeoutLayer` backs them up.
 
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ use tokio::time::Instant;
 
 use super::extract::BODY_LIMIT;
 use super::limits::Limits;
-use super::problem::{ApiError, Kind};
+use super::problem::ApiError;
 use crate::lock::LockError;
 
 /// When a request's time is up, set on arrival.
@@ -76,15 +78,18 @@ fn body_error(e: &axum::Error) -> Response {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(inner) = source {
         if inner.is::<LengthLimitError>() {
-            let mut response =
-                ApiError::new(Kind::PayloadTooLarge, "the request body is over 64 KiB")
-                    .into_response();
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return response;
+            return closing(ApiError::payload_too_large().into_response());
         }
         source = inner.source();
     }
     ApiError::invalid("the request body could not be read").into_response()
+}
+
+/// `response` with `Connection: close`: the request's body was not read
+/// (all of it), so the connection cannot carry another request.
+pub fn closing(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }

@@ -62,7 +62,7 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonBody<
         }
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(Kind::PayloadTooLarge, "the request body is over 64 KiB")
+                ApiError::payload_too_large()
             } else {
                 ApiError::invalid(format!("cannot read the request body: {}", e.body_text()))
             }

@@ -18,10 +18,13 @@
 //!    line is written once it is answered (499 if the client went away).
 //! 2. [`target`]: a `#fragment`, a path or query that is not UTF-8 once
 //!    percent-decoded, a `token` in the query, or a transfer coding other
-//!    than `chunked`: 400, before anything reads the body.
-//! 3. The body limits ([`extract::BODY_LIMIT`], 64 KiB): a declared
-//!    `Content-Length` over it is refused (413) before reading; a chunked
-//!    body is cut as it is read.
+//!    than `chunked`: 400; a declared `Content-Length` over the body limit
+//!    ([`extract::BODY_LIMIT`], 64 KiB): 413. Both before anything reads
+//!    the body.
+//! 3. The body limit of axum's extractors: a chunked body over it is cut
+//!    as it is read. Both checks run inside the telemetry's own layer, not
+//!    as layers of their own (each router layer boxes every request once
+//!    more).
 //! 4. An unknown path ends here, at the fallback: 404.
 //!
 //! On `/locks/{name}`, then, in one layer (`routes::gate_locks`):
@@ -34,9 +37,10 @@
 //! 7. [`deadline`]: the request's [`deadline::Deadline`] (the request
 //!    timeout from its arrival) is set, and the whole body is read before
 //!    it (413, or 503 `timeout`).
-//! 8. The method router: a method the route lacks, 405; else a
-//!    `TimeoutLayer` per method, a second after the handler's own limit (a
-//!    backstop).
+//! 8. The method router: a method the route lacks, 405. No `TimeoutLayer`
+//!    here: every wait of a `/locks` request is bounded by its deadline
+//!    already (the body read, the lock core call), and a backstop layer
+//!    cost each request a boxed future and a timer.
 //! 9. The handler ([`locks`]): the extractors ([`extract`]) parse the name,
 //!    the query and the JSON body; `locks::input` turns them into the lock
 //!    core's types under the server's [`limits`]; the lock core is called

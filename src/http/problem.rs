@@ -277,6 +277,8 @@ pub struct ApiError {
 
 const TIMEOUT_DETAIL: &str = "the request took longer than the server allows";
 
+const PAYLOAD_TOO_LARGE_DETAIL: &str = "the request body is over 64 KiB";
+
 /// How long a caller should wait after a 503 before trying again.
 const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
 
@@ -299,6 +301,12 @@ impl ApiError {
         let mut error = Self::new(Kind::Unauthorized, detail);
         error.challenge = Some(challenge);
         error
+    }
+
+    /// A 413 `payload-too-large`: the body is over the limit
+    /// ([`super::extract::BODY_LIMIT`]).
+    pub fn payload_too_large() -> Self {
+        Self::new(Kind::PayloadTooLarge, PAYLOAD_TOO_LARGE_DETAIL)
     }
 
     /// A 503 `timeout`: the request took longer than the server allows.
@@ -511,7 +519,7 @@ pub fn as_problem(response: Response) -> Response {
             Kind::MethodNotAllowed,
             "this route does not take this method; see the Allow header",
         ),
-        StatusCode::PAYLOAD_TOO_LARGE => (Kind::PayloadTooLarge, "the request body is over 64 KiB"),
+        StatusCode::PAYLOAD_TOO_LARGE => (Kind::PayloadTooLarge, PAYLOAD_TOO_LARGE_DETAIL),
         StatusCode::SERVICE_UNAVAILABLE | StatusCode::REQUEST_TIMEOUT => {
             (Kind::Timeout, TIMEOUT_DETAIL)
         }

@@ -13,8 +13,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse as _, Response};
 use axum::routing::get;
 use axum::{Extension, Router, middleware};
-use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
+use tower_layer::{Stack, layer_fn};
 use utoipa::OpenApi as _;
 use utoipa::openapi::OpenApi;
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter, UtoipaMethodRouterExt as _};
@@ -35,15 +35,11 @@ use crate::metrics::Metrics;
 /// version with its Subresource Integrity hash.
 const DOCS_HTML: &str = include_str!("docs.html");
 
-/// How much later than a `/locks` handler's own limit the route's
-/// `TimeoutLayer` cuts the request.
-const BACKSTOP: Duration = Duration::from_secs(1);
-
 /// Every route of the API, grouped by the layers they get. A group is an
 /// [`OpenApiRouter`]: the handlers and their OpenAPI operations together.
 struct Routes {
-    /// `/locks/{name}`, each method with its time limit (an acquire's
-    /// counts its longest wait too).
+    /// `/locks/{name}`; its handlers keep their time limits themselves
+    /// ([`deadline`]).
     locks: OpenApiRouter<AppState>,
     /// `/healthz`, `/readyz` and `/openapi.json`.
     ops: OpenApiRouter<AppState>,
@@ -54,19 +50,12 @@ struct Routes {
 }
 
 impl Routes {
-    /// The route list of a server with `limits`.
-    fn new(limits: &Limits) -> Self {
-        let request_timeout = limits.request_timeout;
-        let max_wait = Duration::from_millis(limits.wait.max_ms);
+    /// The route list.
+    fn new() -> Self {
         Self {
             locks: OpenApiRouter::new()
-                .routes(
-                    routes!(acquire::acquire).layer(timeout(max_wait + request_timeout + BACKSTOP)),
-                )
-                .routes(
-                    routes!(inspect::inspect, extend::extend, release::release)
-                        .layer(timeout(request_timeout + BACKSTOP)),
-                ),
+                .routes(routes!(acquire::acquire))
+                .routes(routes!(inspect::inspect, extend::extend, release::release)),
             ops: OpenApiRouter::new()
                 .routes(routes!(ops::healthz))
                 .routes(routes!(ops::readyz))
@@ -90,7 +79,7 @@ pub fn document(limits: &Limits) -> OpenApi {
         locks,
         ops,
         metrics,
-    } = Routes::new(limits);
+    } = Routes::new();
     let mut doc = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi())
         .merge(locks)
         .merge(ops)
@@ -119,7 +108,7 @@ pub fn pretty_json() -> String {
 /// Every request must finish within the request timeout, an acquire within
 /// its `wait_ms` more; past it: 503 `timeout`. On `/locks` the handlers
 /// keep that limit themselves (see [`deadline`]), so that the outcome is
-/// counted; the `TimeoutLayer`s there are a backstop.
+/// counted; the other routes get a `TimeoutLayer`.
 pub fn router(state: AppState, with_metrics: bool) -> Router {
     let limits = state.limits;
     let doc = Arc::new(document(&limits));
@@ -127,7 +116,7 @@ pub fn router(state: AppState, with_metrics: bool) -> Router {
         locks,
         mut ops,
         metrics,
-    } = Routes::new(&limits);
+    } = Routes::new();
     let locks = locks.route_layer(middleware::from_fn_with_state(state.clone(), gate_locks));
     if with_metrics {
         ops = ops.routes(metrics.map(|route| {
@@ -146,15 +135,14 @@ pub fn router(state: AppState, with_metrics: bool) -> Router {
     let served = locks.merge(ops);
     declare_routes(&state.metrics, served.get_openapi());
     state.metrics.declare_route("GET", "/docs", "200");
-    let app = Router::from(served)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        // Refuses a declared Content-Length over the limit before reading
-        // (and before `100 Continue`); DefaultBodyLimit catches chunked
-        // bodies as they are read.
-        .layer(RequestBodyLimitLayer::new(BODY_LIMIT))
-        .layer(middleware::from_fn(target::refuse_malformed));
     let metrics = state.metrics.clone();
-    telemetry::wrap(app.with_state(state), metrics)
+    // The target checks (a declared Content-Length over the limit among
+    // them), then the body limit of axum's extractors.
+    let checks = Stack::new(
+        DefaultBodyLimit::max(BODY_LIMIT),
+        layer_fn(target::refuse_malformed),
+    );
+    telemetry::wrap(Router::from(served).with_state(state), metrics, checks)
 }
 
 /// What every `/locks/{name}` request passes before its method router, in
@@ -214,8 +202,8 @@ pub fn metrics_router(state: AppState) -> Router {
         .route("/metrics", get(ops::metrics))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
-        .layer(timeout(state.limits.request_timeout))
-        .layer(middleware::from_fn(target::refuse_malformed));
+        .layer(timeout(state.limits.request_timeout));
     let metrics = state.metrics.clone();
-    telemetry::wrap(app.with_state(state), metrics)
+    let checks = layer_fn(target::refuse_malformed);
+    telemetry::wrap(app.with_state(state), metrics, checks)
 }

@@ -12,32 +12,88 @@
 //! - A `Transfer-Encoding` other than `chunked` alone (such as `gzip,
 //!   chunked`): 400, with the connection closed, since lockd would
 //!   otherwise read the coded bytes as the body.
+//! - A `Content-Length` over the body limit ([`BODY_LIMIT`], 64 KiB): 413,
+//!   with the connection closed, before reading the body (and before
+//!   `100 Continue`). A chunked body over it is cut as it is read
+//!   ([`super::deadline`]).
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::task::{Context, Poll};
 
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, header};
-use axum::middleware::Next;
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::future::Either;
 use percent_encoding::percent_decode_str;
+use tower_service::Service;
 
+use super::deadline::closing;
+use super::extract::BODY_LIMIT;
 use super::problem::ApiError;
 use crate::framing::FragmentInTarget;
 
-/// Middleware: refuses a request whose target or framing breaks the rules
-/// above with a 400 problem document.
-pub async fn refuse_malformed(request: Request, next: Next) -> Response {
+/// The layer that refuses a request whose target or framing breaks the
+/// rules above with a 400 problem document, and passes the others on.
+///
+/// A plain tower layer rather than `axum::middleware::from_fn`: the check
+/// needs no `await`, so a request passes without a boxed future or a
+/// clone of the service below, for the whole time it is served (a parked
+/// waiter's included).
+pub fn refuse_malformed<S>(inner: S) -> RefuseMalformed<S> {
+    RefuseMalformed { inner }
+}
+
+/// The service [`refuse_malformed`] puts around another.
+#[derive(Debug, Clone)]
+pub struct RefuseMalformed<S> {
+    inner: S,
+}
+
+impl<S> Service<Request> for RefuseMalformed<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<Ready<Result<Response, Infallible>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        match refusal(&request) {
+            Some(refused) => Either::Left(ready(Ok(refused))),
+            None => Either::Right(self.inner.call(request)),
+        }
+    }
+}
+
+/// The answer to `request`, if it breaks a rule above: 400, or 413 for a
+/// declared body over the limit.
+fn refusal(request: &Request) -> Option<Response> {
+    // The body is not read, and its framing is not one lockd takes, or it
+    // is too long to read: the connection cannot carry another request.
     if let Some(refusal) = transfer_coding(request.headers()) {
-        let mut response = refusal.into_response();
-        // The body was not read, and its framing is not one lockd takes:
-        // the connection cannot carry another request.
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        return response;
+        return Some(closing(refusal.into_response()));
     }
-    match target(&request) {
-        Ok(()) => next.run(request).await,
-        Err(refusal) => refusal.into_response(),
+    if declared_length(request.headers()).is_some_and(|length| length > BODY_LIMIT as u64) {
+        return Some(closing(ApiError::payload_too_large().into_response()));
     }
+    target(request).err().map(IntoResponse::into_response)
+}
+
+/// The body length a `Content-Length` header declares, when it is one
+/// number (hyper refuses a head with a malformed or conflicting one).
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// 400 unless the `Transfer-Encoding` is absent or `chunked` alone.

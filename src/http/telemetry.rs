@@ -16,8 +16,10 @@ use axum::Router;
 use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderName, HeaderValue, Method};
 use axum::response::Response;
+use axum::routing::Route;
 use futures_util::future::BoxFuture;
 use percent_encoding::percent_decode_str;
+use tower_layer::Layer;
 use tower_service::Service;
 use tracing::field::Empty;
 use tracing::{Instrument as _, Span};
@@ -34,7 +36,14 @@ const MAX_LOGGED_NAME: usize = 200;
 /// The longest client-chosen request ID kept.
 const MAX_REQUEST_ID: usize = 128;
 
-/// Puts the telemetry around `app`; `metrics` counts its requests.
+/// Puts the telemetry around `app`, with `checks` (the layers every
+/// request passes first, [`super::target`] and the body limit) right
+/// inside it; `metrics` counts its requests.
+///
+/// One `Router::layer` for both: axum wraps each route in a boxed `Route`
+/// once per `layer` call, and every request (a parked waiter's for as long
+/// as it waits) holds each box. So `checks` are applied to each route here,
+/// inside the telemetry's service, rather than by layers of their own.
 ///
 /// One layer does it all, in this order: an unusable client `x-request-id`
 /// is replaced (`usable_request_id`), the ID set on the request; the
@@ -44,9 +53,15 @@ const MAX_REQUEST_ID: usize = 128;
 /// the answer. One layer rather than six (tower-http's request-ID and trace
 /// layers and three `from_fn` middlewares), each of which cloned its inner
 /// service and boxed a future per request: measured in docs/performance.md.
-pub fn wrap(app: Router, metrics: Arc<Metrics>) -> Router {
-    app.layer(tower_layer::layer_fn(move |inner| Telemetry {
-        inner,
+pub fn wrap<L>(app: Router, metrics: Arc<Metrics>, checks: L) -> Router
+where
+    L: Layer<Route> + Clone + Send + Sync + 'static,
+    L::Service:
+        Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    <L::Service as Service<Request>>::Future: Send + 'static,
+{
+    app.layer(tower_layer::layer_fn(move |route| Telemetry {
+        inner: checks.layer(route),
         metrics: metrics.clone(),
     }))
 }

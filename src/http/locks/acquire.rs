@@ -63,6 +63,10 @@ pub async fn acquire(
         .wait
         .resolve(query.wait_ms.as_deref(), body.wait_ms)?;
     let request = acquire_request(name, query, &headers, body, &limits.ttl)?;
+    // The header values are slices of hyper's read buffer: held through a
+    // wait, they would keep that buffer (8 KiB) alive beside the one hyper
+    // reads the next request into, for every parked waiter.
+    drop(headers);
     let (name, token) = (request.name.clone(), request.token.clone());
     // Counted as cancelled if the client goes away before the answer.
     let counted = metrics.pending_acquire(&name, started);
