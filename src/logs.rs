@@ -13,11 +13,17 @@
 //!   the thread wakes. When the previous batch went out less than
 //!   [`BUSY_WITHIN`] ago the thread first waits [`GATHER`] for more lines, so
 //!   a busy server writes about one batch per millisecond.
-//! - **Lossless:** when [`MAX_BUFFERED_BYTES`] are waiting (the output is
-//!   stuck: a full pipe, a slow disk), logging waits for the writer rather
-//!   than drop lines, so the access log is complete.
+//! - **No line lost to a slow output:** when [`MAX_BUFFERED_BYTES`] are
+//!   waiting (a slow disk, a pipe read slowly), logging waits for the
+//!   writer rather than drop lines, so the access log is complete.
+//! - **A stuck output does not stall lockd:** when a line has waited
+//!   [`STUCK_AFTER`] for room and the writer has written nothing meanwhile
+//!   (a pipe nobody reads), lines are dropped and counted, at once, until
+//!   the writer gets a batch out again; then a line says how many were
+//!   dropped. Requests, and a shutdown, go on meanwhile.
 //! - **At exit:** dropping the [`FlushGuard`] writes what is left and stops
-//!   the thread.
+//!   the thread, waiting at most [`EXIT_FLUSH`] for an output that takes
+//!   nothing.
 
 use std::io::{self, Write};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -36,6 +42,14 @@ pub const BUSY_WITHIN: Duration = Duration::from_millis(10);
 /// Bytes waiting to be written above which logging waits for the writer.
 pub const MAX_BUFFERED_BYTES: usize = 8 << 20;
 
+/// How long a line waits for room, with the writer making no progress,
+/// before the output is taken as stuck and lines are dropped.
+pub const STUCK_AFTER: Duration = Duration::from_secs(1);
+
+/// How long dropping the [`FlushGuard`] waits for the last lines to be
+/// written.
+pub const EXIT_FLUSH: Duration = Duration::from_secs(2);
+
 /// Capacity the buffers are cut back to after a burst, in bytes.
 const KEPT_CAPACITY: usize = 64 << 10;
 
@@ -47,7 +61,7 @@ pub struct Batched {
 }
 
 /// Stops the writer thread when dropped, after it has written every line
-/// logged before.
+/// logged before (waiting at most [`EXIT_FLUSH`]).
 #[derive(Debug)]
 pub struct FlushGuard {
     shared: Arc<Shared>,
@@ -59,7 +73,7 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled when the buffer stops being empty, and at close.
     filled: Condvar,
-    /// Signalled when the writer has taken the buffer.
+    /// Signalled when the writer has taken the buffer, and when it is done.
     drained: Condvar,
 }
 
@@ -67,6 +81,15 @@ struct Shared {
 struct State {
     lines: Vec<u8>,
     closed: bool,
+    /// The writer thread has written everything and returned.
+    finished: bool,
+    /// Counts the batches the writer has taken: progress.
+    taken: u64,
+    /// The output is stuck: lines are dropped until the writer takes a
+    /// batch again.
+    stuck: bool,
+    /// Lines dropped while stuck, not yet reported.
+    dropped: u64,
 }
 
 impl Shared {
@@ -90,7 +113,11 @@ where
         .name(thread_name.to_owned())
         .spawn({
             let shared = shared.clone();
-            move || write_batches(&shared, out)
+            move || {
+                write_batches(&shared, out);
+                shared.lock().finished = true;
+                shared.drained.notify_all();
+            }
         })?;
     Ok((
         Batched {
@@ -126,9 +153,20 @@ fn write_batches<W: Write>(shared: &Shared, mut out: W) {
             state = shared.lock();
         }
         std::mem::swap(&mut state.lines, &mut batch);
+        state.taken += 1;
+        state.stuck = false;
+        let dropped = std::mem::take(&mut state.dropped);
         drop(state);
         shared.drained.notify_all();
-        let _ = out.write_all(&batch).and_then(|()| out.flush());
+        let _ = out.write_all(&batch);
+        if dropped > 0 {
+            let note = format!(
+                "lockd: {dropped} log lines dropped: stderr took nothing for {} s\n",
+                STUCK_AFTER.as_secs()
+            );
+            let _ = out.write_all(note.as_bytes());
+        }
+        let _ = out.flush();
         last_write = Some(Instant::now());
         batch.clear();
         batch.shrink_to(KEPT_CAPACITY);
@@ -137,8 +175,24 @@ fn write_batches<W: Write>(shared: &Shared, mut out: W) {
 
 impl Drop for FlushGuard {
     fn drop(&mut self) {
-        self.shared.lock().closed = true;
+        let mut state = self.shared.lock();
+        state.closed = true;
         self.shared.filled.notify_one();
+        let deadline = Instant::now() + EXIT_FLUSH;
+        while !state.finished {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                // The output takes nothing: the thread is left behind.
+                return;
+            }
+            state = self
+                .shared
+                .drained
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        drop(state);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -154,12 +208,30 @@ pub struct Line<'a> {
 impl Write for Line<'_> {
     fn write(&mut self, line: &[u8]) -> io::Result<usize> {
         let mut state = self.shared.lock();
+        let mut waited_since: Option<(Instant, u64)> = None;
         while state.lines.len() >= MAX_BUFFERED_BYTES && !state.closed {
+            if state.stuck {
+                state.dropped += 1;
+                return Ok(line.len());
+            }
+            let (since, taken) = *waited_since.get_or_insert((Instant::now(), state.taken));
+            if taken != state.taken {
+                // The writer made progress: wait afresh.
+                waited_since = None;
+                continue;
+            }
+            let left = STUCK_AFTER.saturating_sub(since.elapsed());
+            if left.is_zero() {
+                state.stuck = true;
+                state.dropped += 1;
+                return Ok(line.len());
+            }
             state = self
                 .shared
                 .drained
-                .wait(state)
-                .unwrap_or_else(PoisonError::into_inner);
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
         let was_empty = state.lines.is_empty();
         state.lines.extend_from_slice(line);
@@ -240,6 +312,91 @@ mod tests {
         }
         assert_eq!(next, [2_000; 4], "no line lost");
         assert!(writes < 8_000, "lines went out in batches: {writes} writes");
+    }
+
+    /// A `Write` that takes nothing until it is opened.
+    #[derive(Clone, Default)]
+    struct Gate(Arc<(Mutex<bool>, Condvar)>, Sink);
+
+    impl Write for Gate {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let (open, opened) = &*self.0;
+            let mut open = open.lock().expect("gate");
+            while !*open {
+                open = opened.wait(open).expect("gate");
+            }
+            drop(open);
+            self.1.write(buf)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stuck_output_drops_and_counts_lines_rather_than_stall_the_logger() {
+        let gate = Gate::default();
+        let (writer, guard) = batched(gate.clone(), "test-log").expect("thread");
+        let line = [b'x'; 1023];
+        let line = [&line[..], b"\n"].concat();
+        // The first line is taken, and the writer is stuck on it.
+        writer.make_writer().write_all(&line).expect("write");
+        while writer.shared.lock().taken == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let started = Instant::now();
+        // 8 MiB wait, then the output is stuck: the rest is dropped.
+        let lines = MAX_BUFFERED_BYTES / line.len() + 200;
+        for _ in 1..lines {
+            writer.make_writer().write_all(&line).expect("write");
+        }
+        assert!(
+            started.elapsed() < STUCK_AFTER * 3,
+            "logging stalled for {:?}",
+            started.elapsed()
+        );
+        let (open, opened) = &*gate.0;
+        *open.lock().expect("gate") = true;
+        opened.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !String::from_utf8_lossy(&gate.1.0.lock().expect("sink").0).contains("dropped") {
+            assert!(Instant::now() < deadline, "the writer never caught up");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        writer.make_writer().write_all(b"after\n").expect("write");
+        drop(guard);
+        let written = String::from_utf8(gate.1.0.lock().expect("sink").0.clone()).expect("utf-8");
+        let kept = written.lines().filter(|l| l.starts_with('x')).count();
+        let note = written
+            .lines()
+            .find(|l| l.contains("log lines dropped"))
+            .expect("a line says how many were dropped");
+        let dropped: usize = note
+            .trim_start_matches("lockd: ")
+            .split(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a count");
+        assert!(dropped > 0);
+        assert_eq!(kept + dropped, lines, "every line kept or counted");
+        assert!(written.ends_with("after\n"), "logging resumed");
+    }
+
+    #[test]
+    fn dropping_the_guard_does_not_wait_for_ever_on_a_stuck_output() {
+        let gate = Gate::default();
+        let (writer, guard) = batched(gate, "test-log").expect("thread");
+        writer
+            .make_writer()
+            .write_all(b"never written\n")
+            .expect("write");
+        let started = Instant::now();
+        drop(guard);
+        assert!(
+            started.elapsed() < EXIT_FLUSH * 2,
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

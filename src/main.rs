@@ -96,8 +96,8 @@ const DEFAULT_LOG_FILTER: &str = "info,redis::cluster_handling=error";
 /// stderr (a full pipe, a slow disk) does not stall the request that
 /// logged, and a busy server pays one write and one wake-up per batch, not
 /// per line. When the buffer is full, logging waits rather than dropping
-/// lines: the access log is complete. Keep the guard until exit: dropping
-/// it writes what is left.
+/// lines, unless stderr takes nothing at all (see [`lockd::logs`]). Keep the
+/// guard until exit: dropping it writes what is left.
 ///
 /// # Errors
 /// When the writer thread cannot be started.
