@@ -98,6 +98,18 @@ impl Shared {
         // and taking the buffer cannot stop half-way.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Waits on [`Self::drained`] for at most `left`.
+    fn wait_drained<'a>(
+        &self,
+        state: MutexGuard<'a, State>,
+        left: Duration,
+    ) -> MutexGuard<'a, State> {
+        self.drained
+            .wait_timeout(state, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
 }
 
 /// Starts the thread (named `thread_name`) that writes the lines to `out`.
@@ -185,12 +197,7 @@ impl Drop for FlushGuard {
                 // The output takes nothing: the thread is left behind.
                 return;
             }
-            state = self
-                .shared
-                .drained
-                .wait_timeout(state, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = self.shared.wait_drained(state, left);
         }
         drop(state);
         if let Some(thread) = self.thread.take() {
@@ -226,12 +233,7 @@ impl Write for Line<'_> {
                 state.dropped += 1;
                 return Ok(line.len());
             }
-            state = self
-                .shared
-                .drained
-                .wait_timeout(state, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = self.shared.wait_drained(state, left);
         }
         let was_empty = state.lines.is_empty();
         state.lines.extend_from_slice(line);
@@ -261,13 +263,41 @@ impl<'a> MakeWriter<'a> for Batched {
 mod tests {
     use super::*;
 
-    /// A `Write` into a shared vector, counting the writes.
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<(Vec<u8>, usize)>>);
+    /// A `Write` into a shared vector, counting the writes; a shut one
+    /// takes nothing until it is opened.
+    #[derive(Clone)]
+    struct Sink {
+        out: Arc<Mutex<(Vec<u8>, usize)>>,
+        open: Arc<(Mutex<bool>, Condvar)>,
+    }
+
+    impl Sink {
+        fn new(open: bool) -> Self {
+            Self {
+                out: Arc::default(),
+                open: Arc::new((Mutex::new(open), Condvar::new())),
+            }
+        }
+
+        fn open(&self) {
+            *self.open.0.lock().expect("gate") = true;
+            self.open.1.notify_all();
+        }
+
+        fn written(&self) -> String {
+            String::from_utf8(self.out.lock().expect("sink").0.clone()).expect("utf-8")
+        }
+    }
 
     impl Write for Sink {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            let mut sink = self.0.lock().expect("sink");
+            let (open, opened) = &*self.open;
+            let mut open = open.lock().expect("gate");
+            while !*open {
+                open = opened.wait(open).expect("gate");
+            }
+            drop(open);
+            let mut sink = self.out.lock().expect("sink");
             sink.0.extend_from_slice(buf);
             sink.1 += 1;
             Ok(buf.len())
@@ -279,7 +309,7 @@ mod tests {
 
     #[test]
     fn every_line_is_written_in_order_by_the_time_the_guard_is_dropped() {
-        let sink = Sink::default();
+        let sink = Sink::new(true);
         let (writer, guard) = batched(sink.clone(), "test-log").expect("thread");
         let threads: Vec<_> = (0..4)
             .map(|t| {
@@ -300,8 +330,8 @@ mod tests {
         }
         drop(guard);
         let (written, writes) = {
-            let sink = sink.0.lock().expect("sink");
-            (String::from_utf8(sink.0.clone()).expect("utf-8"), sink.1)
+            let out = sink.out.lock().expect("sink");
+            (String::from_utf8(out.0.clone()).expect("utf-8"), out.1)
         };
         let mut next = [0; 4];
         for line in written.lines() {
@@ -314,29 +344,10 @@ mod tests {
         assert!(writes < 8_000, "lines went out in batches: {writes} writes");
     }
 
-    /// A `Write` that takes nothing until it is opened.
-    #[derive(Clone, Default)]
-    struct Gate(Arc<(Mutex<bool>, Condvar)>, Sink);
-
-    impl Write for Gate {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            let (open, opened) = &*self.0;
-            let mut open = open.lock().expect("gate");
-            while !*open {
-                open = opened.wait(open).expect("gate");
-            }
-            drop(open);
-            self.1.write(buf)
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
     #[test]
     fn a_stuck_output_drops_and_counts_lines_rather_than_stall_the_logger() {
-        let gate = Gate::default();
-        let (writer, guard) = batched(gate.clone(), "test-log").expect("thread");
+        let sink = Sink::new(false);
+        let (writer, guard) = batched(sink.clone(), "test-log").expect("thread");
         let line = [b'x'; 1023];
         let line = [&line[..], b"\n"].concat();
         // The first line is taken, and the writer is stuck on it.
@@ -355,17 +366,15 @@ mod tests {
             "logging stalled for {:?}",
             started.elapsed()
         );
-        let (open, opened) = &*gate.0;
-        *open.lock().expect("gate") = true;
-        opened.notify_all();
+        sink.open();
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !String::from_utf8_lossy(&gate.1.0.lock().expect("sink").0).contains("dropped") {
+        while !sink.written().contains("dropped") {
             assert!(Instant::now() < deadline, "the writer never caught up");
             std::thread::sleep(Duration::from_millis(5));
         }
         writer.make_writer().write_all(b"after\n").expect("write");
         drop(guard);
-        let written = String::from_utf8(gate.1.0.lock().expect("sink").0.clone()).expect("utf-8");
+        let written = sink.written();
         let kept = written.lines().filter(|l| l.starts_with('x')).count();
         let note = written
             .lines()
@@ -384,8 +393,7 @@ mod tests {
 
     #[test]
     fn dropping_the_guard_does_not_wait_for_ever_on_a_stuck_output() {
-        let gate = Gate::default();
-        let (writer, guard) = batched(gate, "test-log").expect("thread");
+        let (writer, guard) = batched(Sink::new(false), "test-log").expect("thread");
         writer
             .make_writer()
             .write_all(b"never written\n")
@@ -401,11 +409,11 @@ mod tests {
 
     #[test]
     fn a_line_on_a_quiet_writer_goes_out_at_once() {
-        let sink = Sink::default();
+        let sink = Sink::new(true);
         let (writer, _guard) = batched(sink.clone(), "test-log").expect("thread");
         writer.make_writer().write_all(b"one\n").expect("write");
         let deadline = Instant::now() + Duration::from_secs(5);
-        while sink.0.lock().expect("sink").0.is_empty() {
+        while sink.written().is_empty() {
             assert!(Instant::now() < deadline, "the line was never written");
             std::thread::sleep(Duration::from_millis(1));
         }
