@@ -1,0 +1,54 @@
+-- The shared part of the semaphore scripts, put in front of each (after
+-- fence.lua). A semaphore is two keys under one hash tag:
+--   permits  a sorted set: token -> the permit's expiry, in ms of this
+--            server's clock (TIME);
+--   holders  a hash: 'limit' -> the limit set by the first permit, and
+--            't:' .. token -> a JSON record {fence, owner, granted_at_ms,
+--            ttl_ms}
+--            (the fence as a string: 16 digits do not fit a Lua number's
+--            JSON encoding).
+-- Every script first forgets the permits that ran out (prune), so that an
+-- expired permit is free at once for every instance, with no cleanup job,
+-- and both keys expire with the last permit.
+
+-- This server's clock, in ms.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Forgets the permits that ran out by `now`; returns how many are held.
+local function prune(permits, holders, now)
+  local gone = redis.call('ZRANGEBYSCORE', permits, '-inf', now)
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', permits, '-inf', now)
+    -- In slices: unpack() of thousands of values overflows Lua's stack.
+    for first = 1, #gone, 500 do
+      local fields = {}
+      for i = first, math.min(first + 499, #gone) do
+        fields[#fields + 1] = 't:' .. gone[i]
+      end
+      redis.call('HDEL', holders, unpack(fields))
+    end
+  end
+  local held = redis.call('ZCARD', permits)
+  if held == 0 then
+    redis.call('DEL', holders)
+  end
+  return held
+end
+
+-- Makes both keys live as long as the longest permit, and no longer.
+local function expire_with_last(permits, holders, now)
+  local last = redis.call('ZRANGE', permits, -1, -1, 'WITHSCORES')
+  if #last == 2 then
+    local left = math.max(1, tonumber(last[2]) - now)
+    redis.call('PEXPIRE', permits, left)
+    redis.call('PEXPIRE', holders, left)
+  end
+end
+
+-- The holders hash field of `token`.
+local function holder_field(token)
+  return 't:' .. token
+end
