@@ -42,6 +42,7 @@ pub mod reaper;
 pub mod redis;
 pub mod redlock;
 pub mod restart;
+pub mod semaphore;
 pub mod sentinel;
 pub mod service;
 pub mod store;

@@ -60,6 +60,8 @@ use super::{
 use crate::backoff::ExponentialBackoff;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
+mod semaphores;
+
 /// The fencing rule (`next_fence`), put in front of the scripts that give
 /// fences.
 const FENCE_LUA: &str = include_str!("scripts/fence.lua");

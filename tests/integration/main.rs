@@ -23,6 +23,7 @@ mod redis_outage;
 mod redis_tls;
 mod redlock;
 mod replicas;
+mod semaphore_core;
 mod sentinel;
 mod shutdown;
 mod strict_input;

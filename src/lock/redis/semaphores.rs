@@ -1,0 +1,254 @@
+//! Semaphores on the Redis backend (issue 17; not served yet): the
+//! scripts `semaphore.lua` and `sem_*.lua`, whose data model is in
+//! docs/design.md ("Semaphores"). All keys of one semaphore share the
+//! `{name}` hash tag, so each script touches one node, on a single Redis,
+//! a Sentinel set's master or a Redis Cluster alike.
+
+use std::sync::LazyLock;
+use std::time::{Duration, SystemTime};
+
+use redis::Script;
+use tokio::time::Instant;
+
+use super::{FENCE_LUA, RedisBackend, parse_unix_millis};
+use crate::lock::semaphore::{
+    Limit, Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo,
+};
+use crate::lock::{LockError, LockName, Token, Ttl, unix_millis};
+
+/// The shared part of the semaphore scripts (`prune`, `now_ms`, ...).
+const SEMAPHORE_LUA: &str = include_str!("../scripts/semaphore.lua");
+
+static TAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FENCE_LUA}{SEMAPHORE_LUA}{}",
+        include_str!("../scripts/sem_acquire.lua")
+    ))
+});
+static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{SEMAPHORE_LUA}{}",
+        include_str!("../scripts/sem_release.lua")
+    ))
+});
+static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{SEMAPHORE_LUA}{}",
+        include_str!("../scripts/sem_extend.lua")
+    ))
+});
+static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{SEMAPHORE_LUA}{}",
+        include_str!("../scripts/sem_inspect.lua")
+    ))
+});
+
+/// The keys of semaphore `N` under prefix `P`: `Psem:{N}:permits`,
+/// `Psem:{N}:holders`, `Psem:{N}:fence`, and the release channel
+/// `Psem:{N}:released`.
+struct SemKeys {
+    permits: String,
+    holders: String,
+    fence: String,
+    released: String,
+}
+
+impl SemKeys {
+    fn new(prefix: &str, name: &LockName) -> Self {
+        let base = format!("{prefix}sem:{{{name}}}");
+        Self {
+            permits: format!("{base}:permits"),
+            holders: format!("{base}:holders"),
+            fence: format!("{base}:fence"),
+            released: format!("{base}:released"),
+        }
+    }
+}
+
+/// A permit's record in the holders hash.
+#[derive(serde::Deserialize)]
+struct Record {
+    fence: String,
+    #[serde(default)]
+    owner: String,
+    #[serde(default)]
+    granted_at_ms: Option<u64>,
+}
+
+impl RedisBackend {
+    /// Takes one permit of `req.name`, or renews the one `req.token` holds.
+    /// The inner `Err` is a refusal: full, or another limit held.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] or [`LockError::Backend`] when Redis
+    /// fails: the permit may or may not have been granted.
+    pub async fn take_permit(
+        &self,
+        req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+        let keys = SemKeys::new(&self.prefix, &req.name);
+        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
+        let mut call = TAKE.prepare_invoke();
+        call.key(&keys.permits)
+            .key(&keys.holders)
+            .key(&keys.fence)
+            .arg(req.token.expose())
+            .arg(req.limit.get())
+            .arg(req.ttl.as_millis())
+            .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
+            .arg(unix_millis(sent_wall))
+            .arg(self.fence_retention_ms);
+        let (status, value, limit): (i64, String, i64) = self.run(&call).await?;
+        let number = |raw: &str| -> Result<u64, LockError> {
+            raw.parse()
+                .map_err(|_| LockError::Backend(format!("semaphore script answered {raw:?}")))
+        };
+        let limit_of = |raw: i64| {
+            Limit::new(u64::try_from(raw).unwrap_or(0), u32::MAX)
+                .map_err(|_| LockError::Backend(format!("semaphore limit {raw}")))
+        };
+        match status {
+            0 => Ok(Err(Refusal::Full {
+                retry_after: Duration::from_millis(number(&value)?),
+                limit: limit_of(limit)?,
+            })),
+            3 => Ok(Err(Refusal::LimitMismatch {
+                held: limit_of(i64::try_from(number(&value)?).unwrap_or(0))?,
+            })),
+            1 | 2 => {
+                let fence = number(&value)?;
+                let left = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let ttl = req
+                    .ttl
+                    .as_millis()
+                    .checked_sub(left)
+                    .and_then(|ms| Ttl::from_millis(ms, req.ttl.as_millis(), "ttl_ms").ok())
+                    .ok_or_else(|| {
+                        LockError::Unavailable("the permit ran out in transit".into())
+                    })?;
+                let permit = Permit {
+                    fence,
+                    ttl,
+                    expires_at: sent_wall + req.ttl.as_duration(),
+                    limit: limit_of(limit)?,
+                };
+                Ok(Ok(if status == 1 {
+                    PermitOutcome::Granted(permit)
+                } else {
+                    PermitOutcome::Renewed(permit)
+                }))
+            }
+            other => Err(LockError::Backend(format!(
+                "semaphore script answered status {other}"
+            ))),
+        }
+    }
+
+    /// Gives back the permit `token` holds; `false` when it holds none
+    /// (released, or run out).
+    ///
+    /// # Errors
+    /// As for [`Self::take_permit`].
+    pub async fn give_back_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+    ) -> Result<bool, LockError> {
+        let keys = SemKeys::new(&self.prefix, name);
+        let mut call = GIVE_BACK.prepare_invoke();
+        call.key(&keys.permits)
+            .key(&keys.holders)
+            .arg(token.expose())
+            .arg(&keys.released)
+            .arg(self.events.publish());
+        let released: i64 = self.run(&call).await?;
+        Ok(released == 1)
+    }
+
+    /// Resets the lease of the permit `token` holds to `ttl`; `None` when
+    /// it holds none. Never recreates a permit.
+    ///
+    /// # Errors
+    /// As for [`Self::take_permit`].
+    pub async fn extend_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<Permit>, LockError> {
+        let keys = SemKeys::new(&self.prefix, name);
+        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
+        let mut call = EXTEND.prepare_invoke();
+        call.key(&keys.permits)
+            .key(&keys.holders)
+            .arg(token.expose())
+            .arg(ttl.as_millis());
+        let (status, fence, limit): (i64, String, i64) = self.run(&call).await?;
+        if status != 1 {
+            return Ok(None);
+        }
+        let left = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let Some(left) = ttl
+            .as_millis()
+            .checked_sub(left)
+            .and_then(|ms| Ttl::from_millis(ms, ttl.as_millis(), "ttl_ms").ok())
+        else {
+            return Ok(None);
+        };
+        Ok(Some(Permit {
+            fence: fence
+                .parse()
+                .map_err(|_| LockError::Backend(format!("semaphore fence {fence:?}")))?,
+            ttl: left,
+            expires_at: sent_wall + ttl.as_duration(),
+            limit: Limit::new(u64::try_from(limit).unwrap_or(0), u32::MAX)
+                .map_err(|_| LockError::Backend(format!("semaphore limit {limit}")))?,
+        }))
+    }
+
+    /// The semaphore's limit and live permits (never a token), or `None`
+    /// when no permit is held.
+    ///
+    /// # Errors
+    /// As for [`Self::take_permit`].
+    pub async fn inspect_semaphore(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        let keys = SemKeys::new(&self.prefix, name);
+        let read_at = Instant::now();
+        let mut call = INSPECT.prepare_invoke();
+        call.key(&keys.permits).key(&keys.holders);
+        let answer: Vec<redis::Value> = self.run(&call).await?;
+        let mut answer = answer.into_iter();
+        let limit: i64 = match answer.next() {
+            Some(value) => {
+                redis::from_redis_value(value).map_err(|e| LockError::Backend(e.to_string()))?
+            }
+            None => 0,
+        };
+        let Ok(limit) = Limit::new(u64::try_from(limit).unwrap_or(0), u32::MAX) else {
+            return Ok(None);
+        };
+        let mut permits = Vec::new();
+        while let (Some(left), Some(record)) = (answer.next(), answer.next()) {
+            let left: i64 =
+                redis::from_redis_value(left).map_err(|e| LockError::Backend(e.to_string()))?;
+            let record: String =
+                redis::from_redis_value(record).map_err(|e| LockError::Backend(e.to_string()))?;
+            let record: Record = serde_json::from_str(&record)
+                .map_err(|e| LockError::Backend(format!("semaphore permit record: {e}")))?;
+            permits.push(PermitInfo {
+                fence: record.fence.parse().unwrap_or(0),
+                owner: Some(record.owner).filter(|o| !o.is_empty()),
+                remaining: Duration::from_millis(u64::try_from(left).unwrap_or(0))
+                    .saturating_sub(read_at.elapsed()),
+                granted_at: record
+                    .granted_at_ms
+                    .and_then(|ms| parse_unix_millis(&ms.to_string())),
+            });
+        }
+        Ok(Some(SemaphoreInfo { limit, permits }))
+    }
+}
