@@ -14,6 +14,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::fence::{self, DEFAULT_RETENTION, unix_micros};
+
+mod semaphores;
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl, WaitInterest,
@@ -44,6 +46,9 @@ struct State {
     /// fence retention after a lock's last grant; the process's wall clock
     /// keeps fences growing after that (see [`fence`]).
     fences: HashMap<String, Counter>,
+    /// Semaphores (see [`super::semaphore`]), and their fencing counters.
+    semaphores: HashMap<String, super::semaphore::Permits>,
+    semaphore_fences: HashMap<String, Counter>,
 }
 
 impl State {
@@ -64,13 +69,26 @@ impl State {
     fn sweep(&mut self, now: Instant) {
         self.holders.retain(|_, h| h.expires > now);
         self.fences.retain(|_, c| c.forget_at > now);
+        self.semaphore_fences.retain(|_, c| c.forget_at > now);
     }
 
     /// The next fence of `name` by the rule of [`fence::next_fence`], kept
     /// for `retention`.
     fn next_fence(&mut self, name: &LockName, now: Instant, retention: Duration) -> u64 {
-        let stored = self
-            .fences
+        next_fence_in(&mut self.fences, name, now, retention)
+    }
+}
+
+/// The next fence of `name` among `fences`, by the rule of
+/// [`fence::next_fence`], kept for `retention`.
+fn next_fence_in(
+    fences: &mut HashMap<String, Counter>,
+    name: &LockName,
+    now: Instant,
+    retention: Duration,
+) -> u64 {
+    {
+        let stored = fences
             .get(name.as_str())
             .filter(|c| c.forget_at > now)
             .map(|c| c.fence);
@@ -78,7 +96,7 @@ impl State {
         // stay below it, so there is no foreign counter to refuse here.
         let fence =
             fence::next_fence(stored, unix_micros(SystemTime::now())).unwrap_or(fence::MAX_FENCE);
-        self.fences.insert(
+        fences.insert(
             name.as_str().to_owned(),
             Counter {
                 fence,
@@ -95,6 +113,8 @@ pub struct MemoryBackend {
     /// Told about every release, so that waiters wake at once.
     listener: OnceLock<Arc<dyn ReleaseListener>>,
     fence_retention: Duration,
+    /// The origin of the semaphores' millisecond clock.
+    origin: Instant,
 }
 
 impl Default for MemoryBackend {
@@ -117,6 +137,7 @@ impl MemoryBackend {
             state: Mutex::default(),
             listener: OnceLock::new(),
             fence_retention: retention,
+            origin: Instant::now(),
         }
     }
 

@@ -124,9 +124,201 @@ pub struct SemaphoreInfo {
     pub permits: Vec<PermitInfo>,
 }
 
+/// One semaphore's permits, as the memory backend keeps them: the same
+/// rule as the Redis scripts, on a monotonic clock (`now` in ms). Every
+/// call forgets the permits that ran out first, so an expired permit is
+/// free at once.
+#[derive(Debug, Default, Clone)]
+pub struct Permits {
+    /// Set by the first permit; `None` when none is held.
+    limit: Option<Limit>,
+    /// Token → (expiry in ms, fence, owner, granted_at).
+    held: Vec<(Token, u64, u64, Option<String>, SystemTime)>,
+}
+
+/// What [`Permits::take`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// A new permit with this fence.
+    Granted(u64),
+    /// The token held one: its lease was reset; this is its fence.
+    Renewed(u64),
+    /// No permit: why.
+    Refused(Refusal),
+}
+
+impl Permits {
+    fn prune(&mut self, now: u64) {
+        self.held.retain(|p| p.1 > now);
+        if self.held.is_empty() {
+            self.limit = None;
+        }
+    }
+
+    /// Takes a permit for `token` until `now + ttl_ms`, or renews the one
+    /// it holds; `next_fence` gives a new permit's fence.
+    pub fn take(
+        &mut self,
+        now: u64,
+        req: &PermitRequest,
+        granted_at: SystemTime,
+        next_fence: impl FnOnce() -> u64,
+    ) -> Taken {
+        self.prune(now);
+        if let Some(held) = self.limit.filter(|held| *held != req.limit) {
+            return Taken::Refused(Refusal::LimitMismatch { held });
+        }
+        let until = now.saturating_add(req.ttl.as_millis());
+        if let Some(mine) = self.held.iter_mut().find(|p| p.0 == req.token) {
+            mine.1 = until;
+            if let Some(owner) = &req.owner {
+                mine.3 = Some(owner.as_str().to_owned());
+            }
+            return Taken::Renewed(mine.2);
+        }
+        if self.held.len() >= req.limit.get() as usize {
+            let earliest = self.held.iter().map(|p| p.1).min().unwrap_or(now);
+            return Taken::Refused(Refusal::Full {
+                retry_after: Duration::from_millis(earliest.saturating_sub(now).max(1)),
+                limit: req.limit,
+            });
+        }
+        let fence = next_fence();
+        self.limit = Some(req.limit);
+        self.held.push((
+            req.token.clone(),
+            until,
+            fence,
+            req.owner.as_ref().map(|o| o.as_str().to_owned()),
+            granted_at,
+        ));
+        Taken::Granted(fence)
+    }
+
+    /// Gives back `token`'s permit; whether it held one.
+    pub fn give_back(&mut self, now: u64, token: &Token) -> bool {
+        self.prune(now);
+        let before = self.held.len();
+        self.held.retain(|p| p.0 != *token);
+        let gave = self.held.len() < before;
+        self.prune(now);
+        gave
+    }
+
+    /// Resets `token`'s permit to end at `now + ttl_ms`: its fence, or
+    /// `None` when it holds none (never recreated).
+    pub fn extend(&mut self, now: u64, token: &Token, ttl_ms: u64) -> Option<u64> {
+        self.prune(now);
+        let mine = self.held.iter_mut().find(|p| p.0 == *token)?;
+        mine.1 = now.saturating_add(ttl_ms);
+        Some(mine.2)
+    }
+
+    /// The live permits, the earliest to run out first; `None` when none.
+    pub fn inspect(&mut self, now: u64) -> Option<SemaphoreInfo> {
+        self.prune(now);
+        let limit = self.limit?;
+        let mut permits: Vec<_> = self
+            .held
+            .iter()
+            .map(|p| PermitInfo {
+                fence: p.2,
+                owner: p.3.clone(),
+                remaining: Duration::from_millis(p.1 - now),
+                granted_at: Some(p.4),
+            })
+            .collect();
+        permits.sort_by_key(|p| p.remaining);
+        Some(SemaphoreInfo { limit, permits })
+    }
+
+    /// How many permits are live at `now`.
+    pub fn live(&mut self, now: u64) -> usize {
+        self.prune(now);
+        self.held.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    fn req(token: &Token, limit: u64, ttl_ms: u64) -> PermitRequest {
+        PermitRequest {
+            name: LockName::parse("pool").expect("name"),
+            token: token.clone(),
+            limit: Limit::new(limit, 100).expect("limit"),
+            ttl: Ttl::from_millis(ttl_ms, 100_000, "ttl_ms").expect("ttl"),
+            owner: None,
+            token_generated: true,
+        }
+    }
+
+    proptest! {
+        /// Whatever the clients do and however time passes, no more than
+        /// `limit` permits are live, a retry never takes a second one, and
+        /// fences of new permits grow (cases C18, C19).
+        #[test]
+        fn never_more_than_the_limit(
+            limit in 1u64..5,
+            steps in proptest::collection::vec((0usize..8, 0u8..3, 1u64..50, 0u64..30), 1..200),
+        ) {
+            let tokens: Vec<Token> = (0..8).map(|_| Token::generate()).collect();
+            let mut permits = Permits::default();
+            let (mut now, mut fence, mut last_granted) = (0u64, 0u64, 0u64);
+            for (who, action, ttl, wait) in steps {
+                now += wait;
+                let token = &tokens[who];
+                match action {
+                    0 => {
+                        let held_before = permits.live(now);
+                        let had = permits.held.iter().any(|p| p.0 == *token);
+                        match permits.take(now, &req(token, limit, ttl), SystemTime::now(), || { fence += 1; fence }) {
+                            Taken::Granted(f) => {
+                                prop_assert!(!had);
+                                prop_assert!(f > last_granted);
+                                last_granted = f;
+                            }
+                            Taken::Renewed(_) => prop_assert!(had),
+                            Taken::Refused(Refusal::Full { .. }) => prop_assert!(held_before as u64 >= limit),
+                            Taken::Refused(Refusal::LimitMismatch { .. }) => prop_assert!(false, "one limit only"),
+                        }
+                    }
+                    1 => { permits.give_back(now, token); }
+                    _ => { permits.extend(now, token, ttl); }
+                }
+                prop_assert!(permits.live(now) as u64 <= limit);
+                let mut seen: Vec<&Token> = permits.held.iter().map(|p| &p.0).collect();
+                seen.dedup();
+                prop_assert_eq!(seen.len(), permits.held.len(), "one permit per token");
+            }
+        }
+    }
+
+    #[test]
+    fn an_expired_permit_is_free_at_once_and_the_limit_goes_with_the_last() {
+        let (a, b) = (Token::generate(), Token::generate());
+        let mut permits = Permits::default();
+        assert_eq!(
+            permits.take(0, &req(&a, 1, 100), SystemTime::now(), || 7),
+            Taken::Granted(7)
+        );
+        assert!(
+            matches!(permits.take(50, &req(&b, 1, 100), SystemTime::now(), || 8), Taken::Refused(Refusal::Full { retry_after, .. }) if retry_after == Duration::from_millis(50))
+        );
+        assert!(matches!(
+            permits.take(50, &req(&b, 2, 100), SystemTime::now(), || 8),
+            Taken::Refused(Refusal::LimitMismatch { .. })
+        ));
+        assert_eq!(
+            permits.take(100, &req(&b, 2, 100), SystemTime::now(), || 8),
+            Taken::Granted(8)
+        );
+        assert_eq!(permits.extend(200, &b, 10), None);
+        assert!(permits.inspect(200).is_none());
+    }
 
     #[test]
     fn limits_are_1_to_the_maximum() {

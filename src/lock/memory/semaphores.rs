@@ -1,0 +1,147 @@
+//! Semaphores in memory (issue 17; not served yet): the same answers as
+//! the Redis scripts, by [`crate::lock::semaphore::Permits`].
+
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+
+use super::{MemoryBackend, next_fence_in};
+use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo, Taken};
+use crate::lock::{LockError, LockName, Token, Ttl};
+
+impl MemoryBackend {
+    /// Milliseconds since this store began.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// As [`crate::lock::redis::RedisBackend::take_permit`].
+    ///
+    /// # Errors
+    /// Never: the result has the shape of the Redis backend's.
+    pub fn take_permit(
+        &self,
+        req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+        let (now, at) = (Instant::now(), self.now_ms());
+        let retention = self.fence_retention;
+        let mut state = self.state();
+        let state = &mut *state;
+        let permits = state
+            .semaphores
+            .entry(req.name.as_str().to_owned())
+            .or_default();
+        let fences = &mut state.semaphore_fences;
+        let taken = permits.take(at, req, SystemTime::now(), || {
+            next_fence_in(fences, &req.name, now, retention)
+        });
+        let permit = |fence| Permit {
+            fence,
+            ttl: req.ttl,
+            expires_at: SystemTime::now() + req.ttl.as_duration(),
+            limit: req.limit,
+        };
+        Ok(match taken {
+            Taken::Granted(fence) => Ok(PermitOutcome::Granted(permit(fence))),
+            Taken::Renewed(fence) => Ok(PermitOutcome::Renewed(permit(fence))),
+            Taken::Refused(refusal) => Err(refusal),
+        })
+    }
+
+    /// As [`crate::lock::redis::RedisBackend::give_back_permit`].
+    ///
+    /// # Errors
+    /// Never.
+    pub fn give_back_permit(&self, name: &LockName, token: &Token) -> Result<bool, LockError> {
+        let at = self.now_ms();
+        let mut state = self.state();
+        let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
+            return Ok(false);
+        };
+        let gave = permits.give_back(at, token);
+        if permits.live(at) == 0 {
+            state.semaphores.remove(name.as_str());
+        }
+        Ok(gave)
+    }
+
+    /// As [`crate::lock::redis::RedisBackend::extend_permit`].
+    ///
+    /// # Errors
+    /// Never.
+    pub fn extend_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<Permit>, LockError> {
+        let at = self.now_ms();
+        let mut state = self.state();
+        let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
+            return Ok(None);
+        };
+        let fence = permits.extend(at, token, ttl.as_millis());
+        let limit = permits.inspect(at).map(|info| info.limit);
+        Ok(fence.zip(limit).map(|(fence, limit)| Permit {
+            fence,
+            ttl,
+            expires_at: SystemTime::now() + ttl.as_duration(),
+            limit,
+        }))
+    }
+
+    /// As [`crate::lock::redis::RedisBackend::inspect_semaphore`].
+    ///
+    /// # Errors
+    /// Never.
+    pub fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
+        let at = self.now_ms();
+        let mut state = self.state();
+        Ok(state
+            .semaphores
+            .get_mut(name.as_str())
+            .and_then(|permits| permits.inspect(at)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::lock::semaphore::Limit;
+
+    #[tokio::test]
+    async fn memory_semaphores_answer_as_the_redis_ones() {
+        let store = MemoryBackend::new();
+        let name = LockName::parse("pool").expect("name");
+        let req = |token: &Token, limit| PermitRequest {
+            name: name.clone(),
+            token: token.clone(),
+            limit: Limit::new(limit, 100).expect("limit"),
+            ttl: Ttl::from_millis(60, 1_000, "ttl_ms").expect("ttl"),
+            owner: None,
+            token_generated: true,
+        };
+        let (a, b) = (Token::generate(), Token::generate());
+        let Ok(Ok(PermitOutcome::Granted(first))) = store.take_permit(&req(&a, 1)) else {
+            panic!("A's permit");
+        };
+        let Ok(Ok(PermitOutcome::Renewed(again))) = store.take_permit(&req(&a, 1)) else {
+            panic!("A's retry");
+        };
+        assert_eq!(again.fence, first.fence);
+        assert!(matches!(
+            store.take_permit(&req(&b, 1)),
+            Ok(Err(Refusal::Full { .. }))
+        ));
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let Ok(Ok(PermitOutcome::Granted(next))) = store.take_permit(&req(&b, 1)) else {
+            panic!("A's permit ran out: B gets one");
+        };
+        assert!(next.fence > first.fence);
+        assert!(!store.give_back_permit(&name, &a).expect("memory"));
+        assert!(store.give_back_permit(&name, &b).expect("memory"));
+        assert_eq!(store.inspect_semaphore(&name).expect("memory"), None);
+    }
+}
