@@ -27,6 +27,8 @@
 //!   `lockd serve --dev` and tests.
 //! - [`reaper`]: the one background compare-and-delete of a grant nobody
 //!   will use (Redlock's partial grants, orphaned grants, timed-out ones).
+//! - [`semaphore`]: permits (at most `limit` holders, each a lease); the
+//!   backends take them, the store and the API do not yet (issue 17).
 //! - [`store`]: the [`Store`] trait and [`Single`], the store of one node.
 //! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
 //!   a store; [`queue`] holds the per-instance wait queues.
