@@ -174,11 +174,12 @@ impl Transport {
                     let watcher = connections.watcher();
                     // Two kinds of task, so that a plain connection's is
                     // not the size of a TLS one's (8.5 kB: rustls's state).
-                    if server.tls.is_some() {
-                        tokio::spawn(async move { server.tls_connection(stream, watcher).await });
-                    } else {
-                        tokio::spawn(async move { server.requests(stream, watcher).await });
-                    }
+                    match server.tls.clone() {
+                        Some(tls) => tokio::spawn(async move {
+                            server.tls_connection(&tls, stream, watcher).await;
+                        }),
+                        None => tokio::spawn(async move { server.requests(stream, watcher).await }),
+                    };
                 }
                 Err(e) if is_the_clients(&e) => {
                     tracing::debug!(error = %e, "connection dropped before it was accepted");
@@ -231,10 +232,7 @@ struct Server {
 impl Server {
     /// Serves one accepted connection over TLS: the handshake, then its
     /// requests until it closes.
-    async fn tls_connection(&self, stream: TcpStream, watcher: Watcher) {
-        let Some(tls) = &self.tls else {
-            return self.requests(stream, watcher).await;
-        };
+    async fn tls_connection(&self, tls: &TlsAcceptor, stream: TcpStream, watcher: Watcher) {
         let peer = stream.peer_addr().ok();
         let handshake = tokio::time::timeout(self.handshake_timeout, tls.accept(stream));
         let outcome = tokio::select! {

@@ -196,7 +196,8 @@ fn lease(fence: u64, ttl: Ttl) -> Lease {
     }
 }
 
-/// Sweep expired holders once every this many acquires.
+/// Sweep expired holders (and semaphores) once every this many grants of
+/// locks or permits.
 const SWEEP_EVERY: u64 = 1024;
 
 #[async_trait]

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{LockName, Owner, Token, Ttl};
+use super::{Lease, LockName, Owner, Token, Ttl};
 
 /// The most holders of a semaphore at once: 1 to the server's
 /// `max_semaphore_limit`.
@@ -65,12 +65,9 @@ pub struct PermitRequest {
 /// A permit a caller holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Permit {
-    /// Larger than the fence of every earlier permit of this semaphore.
-    pub fence: u64,
-    /// The lease left when the answer arrived.
-    pub ttl: Ttl,
-    /// When the lease ends at the earliest, by this process's wall clock.
-    pub expires_at: SystemTime,
+    /// The permit's lease, as a lock's: its fence is larger than the fence
+    /// of every earlier permit of this semaphore.
+    pub lease: Lease,
     /// The semaphore's limit.
     pub limit: Limit,
 }
@@ -132,8 +129,18 @@ pub struct SemaphoreInfo {
 pub struct Permits {
     /// Set by the first permit; `None` when none is held.
     limit: Option<Limit>,
-    /// Token → (expiry in ms, fence, owner, granted_at).
-    held: Vec<(Token, u64, u64, Option<String>, SystemTime)>,
+    held: Vec<Held>,
+}
+
+/// One live permit in [`Permits`].
+#[derive(Debug, Clone)]
+struct Held {
+    token: Token,
+    /// When it runs out, in the clock's ms.
+    until: u64,
+    fence: u64,
+    owner: Option<String>,
+    granted_at: SystemTime,
 }
 
 /// What [`Permits::take`] did.
@@ -149,7 +156,7 @@ pub enum Taken {
 
 impl Permits {
     fn prune(&mut self, now: u64) {
-        self.held.retain(|p| p.1 > now);
+        self.held.retain(|p| p.until > now);
         if self.held.is_empty() {
             self.limit = None;
         }
@@ -169,15 +176,15 @@ impl Permits {
             return Taken::Refused(Refusal::LimitMismatch { held });
         }
         let until = now.saturating_add(req.ttl.as_millis());
-        if let Some(mine) = self.held.iter_mut().find(|p| p.0 == req.token) {
-            mine.1 = until;
+        if let Some(mine) = self.held.iter_mut().find(|p| p.token == req.token) {
+            mine.until = until;
             if let Some(owner) = &req.owner {
-                mine.3 = Some(owner.as_str().to_owned());
+                mine.owner = Some(owner.as_str().to_owned());
             }
-            return Taken::Renewed(mine.2);
+            return Taken::Renewed(mine.fence);
         }
         if self.held.len() >= req.limit.get() as usize {
-            let earliest = self.held.iter().map(|p| p.1).min().unwrap_or(now);
+            let earliest = self.held.iter().map(|p| p.until).min().unwrap_or(now);
             return Taken::Refused(Refusal::Full {
                 retry_after: Duration::from_millis(earliest.saturating_sub(now).max(1)),
                 limit: req.limit,
@@ -185,13 +192,13 @@ impl Permits {
         }
         let fence = next_fence();
         self.limit = Some(req.limit);
-        self.held.push((
-            req.token.clone(),
+        self.held.push(Held {
+            token: req.token.clone(),
             until,
             fence,
-            req.owner.as_ref().map(|o| o.as_str().to_owned()),
+            owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
             granted_at,
-        ));
+        });
         Taken::Granted(fence)
     }
 
@@ -199,19 +206,21 @@ impl Permits {
     pub fn give_back(&mut self, now: u64, token: &Token) -> bool {
         self.prune(now);
         let before = self.held.len();
-        self.held.retain(|p| p.0 != *token);
+        self.held.retain(|p| p.token != *token);
         let gave = self.held.len() < before;
         self.prune(now);
         gave
     }
 
-    /// Resets `token`'s permit to end at `now + ttl_ms`: its fence, or
-    /// `None` when it holds none (never recreated).
-    pub fn extend(&mut self, now: u64, token: &Token, ttl_ms: u64) -> Option<u64> {
+    /// Resets `token`'s permit to end at `now + ttl_ms`: its fence and
+    /// the semaphore's limit, or `None` when it holds none (never
+    /// recreated).
+    pub fn extend(&mut self, now: u64, token: &Token, ttl_ms: u64) -> Option<(u64, Limit)> {
         self.prune(now);
-        let mine = self.held.iter_mut().find(|p| p.0 == *token)?;
-        mine.1 = now.saturating_add(ttl_ms);
-        Some(mine.2)
+        let limit = self.limit?;
+        let mine = self.held.iter_mut().find(|p| p.token == *token)?;
+        mine.until = now.saturating_add(ttl_ms);
+        Some((mine.fence, limit))
     }
 
     /// The live permits, the earliest to run out first; `None` when none.
@@ -222,10 +231,10 @@ impl Permits {
             .held
             .iter()
             .map(|p| PermitInfo {
-                fence: p.2,
-                owner: p.3.clone(),
-                remaining: Duration::from_millis(p.1 - now),
-                granted_at: Some(p.4),
+                fence: p.fence,
+                owner: p.owner.clone(),
+                remaining: Duration::from_millis(p.until - now),
+                granted_at: Some(p.granted_at),
             })
             .collect();
         permits.sort_by_key(|p| p.remaining);
@@ -274,7 +283,7 @@ mod tests {
                 match action {
                     0 => {
                         let held_before = permits.live(now);
-                        let had = permits.held.iter().any(|p| p.0 == *token);
+                        let had = permits.held.iter().any(|p| p.token == *token);
                         match permits.take(now, &req(token, limit, ttl), SystemTime::now(), || { fence += 1; fence }) {
                             Taken::Granted(f) => {
                                 prop_assert!(!had);
@@ -290,8 +299,8 @@ mod tests {
                     _ => { permits.extend(now, token, ttl); }
                 }
                 prop_assert!(permits.live(now) as u64 <= limit);
-                let mut seen: Vec<&Token> = permits.held.iter().map(|p| &p.0).collect();
-                seen.dedup();
+                let seen: std::collections::HashSet<&str> =
+                    permits.held.iter().map(|p| p.token.expose()).collect();
                 prop_assert_eq!(seen.len(), permits.held.len(), "one permit per token");
             }
         }

@@ -62,7 +62,7 @@ async fn c18_semaphore_reacquire_takes_no_second_permit_in_the_core() {
     else {
         panic!("A's retry renews");
     };
-    assert_eq!(again.fence, first.fence);
+    assert_eq!(again.lease.fence, first.lease.fence);
     assert!(matches!(
         node.take_permit(&request(&b, 2, 10_000))
             .await
@@ -95,7 +95,7 @@ async fn c18_semaphore_reacquire_takes_no_second_permit_in_the_core() {
     else {
         panic!("C gets the freed permit");
     };
-    assert!(third.fence > first.fence);
+    assert!(third.lease.fence > first.lease.fence);
     let short = node
         .extend_permit(
             &name,

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use super::{MemoryBackend, next_fence_in};
+use super::{MemoryBackend, SWEEP_EVERY, lease, next_fence_in};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo, Taken};
 use crate::lock::{LockError, LockName, Token, Ttl};
 
@@ -35,10 +35,15 @@ impl MemoryBackend {
         let taken = permits.take(at, req, SystemTime::now(), || {
             next_fence_in(fences, &req.name, now, retention)
         });
+        if matches!(taken, Taken::Granted(_)) {
+            state.grants += 1;
+            if state.grants.is_multiple_of(SWEEP_EVERY) {
+                // Semaphores used once, whose permits all ran out.
+                state.semaphores.retain(|_, permits| permits.live(at) > 0);
+            }
+        }
         let permit = |fence| Permit {
-            fence,
-            ttl: req.ttl,
-            expires_at: SystemTime::now() + req.ttl.as_duration(),
+            lease: lease(fence, req.ttl),
             limit: req.limit,
         };
         Ok(match taken {
@@ -80,14 +85,12 @@ impl MemoryBackend {
         let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
             return Ok(None);
         };
-        let fence = permits.extend(at, token, ttl.as_millis());
-        let limit = permits.inspect(at).map(|info| info.limit);
-        Ok(fence.zip(limit).map(|(fence, limit)| Permit {
-            fence,
-            ttl,
-            expires_at: SystemTime::now() + ttl.as_duration(),
-            limit,
-        }))
+        Ok(permits
+            .extend(at, token, ttl.as_millis())
+            .map(|(fence, limit)| Permit {
+                lease: lease(fence, ttl),
+                limit,
+            }))
     }
 
     /// As [`crate::lock::redis::RedisBackend::inspect_semaphore`].
@@ -130,7 +133,7 @@ mod tests {
         let Ok(Ok(PermitOutcome::Renewed(again))) = store.take_permit(&req(&a, 1)) else {
             panic!("A's retry");
         };
-        assert_eq!(again.fence, first.fence);
+        assert_eq!(again.lease.fence, first.lease.fence);
         assert!(matches!(
             store.take_permit(&req(&b, 1)),
             Ok(Err(Refusal::Full { .. }))
@@ -139,7 +142,7 @@ mod tests {
         let Ok(Ok(PermitOutcome::Granted(next))) = store.take_permit(&req(&b, 1)) else {
             panic!("A's permit ran out: B gets one");
         };
-        assert!(next.fence > first.fence);
+        assert!(next.lease.fence > first.lease.fence);
         assert!(!store.give_back_permit(&name, &a).expect("memory"));
         assert!(store.give_back_permit(&name, &b).expect("memory"));
         assert_eq!(store.inspect_semaphore(&name).expect("memory"), None);

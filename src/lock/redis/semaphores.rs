@@ -10,11 +10,11 @@ use std::time::{Duration, SystemTime};
 use redis::Script;
 use tokio::time::Instant;
 
-use super::{FENCE_LUA, RedisBackend, parse_unix_millis};
+use super::{FENCE_LUA, RedisBackend};
 use crate::lock::semaphore::{
     Limit, Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo,
 };
-use crate::lock::{LockError, LockName, Token, Ttl, unix_millis};
+use crate::lock::{Lease, LockError, LockName, Token, Ttl, unix_millis};
 
 /// The shared part of the semaphore scripts (`prune`, `now_ms`, ...).
 const SEMAPHORE_LUA: &str = include_str!("../scripts/semaphore.lua");
@@ -100,39 +100,19 @@ impl RedisBackend {
             .arg(unix_millis(sent_wall))
             .arg(self.fence_retention_ms);
         let (status, value, limit): (i64, String, i64) = self.run(&call).await?;
-        let number = |raw: &str| -> Result<u64, LockError> {
-            raw.parse()
-                .map_err(|_| LockError::Backend(format!("semaphore script answered {raw:?}")))
-        };
-        let limit_of = |raw: i64| {
-            Limit::new(u64::try_from(raw).unwrap_or(0), u32::MAX)
-                .map_err(|_| LockError::Backend(format!("semaphore limit {raw}")))
-        };
+        let limit = stored_limit(limit)?;
         match status {
             0 => Ok(Err(Refusal::Full {
-                retry_after: Duration::from_millis(number(&value)?),
-                limit: limit_of(limit)?,
+                retry_after: Duration::from_millis(stored_number(&value)?),
+                limit,
             })),
-            3 => Ok(Err(Refusal::LimitMismatch {
-                held: limit_of(i64::try_from(number(&value)?).unwrap_or(0))?,
-            })),
+            3 => Ok(Err(Refusal::LimitMismatch { held: limit })),
             1 | 2 => {
-                let fence = number(&value)?;
-                let left = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
-                let ttl = req
-                    .ttl
-                    .as_millis()
-                    .checked_sub(left)
-                    .and_then(|ms| Ttl::from_millis(ms, req.ttl.as_millis(), "ttl_ms").ok())
+                let lease = Lease::left(stored_number(&value)?, req.ttl, sent, sent_wall)
                     .ok_or_else(|| {
                         LockError::Unavailable("the permit ran out in transit".into())
                     })?;
-                let permit = Permit {
-                    fence,
-                    ttl,
-                    expires_at: sent_wall + req.ttl.as_duration(),
-                    limit: limit_of(limit)?,
-                };
+                let permit = Permit { lease, limit };
                 Ok(Ok(if status == 1 {
                     PermitOutcome::Granted(permit)
                 } else {
@@ -188,22 +168,12 @@ impl RedisBackend {
         if status != 1 {
             return Ok(None);
         }
-        let left = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let Some(left) = ttl
-            .as_millis()
-            .checked_sub(left)
-            .and_then(|ms| Ttl::from_millis(ms, ttl.as_millis(), "ttl_ms").ok())
-        else {
+        let Some(lease) = Lease::left(stored_number(&fence)?, ttl, sent, sent_wall) else {
             return Ok(None);
         };
         Ok(Some(Permit {
-            fence: fence
-                .parse()
-                .map_err(|_| LockError::Backend(format!("semaphore fence {fence:?}")))?,
-            ttl: left,
-            expires_at: sent_wall + ttl.as_duration(),
-            limit: Limit::new(u64::try_from(limit).unwrap_or(0), u32::MAX)
-                .map_err(|_| LockError::Backend(format!("semaphore limit {limit}")))?,
+            lease,
+            limit: stored_limit(limit)?,
         }))
     }
 
@@ -246,9 +216,21 @@ impl RedisBackend {
                     .saturating_sub(read_at.elapsed()),
                 granted_at: record
                     .granted_at_ms
-                    .and_then(|ms| parse_unix_millis(&ms.to_string())),
+                    .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
             });
         }
         Ok(Some(SemaphoreInfo { limit, permits }))
     }
+}
+
+/// A number a semaphore script answered as a string (a fence, a wait).
+fn stored_number(raw: &str) -> Result<u64, LockError> {
+    raw.parse()
+        .map_err(|_| LockError::Backend(format!("semaphore script answered {raw:?}")))
+}
+
+/// A limit a semaphore script answered.
+fn stored_limit(raw: i64) -> Result<Limit, LockError> {
+    Limit::new(u64::try_from(raw).unwrap_or(0), u32::MAX)
+        .map_err(|_| LockError::Backend(format!("semaphore limit {raw}")))
 }

@@ -10,7 +10,7 @@
 --                        no second permit (C18);
 --   {0, retry_ms, limit} the semaphore is full: the earliest permit runs
 --                        out in retry_ms;
---   {3, limit, 0}        permits are held under another limit (`limit`).
+--   {3, '', limit}       permits are held under another limit (`limit`).
 -- The fence is a string (it may pass 2^31).
 local permits, holders = KEYS[1], KEYS[2]
 local token, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -18,7 +18,7 @@ local now = now_ms()
 local held = prune(permits, holders, now)
 local set = tonumber(redis.call('HGET', holders, 'limit'))
 if set and set ~= limit then
-  return {3, set, 0}
+  return {3, '', set}
 end
 local mine = redis.call('HGET', holders, holder_field(token))
 if mine and redis.call('ZSCORE', permits, token) then
