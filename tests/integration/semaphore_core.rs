@@ -124,3 +124,72 @@ async fn c18_semaphore_reacquire_takes_no_second_permit_in_the_core() {
         .expect("held");
     assert_eq!(info.permits.len(), 1, "B's lapsed permit is free at once");
 }
+
+/// C19 in the core: 50 clients take, hold briefly and give back permits of
+/// a semaphore with limit 3, one in five leaving theirs to run out; a
+/// sampler that reads the semaphore never sees more than 3 live permits,
+/// and never more than 3 clients hold one at once.
+#[tokio::test]
+async fn c19_semaphore_atomic_never_more_than_the_limit_in_the_core() {
+    let redis = RedisServer::spawn().await;
+    let node = Arc::new(backend(&redis));
+    let name = LockName::parse("pool").expect("name");
+    let holding = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let clients: Vec<_> = (0..50)
+        .map(|i| {
+            let (node, name, holding, most) =
+                (node.clone(), name.clone(), holding.clone(), most.clone());
+            tokio::spawn(async move {
+                let token = Token::generate();
+                while tokio::time::Instant::now() < deadline {
+                    let Ok(PermitOutcome::Granted(_)) = node
+                        .take_permit(&request(&token, 3, 120))
+                        .await
+                        .expect("redis")
+                    else {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    // Counted while surely live: 20 ms of a 120 ms lease
+                    // (a wide margin for timers late on a loaded machine).
+                    let now = holding.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    holding.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    if i % 5 != 0 {
+                        node.give_back_permit(&name, &token).await.expect("redis");
+                    } else {
+                        // Left to run out.
+                        tokio::time::sleep(Duration::from_millis(130)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut samples = 0;
+    while tokio::time::Instant::now() < deadline {
+        if let Some(info) = node.inspect_semaphore(&name).await.expect("redis") {
+            assert!(
+                info.permits.len() <= 3,
+                "{} live permits",
+                info.permits.len()
+            );
+            samples += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for client in clients {
+        client.await.expect("client");
+    }
+    assert!(
+        samples > 50,
+        "the sampler saw the semaphore held {samples} times"
+    );
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=3).contains(&most),
+        "{most} clients held permits at once"
+    );
+}
