@@ -189,6 +189,10 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_MAX_WAITERS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_waiters: Option<usize>,
+    /// The largest limit a semaphore may have [default: 10000].
+    #[arg(long, env = "LOCKD_MAX_SEMAPHORE_LIMIT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_semaphore_limit: Option<u32>,
     /// Most /locks acquires and inspects served at once besides the
     /// max_waiters waiting ones; extends and releases get as many again of
     /// their own, which acquires cannot take; beyond, 503 overloaded

@@ -25,7 +25,7 @@
 //! | --- | --- | --- |
 //! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes` |
 //! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
-//! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms` |
+//! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`, `max_semaphore_limit` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
 //! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
 //! | `service`: [`ServiceSettings`] | the process itself | `log_format`, `shutdown_timeout_ms` |
@@ -181,7 +181,8 @@ pub struct RedisTlsFiles {
 }
 
 /// The limits a request is held to (keys `default_ttl_ms`, `max_ttl_ms`,
-/// `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`).
+/// `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`,
+/// `max_semaphore_limit`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitSettings {
     /// Lease length when a request gives no `ttl_ms`; at most `max_ttl`
@@ -200,6 +201,9 @@ pub struct LimitSettings {
     /// Longest time a request (beyond its `wait_ms`) may take; at least
     /// 1 ms (`request_timeout_ms`).
     pub request_timeout: Duration,
+    /// The largest `limit` a semaphore may have; at least 1
+    /// (`max_semaphore_limit`).
+    pub max_semaphore_limit: u32,
 }
 
 /// API keys, or their absence (keys `auth_keys_file`, `insecure_no_auth`):
@@ -294,6 +298,7 @@ impl Default for LimitSettings {
             max_waiters: const { count(10_000) },
             max_requests: const { count(1024) },
             request_timeout: Duration::from_millis(10_000),
+            max_semaphore_limit: 10_000,
         }
     }
 }
@@ -390,6 +395,8 @@ pub struct RawSettings {
     pub max_wait_ms: u64,
     /// Most requests waiting for locks at once.
     pub max_waiters: usize,
+    /// The largest `limit` a semaphore may have.
+    pub max_semaphore_limit: u32,
     /// Most `/locks` acquires and inspects at once besides the waiting
     /// ones; also the room of extends and releases, kept apart.
     pub max_requests: usize,
@@ -463,6 +470,7 @@ impl From<&Settings> for RawSettings {
             redlock_restart_delay_ms: store.redlock_restart_delay.map(whole_millis),
             max_wait_ms: whole_millis(limits.max_wait),
             max_waiters: limits.max_waiters.get(),
+            max_semaphore_limit: limits.max_semaphore_limit,
             max_requests: limits.max_requests.get(),
             dev: store.dev,
             metrics_listen: metrics.listen,
@@ -750,6 +758,10 @@ impl LimitSettings {
             max_waiters: at_least_one("max_waiters", raw.max_waiters)?,
             max_requests: at_least_one("max_requests", raw.max_requests)?,
             request_timeout: at_least_1_ms("request_timeout_ms", raw.request_timeout_ms)?,
+            max_semaphore_limit: match raw.max_semaphore_limit {
+                0 => return Err("max_semaphore_limit must be at least 1".into()),
+                n => n,
+            },
         })
     }
 }

@@ -18,11 +18,13 @@ pub struct Limits {
     pub wait: WaitPolicy,
     /// Longest time a request may take (an acquire: on top of its wait).
     pub request_timeout: Duration,
+    /// The largest limit a semaphore may have.
+    pub max_semaphore_limit: u32,
 }
 
 impl Limits {
     /// The limits of `settings` (`--default-ttl-ms`, `--max-ttl-ms`,
-    /// `--max-wait-ms`, `--request-timeout-ms`).
+    /// `--max-wait-ms`, `--request-timeout-ms`, `--max-semaphore-limit`).
     ///
     /// # Errors
     /// When the default TTL is longer than the maximum (which loaded
@@ -36,6 +38,7 @@ impl Limits {
                 max_ms: whole_millis(settings.max_wait),
             },
             request_timeout: settings.request_timeout,
+            max_semaphore_limit: settings.max_semaphore_limit,
         })
     }
 }

@@ -96,6 +96,7 @@ pub mod openapi;
 pub mod ops;
 pub mod problem;
 pub mod routes;
+pub mod semaphores;
 pub mod state;
 pub mod target;
 pub mod telemetry;

@@ -41,6 +41,7 @@ use super::{ops, problem};
     modifiers(&BearerKeys),
     tags(
         (name = "locks", description = "Take, extend, inspect and release locks"),
+        (name = "semaphores", description = "Take, extend, inspect and give back permits of semaphores: at most `limit` holders at once, each permit a lease"),
         (name = "ops", description = "Health, readiness, metrics and this document"),
     ),
 )]

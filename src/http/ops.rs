@@ -11,9 +11,10 @@ use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
 use utoipa::openapi::OpenApi;
 
+use super::limits::Limits;
 use super::problem::{ApiError, Problem};
 use crate::lock::{LockError, Locks};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Scrape};
 
 /// A health answer.
 #[derive(Debug, Serialize, ToSchema)]
@@ -64,6 +65,7 @@ pub async fn readyz(
 pub async fn metrics(
     State(locks): State<Arc<Locks>>,
     State(metrics): State<Arc<Metrics>>,
+    State(limits): State<Limits>,
 ) -> impl IntoResponse {
     (
         [(
@@ -71,9 +73,15 @@ pub async fn metrics(
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         {
-            let mut waiting = Vec::new();
-            locks.for_each_queue(|name, n| waiting.push((name.to_owned(), n)));
-            metrics.render(&waiting)
+            let mut scrape = Scrape {
+                permits_held: locks.permits_held(limits.request_timeout).await,
+                ..Scrape::default()
+            };
+            locks.for_each_queue(|name, n| scrape.lock_waiters.push((name.to_owned(), n)));
+            locks.for_each_semaphore_queue(|name, n| {
+                scrape.semaphore_waiters.push((name.to_owned(), n));
+            });
+            metrics.render(&scrape)
         },
     )
 }

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::{IntoResponses, ToSchema};
 
+use crate::lock::semaphore::Refusal;
 use crate::lock::{InvalidInput, LockError};
 
 /// The media type of a problem document (RFC 9457 §3).
@@ -42,10 +43,14 @@ pub struct Problem {
     /// What went wrong with this request. Never carries internal error text
     /// or a lock token.
     pub detail: String,
-    /// For `lock-held` and the 503 kinds: milliseconds to wait before
+    /// For `lock-held`, `semaphore-full` and the 503 kinds: milliseconds to wait before
     /// trying again (also sent, rounded up to seconds, as `Retry-After`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// For `semaphore-full`: the semaphore's limit; for `limit-mismatch`:
+    /// the limit its permits are held under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
     /// For `quorum-unavailable`: how many Redis nodes answered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nodes_answered: Option<usize>,
@@ -185,6 +190,16 @@ pub enum Kind {
     Timeout,
     /// 500: a bug; details are in the server log.
     Internal,
+    /// 501: this store cannot do it (semaphores in Redlock mode).
+    NotImplemented,
+    /// 409: every permit of the semaphore is held.
+    SemaphoreFull,
+    /// 409: the semaphore's permits are held under another limit.
+    LimitMismatch,
+    /// 404: the token holds no permit of the semaphore.
+    PermitNotHeld,
+    /// 404: no permit of the semaphore is held.
+    SemaphoreFree,
 }
 
 impl Kind {
@@ -255,6 +270,15 @@ impl Kind {
                 "Too many requests in flight",
             ),
             Self::Internal => (S::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
+            Self::NotImplemented => (S::NOT_IMPLEMENTED, "not-implemented", "Not available"),
+            Self::SemaphoreFull => (S::CONFLICT, "semaphore-full", "Semaphore is full"),
+            Self::LimitMismatch => (
+                S::CONFLICT,
+                "limit-mismatch",
+                "Permits are held under another limit",
+            ),
+            Self::PermitNotHeld => (S::NOT_FOUND, "permit-not-held", "Permit is not held"),
+            Self::SemaphoreFree => (S::NOT_FOUND, "semaphore-free", "No permit is held"),
         }
     }
 }
@@ -273,6 +297,8 @@ pub struct ApiError {
     nodes: Option<(usize, usize)>,
     /// For `unauthorized`: the `WWW-Authenticate` challenge.
     challenge: Option<&'static str>,
+    /// For the semaphore refusals: the limit.
+    limit: Option<u32>,
 }
 
 const TIMEOUT_DETAIL: &str = "the request took longer than the server allows";
@@ -292,7 +318,16 @@ impl ApiError {
             status: None,
             nodes: None,
             challenge: None,
+            limit: None,
         }
+    }
+
+    /// A 404 `permit-not-held`.
+    pub fn permit_not_held() -> Self {
+        Self::new(
+            Kind::PermitNotHeld,
+            "this token holds no permit of this semaphore: it was given back or its lease ran out",
+        )
     }
 
     /// A 401 `unauthorized` with the `WWW-Authenticate` challenge
@@ -343,6 +378,37 @@ impl ApiError {
 impl From<InvalidInput> for ApiError {
     fn from(e: InvalidInput) -> Self {
         Self::invalid(e.to_string())
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> Self {
+        let (mut error, limit) = match refusal {
+            Refusal::Full { retry_after, limit } => (
+                Self::new(
+                    Kind::SemaphoreFull,
+                    format!(
+                        "all {} permits of this semaphore are held; the earliest runs out in at most {} ms",
+                        limit.get(),
+                        retry_after.as_millis()
+                    ),
+                )
+                .retry_after(retry_after),
+                limit,
+            ),
+            Refusal::LimitMismatch { held } => (
+                Self::new(
+                    Kind::LimitMismatch,
+                    format!(
+                        "the permits of this semaphore are held under limit {}; ask with that limit, or a new one once every permit is given back or has run out",
+                        held.get()
+                    ),
+                ),
+                held,
+            ),
+        };
+        error.limit = Some(limit.get());
+        error
     }
 }
 
@@ -431,6 +497,7 @@ impl From<LockError> for ApiError {
                 )
                 .retry_after(UNAVAILABLE_RETRY)
             }
+            LockError::Unsupported(why) => Self::new(Kind::NotImplemented, why),
             LockError::Backend(why) => {
                 tracing::error!(error = %why, "lock backend error");
                 Self::new(
@@ -456,6 +523,7 @@ impl IntoResponse for ApiError {
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             nodes_answered: self.nodes.map(|(answered, _)| answered),
             nodes_needed: self.nodes.map(|(_, needed)| needed),
+            limit: self.limit,
             request_id: None,
         };
         let mut response = problem.into_response();

@@ -24,6 +24,7 @@ use utoipa_scalar::{Scalar, Servable as _};
 use super::extract::BODY_LIMIT;
 use super::limits::Limits;
 use super::locks::{acquire, extend, inspect, release};
+use super::semaphores;
 use super::openapi::{self, ApiDoc};
 use super::state::AppState;
 use super::{admission, auth, deadline, ops, target, telemetry};
@@ -55,7 +56,13 @@ impl Routes {
         Self {
             locks: OpenApiRouter::new()
                 .routes(routes!(acquire::acquire))
-                .routes(routes!(inspect::inspect, extend::extend, release::release)),
+                .routes(routes!(inspect::inspect, extend::extend, release::release))
+                .routes(routes!(semaphores::take::take))
+                .routes(routes!(
+                    semaphores::inspect::inspect,
+                    semaphores::extend::extend,
+                    semaphores::give_back::give_back
+                )),
             ops: OpenApiRouter::new()
                 .routes(routes!(ops::healthz))
                 .routes(routes!(ops::readyz))

@@ -69,6 +69,10 @@ pub enum LockError {
         /// The quorum.
         needed: usize,
     },
+    /// The store cannot do this at all (semaphores in Redlock mode). The
+    /// text is safe to show the caller.
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// The backend answered with an error that retrying will not cure (a key
     /// of the wrong type written by a foreign client, a wrong password, a bad
     /// URL). The text is for logs only; it never reaches a client.

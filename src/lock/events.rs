@@ -22,6 +22,7 @@
 //! (re)subscription, the waiters that retry retry once, and until then
 //! they fall back to the holder's lease end.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,6 +36,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::connect::{ConnectReport, PushHandler, RedisTls};
 use super::pool::{ClusterTarget, KnownNodes};
+use super::queue::{Waited, semaphore_key};
 use super::sentinel::Sentinels;
 use super::{LockError, ReleaseListener, WaitInterest};
 use crate::backoff::ExponentialBackoff;
@@ -47,17 +49,29 @@ const EVENTS_BACKOFF: ExponentialBackoff =
 /// subscriber opens a new cluster connection (with a fresh slot map).
 const ROUNDS_BEFORE_RECONNECT: u32 = 4;
 
-/// The channel of lock `name` under key prefix `prefix`: `P{N}:released`.
-pub fn channel(prefix: &str, name: &str) -> String {
-    format!("{prefix}{{{name}}}:released")
+/// The release channel of wait-queue key `key` (see [`super::queue`])
+/// under key prefix `prefix`: `P{N}:released` for lock `N`, and
+/// `Psem:{N}:released` for semaphore `N`.
+pub fn channel(prefix: &str, key: &str) -> String {
+    match Waited::of(key) {
+        Waited::Lock(name) => format!("{prefix}{{{name}}}:released"),
+        Waited::Semaphore(name) => format!("{prefix}sem:{{{name}}}:released"),
+    }
 }
 
-/// `P{name}:released` → `name`, for `prefix` `P`.
-fn lock_name<'a>(prefix: &str, channel: &'a str) -> Option<&'a str> {
-    channel
-        .strip_prefix(prefix)?
-        .strip_prefix('{')?
+/// A release channel → its wait-queue key, for `prefix` `P`:
+/// `P{N}:released` → `N`, `Psem:{N}:released` → the key of semaphore `N`.
+fn queue_key<'a>(prefix: &str, channel: &'a str) -> Option<Cow<'a, str>> {
+    let rest = channel.strip_prefix(prefix)?;
+    if let Some(name) = rest
+        .strip_prefix("sem:{")
+        .and_then(|r| r.strip_suffix("}:released"))
+    {
+        return Some(Cow::Owned(semaphore_key(name)));
+    }
+    rest.strip_prefix('{')?
         .strip_suffix("}:released")
+        .map(Cow::Borrowed)
 }
 
 /// The release-event subscriber of one Redis server: one `PSUBSCRIBE`
@@ -84,7 +98,12 @@ impl PatternEvents {
     /// (re)subscription all waiters retry once, since releases may have been
     /// missed meanwhile.
     pub async fn run(self) {
-        let pattern = format!("{}{{*}}:released", glob_escape(&self.prefix));
+        // Locks' channels, and semaphores'.
+        let prefix = glob_escape(&self.prefix);
+        let patterns = [
+            format!("{prefix}{{*}}:released"),
+            format!("{prefix}sem:{{*}}:released"),
+        ];
         let mut backoff = EVENTS_BACKOFF.pauses();
         let mut fixed = self.clients.iter().cycle();
         loop {
@@ -103,7 +122,7 @@ impl PatternEvents {
                     None => return,
                 },
             };
-            match self.subscribe(&client, &pattern).await {
+            match self.subscribe(&client, &patterns).await {
                 Ok(mut stream) => {
                     backoff.reset();
                     self.listener.resync();
@@ -117,8 +136,8 @@ impl PatternEvents {
                             None => stream.next().await,
                         };
                         let Some(msg) = msg else { break };
-                        if let Some(name) = lock_name(&self.prefix, msg.get_channel_name()) {
-                            self.listener.released(name);
+                        if let Some(key) = queue_key(&self.prefix, msg.get_channel_name()) {
+                            self.listener.released(&key);
                         }
                     }
                     tracing::warn!(
@@ -135,11 +154,11 @@ impl PatternEvents {
     async fn subscribe(
         &self,
         client: &redis::Client,
-        pattern: &str,
+        patterns: &[String],
     ) -> Result<redis::aio::PubSubStream, String> {
         let connect = async {
             let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.psubscribe(pattern).await?;
+            pubsub.psubscribe(patterns).await?;
             Ok::<_, redis::RedisError>(pubsub.into_on_message())
         };
         match tokio::time::timeout(self.timeout, connect).await {
@@ -219,7 +238,8 @@ impl Shared {
             Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
             _ => None,
         });
-        let name = name.and_then(|channel| lock_name(&self.prefix, channel));
+        let key = name.and_then(|channel| queue_key(&self.prefix, channel));
+        let name = key.as_deref();
         match (&push.kind, name) {
             (PushKind::SMessage, Some(name)) => {
                 tracing::trace!(lock = name, "release event");
@@ -468,9 +488,14 @@ mod tests {
     fn a_channel_names_its_lock() {
         let channel = channel("lockd:", "orders:1");
         assert_eq!(channel, "lockd:{orders:1}:released");
-        assert_eq!(lock_name("lockd:", &channel), Some("orders:1"));
-        assert_eq!(lock_name("other:", &channel), None);
-        assert_eq!(lock_name("lockd:", "lockd:{x}:fence"), None);
+        assert_eq!(queue_key("lockd:", &channel).as_deref(), Some("orders:1"));
+        assert_eq!(queue_key("other:", &channel), None);
+        assert_eq!(queue_key("lockd:", "lockd:{x}:fence"), None);
+        let pool = semaphore_key("pool");
+        let channel = super::channel("lockd:", &pool);
+        assert_eq!(channel, "lockd:sem:{pool}:released");
+        assert_eq!(queue_key("lockd:", &channel).as_deref(), Some(pool.as_str()));
+        assert_eq!(queue_key("lockd:", "lockd:sem:{pool}:permits"), None);
     }
 
     #[test]

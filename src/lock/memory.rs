@@ -20,6 +20,7 @@ use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl, WaitInterest,
 };
+use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 
 struct Holder {
     token: Token,
@@ -174,8 +175,13 @@ impl MemoryBackend {
     }
 
     fn notify(&self, name: &LockName) {
+        self.tell_released(name.as_str());
+    }
+
+    /// Tells the listener that wait-queue key `key` was released.
+    fn tell_released(&self, key: &str) {
         if let Some(listener) = self.listener.get() {
-            listener.released(name.as_str());
+            listener.released(key);
         }
     }
 
@@ -318,6 +324,34 @@ impl Node for MemoryBackend {
         };
         holder.fence = fence;
         Ok(true)
+    }
+
+    async fn take_permit(
+        &self,
+        req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+        MemoryBackend::take_permit(self, req)
+    }
+
+    async fn give_back_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+    ) -> Result<Option<Released>, LockError> {
+        MemoryBackend::give_back_permit(self, name, token)
+    }
+
+    async fn extend_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Option<Permit>, LockError> {
+        MemoryBackend::extend_permit(self, name, token, ttl)
+    }
+
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
+        MemoryBackend::inspect_semaphore(self, name)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

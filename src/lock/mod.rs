@@ -27,8 +27,9 @@
 //!   `lockd serve --dev` and tests.
 //! - [`reaper`]: the one background compare-and-delete of a grant nobody
 //!   will use (Redlock's partial grants, orphaned grants, timed-out ones).
-//! - [`semaphore`]: permits (at most `limit` holders, each a lease); the
-//!   backends take them, the store and the API do not yet (issue 17).
+//! - [`semaphore`]: permits (at most `limit` holders, each a lease), taken
+//!   through the same layers as locks; Redlock has none (see
+//!   [`redlock`]).
 //! - [`store`]: the [`Store`] trait and [`Single`], the store of one node.
 //! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
 //!   a store; [`queue`] holds the per-instance wait queues.
@@ -60,6 +61,10 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 pub use error::LockError;
+use semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
+
+/// Why a node or store without semaphores refuses them.
+pub const NO_SEMAPHORES: &str = "this store has no semaphores";
 pub use service::Locks;
 pub use store::{Single, Store};
 pub use types::{InvalidInput, LockName, Owner, Token, Ttl};
@@ -250,6 +255,62 @@ pub trait Node: Send + Sync + 'static {
         token: &Token,
         fence: u64,
     ) -> Result<bool, LockError>;
+
+    /// Takes one permit of semaphore `req.name`, or renews the one
+    /// `req.token` holds (see [`semaphore`]). The inner `Err` is a refusal:
+    /// the semaphore is full, or held under another limit.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] or [`LockError::Backend`] when the node
+    /// fails (the permit may or may not have been granted);
+    /// [`LockError::Unsupported`] from a node without semaphores (the
+    /// default).
+    async fn take_permit(
+        &self,
+        req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+        let _ = req;
+        Err(LockError::Unsupported(NO_SEMAPHORES))
+    }
+
+    /// Gives back the permit `token` holds: `None` when it holds none
+    /// (given back already, or run out), else when it was granted.
+    ///
+    /// # Errors
+    /// As for [`Node::take_permit`].
+    async fn give_back_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+    ) -> Result<Option<Released>, LockError> {
+        let _ = (name, token);
+        Err(LockError::Unsupported(NO_SEMAPHORES))
+    }
+
+    /// Resets the lease of the permit `token` holds to `ttl`; `None` when
+    /// it holds none. Never creates a permit.
+    ///
+    /// # Errors
+    /// As for [`Node::take_permit`].
+    async fn extend_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Option<Permit>, LockError> {
+        let _ = (name, token, ttl);
+        Err(LockError::Unsupported(NO_SEMAPHORES))
+    }
+
+    /// The semaphore's limit and live permits (never a token), or `None`
+    /// when no permit is held.
+    ///
+    /// # Errors
+    /// As for [`Node::take_permit`].
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
+        let _ = name;
+        Err(LockError::Unsupported(NO_SEMAPHORES))
+    }
 
     /// Whether this node's grants may count toward a Redlock quorum now:
     /// false while a Redis node is in its delayed restart (see [`restart`]).

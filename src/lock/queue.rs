@@ -21,7 +21,36 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{LockName, ReleaseListener, WaitInterest};
+use super::{ReleaseListener, WaitInterest};
+
+/// What a queue key waits for (see [`semaphore_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited<'a> {
+    /// The lock of this name.
+    Lock(&'a str),
+    /// A permit of the semaphore of this name.
+    Semaphore(&'a str),
+}
+
+/// The mark before a semaphore's name in its queue key. No lock name holds
+/// a `/`, so a lock and a semaphore of the same name never share a queue.
+const SEMAPHORE_MARK: char = '/';
+
+/// The queue key of semaphore `name`: `/` then the name. A lock's queue
+/// key is its name.
+pub fn semaphore_key(name: &str) -> String {
+    format!("{SEMAPHORE_MARK}{name}")
+}
+
+impl<'a> Waited<'a> {
+    /// What the queue key `key` waits for.
+    pub fn of(key: &'a str) -> Self {
+        match key.strip_prefix(SEMAPHORE_MARK) {
+            Some(name) => Self::Semaphore(name),
+            None => Self::Lock(key),
+        }
+    }
+}
 
 struct Waiter {
     id: u64,
@@ -84,7 +113,7 @@ impl WaitQueues {
     ///
     /// # Errors
     /// [`QueueFull`] when `max_waiters` requests are waiting already.
-    pub fn join(self: &Arc<Self>, name: &LockName) -> Result<Place, QueueFull> {
+    pub fn join(self: &Arc<Self>, key: &str) -> Result<Place, QueueFull> {
         let reserved = self
             .waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -96,7 +125,7 @@ impl WaitQueues {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
         self.lock()
-            .entry(name.as_str().to_owned())
+            .entry(key.to_owned())
             .or_default()
             .waiters
             .push_back(Waiter {
@@ -105,7 +134,7 @@ impl WaitQueues {
             });
         Ok(Place {
             queues: self.clone(),
-            name: name.as_str().to_owned(),
+            name: key.to_owned(),
             id,
             wake,
         })
@@ -148,12 +177,12 @@ impl WaitQueues {
         self.lock().get(name).map_or(0, |q| q.waiters.len())
     }
 
-    /// Calls `each(name, waiters)` for every lock that has waiters now (for
-    /// metrics, read at scrape time).
-    pub fn for_each_queue(&self, mut each: impl FnMut(&str, usize)) {
-        for (name, queue) in self.lock().iter() {
+    /// Calls `each(waited, waiters)` for every lock and semaphore that has
+    /// waiters now (for metrics, read at scrape time).
+    pub fn for_each_queue(&self, mut each: impl FnMut(Waited<'_>, usize)) {
+        for (key, queue) in self.lock().iter() {
             if !queue.waiters.is_empty() {
-                each(name, queue.waiters.len());
+                each(Waited::of(key), queue.waiters.len());
             }
         }
     }
@@ -257,16 +286,13 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn name(s: &str) -> LockName {
-        LockName::parse(s).expect("valid name")
-    }
 
     #[tokio::test]
     async fn places_are_served_in_arrival_order() {
         let queues = Arc::new(WaitQueues::new(10));
-        let first = queues.join(&name("k")).expect("room");
-        let second = queues.join(&name("k")).expect("room");
-        let other = queues.join(&name("other")).expect("room");
+        let first = queues.join("k").expect("room");
+        let second = queues.join("k").expect("room");
+        let other = queues.join("other").expect("room");
         assert!(first.is_head());
         assert!(!second.is_head());
         assert!(other.is_head());
@@ -285,8 +311,8 @@ mod tests {
     #[tokio::test]
     async fn a_release_wakes_the_head_only() {
         let queues = Arc::new(WaitQueues::new(10));
-        let head = queues.join(&name("k")).expect("room");
-        let next = queues.join(&name("k")).expect("room");
+        let head = queues.join("k").expect("room");
+        let next = queues.join("k").expect("room");
         queues.wake("k");
         tokio::time::timeout(Duration::from_secs(1), head.woken())
             .await
@@ -301,11 +327,11 @@ mod tests {
     #[test]
     fn the_queue_refuses_waiters_beyond_the_limit() {
         let queues = Arc::new(WaitQueues::new(2));
-        let a = queues.join(&name("a")).expect("room");
-        let _b = queues.join(&name("b")).expect("room");
-        assert!(queues.join(&name("c")).is_err());
+        let a = queues.join("a").expect("room");
+        let _b = queues.join("b").expect("room");
+        assert!(queues.join("c").is_err());
         drop(a);
-        assert!(queues.join(&name("c")).is_ok());
+        assert!(queues.join("c").is_ok());
     }
 
     /// Records what a store is told, in order.
@@ -327,16 +353,16 @@ mod tests {
         let told = Arc::new(Told::default());
         queues.tell(told.clone());
         // A wait that got its lock at once never subscribes.
-        drop(queues.join(&name("free")).expect("room"));
-        let a = queues.join(&name("k")).expect("room");
-        let b = queues.join(&name("k")).expect("room");
+        drop(queues.join("free").expect("room"));
+        let a = queues.join("k").expect("room");
+        let b = queues.join("k").expect("room");
         a.note_lease_end(Instant::now());
         b.note_lease_end(Instant::now());
         drop(a);
         assert_eq!(*told.0.lock().expect("told"), ["+k"]);
         drop(b);
         // A new episode subscribes again.
-        let c = queues.join(&name("k")).expect("room");
+        let c = queues.join("k").expect("room");
         c.note_lease_end(Instant::now());
         drop(c);
         assert_eq!(*told.0.lock().expect("told"), ["+k", "-k", "+k", "-k"]);
@@ -345,9 +371,9 @@ mod tests {
     #[test]
     fn a_waiter_leaving_from_the_middle_keeps_the_order() {
         let queues = Arc::new(WaitQueues::new(10));
-        let a = queues.join(&name("k")).expect("room");
-        let b = queues.join(&name("k")).expect("room");
-        let c = queues.join(&name("k")).expect("room");
+        let a = queues.join("k").expect("room");
+        let b = queues.join("k").expect("room");
+        let c = queues.join("k").expect("room");
         drop(b);
         drop(a);
         assert!(c.is_head());

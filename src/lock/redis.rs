@@ -53,6 +53,7 @@ use tokio_util::sync::CancellationToken;
 use super::reaper::{Attempt, Reap, Reaped};
 use super::restart::RestartWatch;
 use super::sentinel::Sentinels;
+use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl, WaitInterest, unix_millis,
@@ -538,8 +539,13 @@ impl RedisBackend {
                 tokio::time::timeout(self.timeout, call.invoke_async::<(i64, String)>(&mut conn))
                     .await;
             if !matches!(undone, Ok(Ok(_))) {
-                let (this, req) = (self.clone(), req.clone());
-                tokio::spawn(async move { this.reap_timed_out(req, conn).await });
+                let grant = Grant {
+                    kind: GrantKind::Lock,
+                    name: req.name.clone(),
+                    ttl: req.ttl,
+                };
+                let this = self.clone();
+                tokio::spawn(async move { this.reap_timed_out(grant, call, conn).await });
             }
         }
         Err(short)
@@ -565,7 +571,7 @@ impl RedisBackend {
     }
 
     /// The release script for `token` on `name`.
-    fn release_call<'a>(&self, keys: &Keys, token: &'a Token) -> ScriptInvocation<'a> {
+    fn release_call(&self, keys: &Keys, token: &Token) -> ScriptInvocation<'static> {
         let mut call = RELEASE.prepare_invoke();
         call.key(&keys.lock)
             .key(&keys.meta)
@@ -583,9 +589,11 @@ impl RedisBackend {
     /// and its lease ends within one TTL. When the connection breaks
     /// instead, a script Redis ran before that also ends within one TTL, so
     /// the delete is retried on fresh connections for that long.
-    async fn reap_timed_out(&self, req: AcquireRequest, mut conn: Conn) {
-        let keys = Keys::new(&self.prefix, &req.name);
-        let call = self.release_call(&keys, &req.token);
+    ///
+    /// `undo` is the release script of the grant (a lock's or a permit's),
+    /// whose answer starts with 1 when it released something.
+    async fn reap_timed_out(&self, grant: Grant, undo: ScriptInvocation<'static>, mut conn: Conn) {
+        let call = undo;
         // As long as a stalled Redis takes: the answer must come after the
         // acquire's.
         conn.set_response_timeout(REAP_PATIENCE);
@@ -594,22 +602,22 @@ impl RedisBackend {
         // script, by which time the acquire has run) on fresh ones, while
         // its lease may last.
         let first = std::sync::Mutex::new(Some(conn));
-        let reap = Reap::at_once(req.ttl.as_duration());
+        let reap = Reap::at_once(grant.ttl.as_duration());
         let outcome = reap
             .run(None, || {
                 let conn = first.lock().unwrap_or_else(|p| p.into_inner()).take();
-                let (call, name) = (&call, &req.name);
+                let (call, grant) = (&call, &grant);
                 async move {
                     let answer = match conn {
                         Some(mut conn) => call
-                            .invoke_async::<(i64, String)>(&mut conn)
+                            .invoke_async::<Vec<redis::Value>>(&mut conn)
                             .await
                             .map_err(|e| self.error(&e)),
-                        None => self.run::<(i64, String)>(call).await,
+                        None => self.run::<Vec<redis::Value>>(call).await,
                     };
                     match answer {
-                        Ok((1, _)) => {
-                            released_timed_out(name);
+                        Ok(answer) if answer.first() == Some(&redis::Value::Int(1)) => {
+                            grant.released_timed_out();
                             Attempt::Done
                         }
                         // Nobody or another token holds it: the acquire did
@@ -621,7 +629,10 @@ impl RedisBackend {
             })
             .await;
         if let Reaped::GaveUp(_) = outcome {
-            tracing::warn!(lock = %req.name, "could not delete a lock whose grant timed out; it runs out with its TTL");
+            match grant.kind {
+                GrantKind::Lock => tracing::warn!(lock = %grant.name, "could not delete a lock whose grant timed out; it runs out with its TTL"),
+                GrantKind::Permit => tracing::warn!(semaphore = %grant.name, "could not give back a permit whose grant timed out; it runs out with its TTL"),
+            }
         }
     }
 }
@@ -645,8 +656,30 @@ fn is_topology_change(e: &redis::RedisError) -> bool {
     matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"))
 }
 
-fn released_timed_out(name: &LockName) {
-    tracing::info!(lock = %name, "released a lock whose grant timed out");
+/// A grant whose answer timed out, to undo in the background.
+struct Grant {
+    kind: GrantKind,
+    name: LockName,
+    ttl: Ttl,
+}
+
+#[derive(Clone, Copy)]
+enum GrantKind {
+    Lock,
+    Permit,
+}
+
+impl Grant {
+    fn released_timed_out(&self) {
+        match self.kind {
+            GrantKind::Lock => {
+                tracing::info!(lock = %self.name, "released a lock whose grant timed out");
+            }
+            GrantKind::Permit => {
+                tracing::info!(semaphore = %self.name, "gave back a permit whose grant timed out");
+            }
+        }
+    }
 }
 
 /// Sorts a Redis error: could not reach or hear from Redis (retry may cure
@@ -704,8 +737,13 @@ impl Node for RedisBackend {
                     sent_on,
                     self.standalone && req.token_generated,
                 ) {
-                    let (this, req) = (self.clone(), req.clone());
-                    tokio::spawn(async move { this.reap_timed_out(req, conn).await });
+                    let grant = Grant {
+                        kind: GrantKind::Lock,
+                        name: req.name.clone(),
+                        ttl: req.ttl,
+                    };
+                    let (this, undo) = (self.clone(), self.release_call(&keys, &req.token));
+                    tokio::spawn(async move { this.reap_timed_out(grant, undo, conn).await });
                 }
                 return Err(e);
             }
@@ -858,6 +896,34 @@ impl Node for RedisBackend {
 
     fn counts_for_quorum(&self) -> bool {
         !self.in_restart_delay()
+    }
+
+    async fn take_permit(
+        &self,
+        req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+        RedisBackend::take_permit(self, req).await
+    }
+
+    async fn give_back_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+    ) -> Result<Option<Released>, LockError> {
+        RedisBackend::give_back_permit(self, name, token).await
+    }
+
+    async fn extend_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Option<Permit>, LockError> {
+        RedisBackend::extend_permit(self, name, token, ttl).await
+    }
+
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
+        RedisBackend::inspect_semaphore(self, name).await
     }
 
     async fn ping(&self) -> Result<(), LockError> {

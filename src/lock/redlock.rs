@@ -49,6 +49,7 @@ use super::{
 mod tally;
 
 use super::reaper::{Attempt, Reap, Reaper};
+use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use tally::{Counting, Tally, fan_out};
 
 /// The clock drift allowance added to every validity computation, on top
@@ -151,6 +152,16 @@ fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Durat
             .unwrap_or(Duration::from_secs(1)),
     }
 }
+
+/// Why Redlock has no semaphores. A permit granted on a majority of the
+/// nodes over-grants for any limit of 2 or more: with limit 2 on 3 nodes,
+/// clients A, B and C can win nodes {1,2}, {2,3} and {1,3}, each node then
+/// holds exactly 2 permits, within its limit, and all three clients hold a
+/// majority. Any two majorities share a node, which is what makes a lock
+/// safe, but a node's count of N permits cannot tell which N of the
+/// majorities it belongs to. So Redlock refuses semaphores rather than
+/// over-grant (docs/semaphores.md, "Redlock").
+pub const NO_REDLOCK_SEMAPHORES: &str = "semaphores are not available in Redlock mode: a permit granted on a majority of independent nodes can be granted to more holders than the limit; use a single Redis, Sentinel or a Redis Cluster for semaphores";
 
 #[async_trait]
 impl Store for Redlock {
@@ -300,6 +311,38 @@ impl Store for Redlock {
             }
         }
         Ok(None)
+    }
+
+    /// Refused: see [`NO_REDLOCK_SEMAPHORES`].
+    async fn take_permit(
+        &self,
+        _req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
+    }
+
+    async fn give_back_permit(
+        &self,
+        _name: &LockName,
+        _token: &Token,
+    ) -> Result<Option<Released>, LockError> {
+        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
+    }
+
+    async fn extend_permit(
+        &self,
+        _name: &LockName,
+        _token: &Token,
+        _ttl: ExtendTtl,
+    ) -> Result<Option<Permit>, LockError> {
+        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
+    }
+
+    async fn inspect_semaphore(
+        &self,
+        _name: &LockName,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
     }
 
     async fn ping(&self) -> Result<(), LockError> {

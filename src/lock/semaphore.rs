@@ -1,5 +1,5 @@
 //! Semaphores: at most `limit` holders at once, each permit a lease with
-//! its own token, TTL and fence (issue 17; not served yet).
+//! its own token, TTL and fence.
 //!
 //! A permit is a lease like a lock's: an unguessable token proves it, it
 //! runs out by its TTL on the store's clock, and its fence grows with every
@@ -141,6 +141,8 @@ struct Held {
     fence: u64,
     owner: Option<String>,
     granted_at: SystemTime,
+    /// Its own TTL: the one it was granted with or last extended to.
+    ttl_ms: u64,
 }
 
 /// What [`Permits::take`] did.
@@ -178,6 +180,7 @@ impl Permits {
         let until = now.saturating_add(req.ttl.as_millis());
         if let Some(mine) = self.held.iter_mut().find(|p| p.token == req.token) {
             mine.until = until;
+            mine.ttl_ms = req.ttl.as_millis();
             if let Some(owner) = &req.owner {
                 mine.owner = Some(owner.as_str().to_owned());
             }
@@ -198,29 +201,38 @@ impl Permits {
             fence,
             owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
             granted_at,
+            ttl_ms: req.ttl.as_millis(),
         });
         Taken::Granted(fence)
     }
 
-    /// Gives back `token`'s permit; whether it held one.
-    pub fn give_back(&mut self, now: u64, token: &Token) -> bool {
+    /// Gives back `token`'s permit: when it was granted, or `None` when it
+    /// held none.
+    pub fn give_back(&mut self, now: u64, token: &Token) -> Option<SystemTime> {
         self.prune(now);
-        let before = self.held.len();
-        self.held.retain(|p| p.token != *token);
-        let gave = self.held.len() < before;
+        let at = self.held.iter().position(|p| p.token == *token)?;
+        let gone = self.held.swap_remove(at);
         self.prune(now);
-        gave
+        Some(gone.granted_at)
     }
 
-    /// Resets `token`'s permit to end at `now + ttl_ms`: its fence and
-    /// the semaphore's limit, or `None` when it holds none (never
-    /// recreated).
-    pub fn extend(&mut self, now: u64, token: &Token, ttl_ms: u64) -> Option<(u64, Limit)> {
+    /// Resets `token`'s permit to end at `now + ttl_ms`, or, with `None`,
+    /// at `now` plus its own TTL (which `ttl_ms` replaces): its fence, the
+    /// semaphore's limit and the TTL set, or `None` when it holds none
+    /// (never recreated).
+    pub fn extend(
+        &mut self,
+        now: u64,
+        token: &Token,
+        ttl_ms: Option<u64>,
+    ) -> Option<(u64, Limit, u64)> {
         self.prune(now);
         let limit = self.limit?;
         let mine = self.held.iter_mut().find(|p| p.token == *token)?;
+        let ttl_ms = ttl_ms.unwrap_or(mine.ttl_ms);
+        mine.ttl_ms = ttl_ms;
         mine.until = now.saturating_add(ttl_ms);
-        Some((mine.fence, limit))
+        Some((mine.fence, limit, ttl_ms))
     }
 
     /// The live permits, the earliest to run out first; `None` when none.
@@ -296,7 +308,7 @@ mod tests {
                         }
                     }
                     1 => { permits.give_back(now, token); }
-                    _ => { permits.extend(now, token, ttl); }
+                    _ => { permits.extend(now, token, Some(ttl)); }
                 }
                 prop_assert!(permits.live(now) as u64 <= limit);
                 let seen: std::collections::HashSet<&str> =
@@ -325,7 +337,7 @@ mod tests {
             permits.take(100, &req(&b, 2, 100), SystemTime::now(), || 8),
             Taken::Granted(8)
         );
-        assert_eq!(permits.extend(200, &b, 10), None);
+        assert_eq!(permits.extend(200, &b, Some(10)), None);
         assert!(permits.inspect(200).is_none());
     }
 

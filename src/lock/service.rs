@@ -14,6 +14,8 @@
 //! (see [`super::redis`]). A client-chosen token is left alone: the client
 //! may retry with it, and its retry must not be undone.
 
+mod permits;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +25,7 @@ use std::task::{Context, Poll};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::queue::WaitQueues;
+use super::queue::{self, WaitQueues};
 use super::reaper::{Attempt, Reap, Reaped};
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Released, Store,
@@ -39,6 +41,34 @@ const EXPIRY_JITTER_MS: u64 = 5;
 /// (whether it then failed at once, waited and got it, or timed out): the
 /// measure of contention.
 pub type ContentionHook = Arc<dyn Fn(&LockName) + Send + Sync>;
+
+/// One try of a request that may wait (see [`Locks::wait_turn`]).
+enum Tried<T, R> {
+    /// The request is answered: granted, refused for good, or failed.
+    Ended(T),
+    /// Held (or full): it may free in `retry_after` without a release;
+    /// `refusal` is the answer should the wait end now.
+    Busy {
+        /// Until the holder's (or the earliest permit's) lease ends.
+        retry_after: Duration,
+        /// The refusal to answer if the wait ends.
+        refusal: R,
+    },
+}
+
+/// How a wait ended.
+enum Waited<T, R> {
+    /// A try answered the request.
+    Ended(T),
+    /// Still busy when the wait ran out: it may free in `retry_after`;
+    /// `refusal` is the last try's (`None` when this waiter never tried).
+    TimedOut {
+        /// Until the lease the waiter last learned of ends.
+        retry_after: Duration,
+        /// The last try's refusal.
+        refusal: Option<R>,
+    },
+}
 
 /// What a waiter that looked found.
 enum Looked {
@@ -60,6 +90,9 @@ pub struct Shared {
     queues: Arc<WaitQueues>,
     shutdown: CancellationToken,
     on_contention: Option<ContentionHook>,
+    /// The semaphores this instance granted permits of (see
+    /// [`permits::Known`]).
+    known: Arc<permits::Known>,
 }
 
 impl std::ops::Deref for Locks {
@@ -85,6 +118,7 @@ impl Locks {
             queues,
             shutdown,
             on_contention: None,
+            known: Arc::default(),
         }))
     }
 
@@ -98,6 +132,7 @@ impl Locks {
             queues: shared.queues.clone(),
             shutdown: shared.shutdown.clone(),
             on_contention: shared.on_contention.clone(),
+            known: shared.known.clone(),
         });
         Self(Arc::new(Shared {
             on_contention: Some(hook),
@@ -106,8 +141,22 @@ impl Locks {
     }
 
     /// Calls `each(name, waiters)` for every lock that has waiters now.
-    pub fn for_each_queue(&self, each: impl FnMut(&str, usize)) {
-        self.queues.for_each_queue(each);
+    pub fn for_each_queue(&self, mut each: impl FnMut(&str, usize)) {
+        self.queues.for_each_queue(|waited, n| {
+            if let queue::Waited::Lock(name) = waited {
+                each(name, n);
+            }
+        });
+    }
+
+    /// Calls `each(name, waiters)` for every semaphore that has waiters
+    /// now.
+    pub fn for_each_semaphore_queue(&self, mut each: impl FnMut(&str, usize)) {
+        self.queues.for_each_queue(|waited, n| {
+            if let queue::Waited::Semaphore(name) = waited {
+                each(name, n);
+            }
+        });
     }
 
     fn contended(&self, name: &LockName) {
@@ -146,13 +195,11 @@ impl Locks {
         let caller_gone = (!wait.is_zero()).then(CancellationToken::new);
         let (this, op_req, told) = (self.clone(), req.clone(), caller_gone.clone());
         let op = Box::pin(async move { this.acquire_or_wait(&op_req, wait, told.as_ref()).await });
-        Attached {
-            op: Some(op),
-            caller_gone,
+        let orphan = LockOrphan {
             locks: self.clone(),
             req,
-        }
-        .await
+        };
+        Attached::new(op, caller_gone, orphan).await
     }
 
     /// Releases a lock granted to a caller who went away: one attempt of
@@ -190,27 +237,89 @@ impl Locks {
         if wait.is_zero() {
             return self.try_acquire(req, true).await;
         }
+        let waited = self
+            .wait_turn(
+                req.name.as_str(),
+                wait,
+                caller_gone,
+                || self.contended(&req.name),
+                || async {
+                    match self.store.acquire(req).await {
+                        Err(LockError::Held { retry_after }) => Tried::Busy {
+                            retry_after,
+                            refusal: (),
+                        },
+                        other => Tried::Ended(other),
+                    }
+                },
+                || self.look(&req.name),
+            )
+            .await?;
+        match waited {
+            Waited::Ended(outcome) => outcome,
+            Waited::TimedOut { retry_after, .. } => Err(LockError::WaitTimedOut { retry_after }),
+        }
+    }
+
+    /// Waits in `key`'s queue, up to `wait`, while `attempt` finds the
+    /// lock held (or the semaphore full): the wait of every request that
+    /// may wait. Only the head of the queue tries: at once, when woken (a
+    /// release event, the one ahead leaving), and when the holder's lease
+    /// ends; when it was woken to look (see
+    /// [`super::ReleaseListener::subscribed`]), it calls `look` first and
+    /// tries only if that finds it free. The head tries once more at the
+    /// deadline. `contended` is called once, when the request first finds
+    /// it busy: behind others in the queue, or at its first try.
+    ///
+    /// # Errors
+    /// [`LockError::TooManyWaiters`] when the queues are full and the
+    /// first try found it busy; [`LockError::ShuttingDown`] and
+    /// [`LockError::Cancelled`] when the wait ended for those.
+    async fn wait_turn<T, R, A, AF, L, LF>(
+        &self,
+        key: &str,
+        wait: Duration,
+        caller_gone: Option<&CancellationToken>,
+        contended: impl Fn(),
+        mut attempt: A,
+        look: L,
+    ) -> Result<Waited<T, R>, LockError>
+    where
+        A: FnMut() -> AF,
+        AF: Future<Output = Tried<T, R>>,
+        L: Fn() -> LF,
+        LF: Future<Output = Looked>,
+    {
         let deadline = Instant::now() + wait;
         // Join before the first attempt, so a release between a failed
         // attempt and the wait cannot be missed, and so that a newcomer does
         // not overtake the waiters already queued.
-        let Ok(place) = self.queues.join(&req.name) else {
-            // No room to wait: a free lock is still granted.
-            return match self.try_acquire(req, true).await {
-                Err(LockError::Held { .. }) => Err(LockError::TooManyWaiters),
-                other => other,
+        let Ok(place) = self.queues.join(key) else {
+            // No room to wait: a free lock (or permit) is still granted.
+            return match attempt().await {
+                Tried::Busy { .. } => {
+                    contended();
+                    Err(LockError::TooManyWaiters)
+                }
+                Tried::Ended(outcome) => Ok(Waited::Ended(outcome)),
             };
         };
         let mut retry_at = Instant::now();
+        let mut refusal = None;
         // Others waiting already means the lock is held: contention.
-        let mut first = place.is_head();
-        if !first {
-            self.contended(&req.name);
+        let mut counted = !place.is_head();
+        if counted {
+            contended();
         }
+        let mut busy_once = || {
+            if !std::mem::replace(&mut counted, true) {
+                contended();
+            }
+        };
         loop {
             if place.is_head() {
                 let held_until = if place.take_look() {
-                    self.look(&req.name).await
+                    look().await
                 } else {
                     Looked::Free
                 };
@@ -221,18 +330,19 @@ impl Locks {
                         retry_at = lease_end + jitter();
                     }
                     Looked::Unknown => {}
-                    Looked::Free => {
-                        let outcome = self.try_acquire(req, first).await;
-                        first = false;
-                        match outcome {
-                            Err(LockError::Held { retry_after }) => {
-                                let lease_end = Instant::now() + retry_after;
-                                place.note_lease_end(lease_end);
-                                retry_at = lease_end + jitter();
-                            }
-                            other => return other,
+                    Looked::Free => match attempt().await {
+                        Tried::Busy {
+                            retry_after,
+                            refusal: busy,
+                        } => {
+                            busy_once();
+                            refusal = Some(busy);
+                            let lease_end = Instant::now() + retry_after;
+                            place.note_lease_end(lease_end);
+                            retry_at = lease_end + jitter();
                         }
-                    }
+                        Tried::Ended(outcome) => return Ok(Waited::Ended(outcome)),
+                    },
                 }
             }
             let head = place.is_head();
@@ -249,18 +359,20 @@ impl Locks {
                     // The lock may have freed without an event (a foreign
                     // client deleted it): the head looks once more.
                     if place.is_head() {
-                        let outcome = self.try_acquire(req, first).await;
-                        match outcome {
-                            Err(LockError::Held { retry_after }) => {
+                        match attempt().await {
+                            Tried::Busy { retry_after, refusal: busy } => {
+                                busy_once();
+                                refusal = Some(busy);
                                 place.note_lease_end(Instant::now() + retry_after);
                             }
-                            other => return other,
+                            Tried::Ended(outcome) => return Ok(Waited::Ended(outcome)),
                         }
                     }
                     let lease_end = place.lease_end().unwrap_or(retry_at);
                     let retry_after = lease_end.saturating_duration_since(Instant::now());
-                    return Err(LockError::WaitTimedOut {
+                    return Ok(Waited::TimedOut {
                         retry_after: retry_after.max(Duration::from_millis(1)),
+                        refusal,
                     });
                 }
             }
@@ -321,21 +433,54 @@ impl Locks {
     }
 }
 
-/// An acquire, run in the caller's task (no task of its own, on the
-/// uncontended path above all). If the caller goes away before it ends
-/// (the client hung up), what is left of it runs to its end on a task of
-/// its own, told that the caller left (so that a wait ends at once), and a
-/// grant it makes then is released: an operation is never cut off between
-/// sending a script and reading its answer.
-struct Attached {
-    op: Option<futures_util::future::BoxFuture<'static, Result<Acquired, LockError>>>,
+/// An acquire (of a lock, or of a permit), run in the caller's task (no
+/// task of its own, on the uncontended path above all). If the caller goes
+/// away before it ends (the client hung up), what is left of it runs to its
+/// end on a task of its own, told that the caller left (so that a wait ends
+/// at once), and `orphan` undoes a grant it makes then: an operation is
+/// never cut off between sending a script and reading its answer.
+struct Attached<T: Send + 'static, O: Orphan<T>> {
+    op: Option<futures_util::future::BoxFuture<'static, Result<T, LockError>>>,
     caller_gone: Option<CancellationToken>,
+    orphan: Option<O>,
+}
+
+/// Undoes a grant made for a caller who went away (see [`Attached`]).
+trait Orphan<T>: Send + 'static {
+    /// Undoes what `outcome` granted, if anything.
+    fn undo(self, outcome: Result<T, LockError>) -> impl Future<Output = ()> + Send;
+}
+
+/// A lock acquire's [`Orphan`]: releases a new grant.
+struct LockOrphan {
     locks: Locks,
     req: Arc<AcquireRequest>,
 }
 
-impl Future for Attached {
-    type Output = Result<Acquired, LockError>;
+impl Orphan<Acquired> for LockOrphan {
+    async fn undo(self, outcome: Result<Acquired, LockError>) {
+        if let Ok(Acquired::Granted(_)) = outcome {
+            self.locks.release_orphan(&self.req).await;
+        }
+    }
+}
+
+impl<T: Send + 'static, O: Orphan<T>> Attached<T, O> {
+    fn new(
+        op: futures_util::future::BoxFuture<'static, Result<T, LockError>>,
+        caller_gone: Option<CancellationToken>,
+        orphan: O,
+    ) -> Self {
+        Self {
+            op: Some(op),
+            caller_gone,
+            orphan: Some(orphan),
+        }
+    }
+}
+
+impl<T: Send + 'static, O: Orphan<T> + Unpin> Future for Attached<T, O> {
+    type Output = Result<T, LockError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let Some(op) = self.op.as_mut() else {
@@ -349,19 +494,17 @@ impl Future for Attached {
     }
 }
 
-impl Drop for Attached {
+impl<T: Send + 'static, O: Orphan<T>> Drop for Attached<T, O> {
     fn drop(&mut self) {
         let Some(op) = self.op.take() else { return };
+        let Some(orphan) = self.orphan.take() else {
+            return;
+        };
         if let Some(caller_gone) = &self.caller_gone {
             caller_gone.cancel();
         }
-        let (locks, req) = (self.locks.clone(), self.req.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Ok(Acquired::Granted(_)) = op.await {
-                    locks.release_orphan(&req).await;
-                }
-            });
+            runtime.spawn(async move { orphan.undo(op.await).await });
         }
     }
 }

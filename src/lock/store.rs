@@ -12,6 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, WaitInterest,
@@ -59,6 +60,43 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// A store failure as for [`Store::acquire`].
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError>;
+
+    /// Takes one permit (see [`Node::take_permit`]).
+    ///
+    /// # Errors
+    /// As for [`Node::take_permit`]; [`LockError::Unsupported`] from a
+    /// store without semaphores (Redlock).
+    async fn take_permit(
+        &self,
+        req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError>;
+
+    /// Gives back a permit (see [`Node::give_back_permit`]).
+    ///
+    /// # Errors
+    /// As for [`Store::take_permit`].
+    async fn give_back_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+    ) -> Result<Option<Released>, LockError>;
+
+    /// Extends a permit (see [`Node::extend_permit`]).
+    ///
+    /// # Errors
+    /// As for [`Store::take_permit`].
+    async fn extend_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Option<Permit>, LockError>;
+
+    /// Describes a semaphore (see [`Node::inspect_semaphore`]).
+    ///
+    /// # Errors
+    /// As for [`Store::take_permit`].
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError>;
 
     /// Checks that the store answers, for `/readyz`.
     ///
@@ -111,6 +149,34 @@ impl Store for Single {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
         Ok(self.node.holder(name).await?.map(|(_, info)| info))
+    }
+
+    async fn take_permit(
+        &self,
+        req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+        self.node.take_permit(req).await
+    }
+
+    async fn give_back_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+    ) -> Result<Option<Released>, LockError> {
+        self.node.give_back_permit(name, token).await
+    }
+
+    async fn extend_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Option<Permit>, LockError> {
+        self.node.extend_permit(name, token, ttl).await
+    }
+
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
+        self.node.inspect_semaphore(name).await
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
+use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use crate::lock::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, WaitInterest,
@@ -22,6 +23,10 @@ const BACKEND_OPS: &[&str] = &[
     "inspect",
     "ping",
     "raise_fence",
+    "take_permit",
+    "give_back_permit",
+    "extend_permit",
+    "inspect_semaphore",
 ];
 
 /// A [`Node`] that times every call in
@@ -122,6 +127,37 @@ impl Node for Instrumented {
         fence: u64,
     ) -> Result<bool, LockError> {
         self.time("raise_fence", self.inner.raise_fence(name, token, fence))
+            .await
+    }
+
+    async fn take_permit(
+        &self,
+        req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+        self.time("take_permit", self.inner.take_permit(req)).await
+    }
+
+    async fn give_back_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+    ) -> Result<Option<Released>, LockError> {
+        self.time("give_back_permit", self.inner.give_back_permit(name, token))
+            .await
+    }
+
+    async fn extend_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Option<Permit>, LockError> {
+        self.time("extend_permit", self.inner.extend_permit(name, token, ttl))
+            .await
+    }
+
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
+        self.time("inspect_semaphore", self.inner.inspect_semaphore(name))
             .await
     }
 

@@ -11,6 +11,7 @@
 mod instrumented;
 pub mod namespace;
 mod process;
+mod semaphores;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -23,6 +24,7 @@ use prometheus::{
 };
 
 pub use instrumented::Instrumented;
+pub use semaphores::PendingPermit;
 use namespace::{Label, Namespaces};
 
 use crate::lock::{Acquired, LockError, LockName, Released};
@@ -199,6 +201,20 @@ pub struct Metrics {
     http_requests: IntCounterVec,
     /// `lockd_http_request_duration_seconds{method,route,status}`.
     http_duration: HistogramVec,
+    /// The `lockd_semaphore_*` families.
+    semaphores: semaphores::SemaphoreMetrics,
+}
+
+/// What the metrics read at scrape time from the wait queues and the
+/// store: (name, count) pairs, counted by namespace.
+#[derive(Debug, Default)]
+pub struct Scrape {
+    /// Each lock with waiters on this instance, and how many.
+    pub lock_waiters: Vec<(String, usize)>,
+    /// Each semaphore with waiters on this instance, and how many.
+    pub semaphore_waiters: Vec<(String, usize)>,
+    /// Each semaphore known to this instance, and its live permits.
+    pub permits_held: Vec<(String, usize)>,
 }
 
 /// Registers metrics of one kind in a registry.
@@ -359,6 +375,7 @@ impl Metrics {
                 &["method", "route", "status"],
                 HTTP_BUCKETS,
             )?,
+            semaphores: semaphores::SemaphoreMetrics::new(&b)?,
             namespaces: Namespaces::new(max_namespaces),
             registry,
         };
@@ -387,6 +404,7 @@ impl Metrics {
         self.lock_hold.with_label_values(&[ns]);
         self.lock_expired.with_label_values(&[ns]);
         self.waiters.with_label_values(&[ns]);
+        self.semaphores.create_namespace_series(ns);
     }
 
     /// The `namespace` label of `name`, creating its series when it is new.
@@ -548,10 +566,11 @@ impl Metrics {
         }
     }
 
-    /// The metrics in Prometheus text format; `waiting` lists each lock that
-    /// has waiters now, with their number.
-    pub fn render(&self, waiting: &[(String, usize)]) -> String {
-        self.update_waiters(waiting);
+    /// The metrics in Prometheus text format, with the gauges read from
+    /// `scrape`.
+    pub fn render(&self, scrape: &Scrape) -> String {
+        self.update_waiters(&scrape.lock_waiters);
+        self.update_semaphores(&scrape.semaphore_waiters, &scrape.permits_held);
         self.update_pools();
         self.update_master();
         let mut buf = Vec::new();
@@ -563,19 +582,25 @@ impl Metrics {
     }
 
     fn update_waiters(&self, waiting: &[(String, usize)]) {
+        for (ns, count) in self.by_namespace(waiting) {
+            self.waiters.with_label_values(&[ns.as_ref()]).set(count);
+        }
+    }
+
+    /// The sum of `counts` by namespace, every namespace known (at zero
+    /// when none of `counts` is in it).
+    fn by_namespace(&self, counts: &[(String, usize)]) -> std::collections::HashMap<Arc<str>, i64> {
         let mut by_ns: std::collections::HashMap<Arc<str>, i64> = self
             .namespaces
             .all()
             .into_iter()
             .map(|ns| (ns, 0))
             .collect();
-        for (name, count) in waiting {
+        for (name, count) in counts {
             *by_ns.entry(self.namespaces.existing(name)).or_default() +=
                 i64::try_from(*count).unwrap_or(i64::MAX);
         }
-        for (ns, count) in by_ns {
-            self.waiters.with_label_values(&[ns.as_ref()]).set(count);
-        }
+        by_ns
     }
 
     fn update_master(&self) {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lockd::lock::connect::{ConnectReport, RedisTls};
 use lockd::lock::redis::{Endpoint, RedisBackend, RedisConfig};
 use lockd::lock::semaphore::{Limit, PermitOutcome, PermitRequest, Refusal};
-use lockd::lock::{LockName, Token, Ttl};
+use lockd::lock::{ExtendTtl, LockName, Token, Ttl};
 
 use crate::support::RedisServer;
 
@@ -86,8 +86,8 @@ async fn c18_semaphore_reacquire_takes_no_second_permit_in_the_core() {
         .expect("held");
     assert_eq!(info.limit.get(), 2);
     assert_eq!(info.permits.len(), 2);
-    assert!(node.give_back_permit(&name, &a).await.expect("redis"));
-    assert!(!node.give_back_permit(&name, &a).await.expect("redis"));
+    assert!(node.give_back_permit(&name, &a).await.expect("redis").is_some());
+    assert!(node.give_back_permit(&name, &a).await.expect("redis").is_none());
     let Ok(PermitOutcome::Granted(third)) = node
         .take_permit(&request(&c, 2, 10_000))
         .await
@@ -100,7 +100,7 @@ async fn c18_semaphore_reacquire_takes_no_second_permit_in_the_core() {
         .extend_permit(
             &name,
             &b,
-            Ttl::from_millis(50, 60_000, "ttl_ms").expect("ttl"),
+            ExtendTtl::To(Ttl::from_millis(50, 60_000, "ttl_ms").expect("ttl")),
         )
         .await
         .expect("redis");
@@ -110,7 +110,9 @@ async fn c18_semaphore_reacquire_takes_no_second_permit_in_the_core() {
         node.extend_permit(
             &name,
             &b,
-            Ttl::from_millis(500, 60_000, "ttl_ms").expect("ttl")
+            ExtendTtl::Own {
+                fallback: Ttl::from_millis(500, 60_000, "ttl_ms").expect("ttl")
+            }
         )
         .await
         .expect("redis"),

@@ -1,4 +1,4 @@
-//! Semaphores in memory (issue 17; not served yet): the same answers as
+//! Semaphores in memory: the same answers as
 //! the Redis scripts, by [`crate::lock::semaphore::Permits`].
 
 use std::time::SystemTime;
@@ -7,7 +7,8 @@ use tokio::time::Instant;
 
 use super::{MemoryBackend, SWEEP_EVERY, lease, next_fence_in};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo, Taken};
-use crate::lock::{LockError, LockName, Token, Ttl};
+use crate::lock::queue::semaphore_key;
+use crate::lock::{ExtendTtl, LockError, LockName, Released, Token, Ttl};
 
 impl MemoryBackend {
     /// Milliseconds since this store began.
@@ -57,17 +58,29 @@ impl MemoryBackend {
     ///
     /// # Errors
     /// Never.
-    pub fn give_back_permit(&self, name: &LockName, token: &Token) -> Result<bool, LockError> {
+    pub fn give_back_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+    ) -> Result<Option<Released>, LockError> {
         let at = self.now_ms();
-        let mut state = self.state();
-        let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
-            return Ok(false);
+        let granted_at = {
+            let mut state = self.state();
+            let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
+                return Ok(None);
+            };
+            let granted_at = permits.give_back(at, token);
+            if permits.live(at) == 0 {
+                state.semaphores.remove(name.as_str());
+            }
+            granted_at
         };
-        let gave = permits.give_back(at, token);
-        if permits.live(at) == 0 {
-            state.semaphores.remove(name.as_str());
+        if granted_at.is_some() {
+            self.tell_released(&semaphore_key(name.as_str()));
         }
-        Ok(gave)
+        Ok(granted_at.map(|granted_at| Released {
+            granted_at: Some(granted_at),
+        }))
     }
 
     /// As [`crate::lock::redis::RedisBackend::extend_permit`].
@@ -78,19 +91,31 @@ impl MemoryBackend {
         &self,
         name: &LockName,
         token: &Token,
-        ttl: Ttl,
+        ttl: ExtendTtl,
     ) -> Result<Option<Permit>, LockError> {
         let at = self.now_ms();
-        let mut state = self.state();
-        let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
-            return Ok(None);
+        let extended = {
+            let mut state = self.state();
+            let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
+                return Ok(None);
+            };
+            let given = match ttl {
+                ExtendTtl::To(ttl) => Some(ttl.as_millis()),
+                ExtendTtl::Own { .. } => None,
+            };
+            permits.extend(at, token, given)
         };
-        Ok(permits
-            .extend(at, token, ttl.as_millis())
-            .map(|(fence, limit)| Permit {
-                lease: lease(fence, ttl),
-                limit,
-            }))
+        if extended.is_some() {
+            // As the script publishes: a shorter lease frees it sooner.
+            self.tell_released(&semaphore_key(name.as_str()));
+        }
+        Ok(extended.map(|(fence, limit, ttl_ms)| Permit {
+            lease: lease(
+                fence,
+                Ttl::from_millis(ttl_ms, Ttl::CEILING_MS, "ttl_ms").unwrap_or(Ttl::MIN),
+            ),
+            limit,
+        }))
     }
 
     /// As [`crate::lock::redis::RedisBackend::inspect_semaphore`].
@@ -143,8 +168,8 @@ mod tests {
             panic!("A's permit ran out: B gets one");
         };
         assert!(next.lease.fence > first.lease.fence);
-        assert!(!store.give_back_permit(&name, &a).expect("memory"));
-        assert!(store.give_back_permit(&name, &b).expect("memory"));
+        assert!(store.give_back_permit(&name, &a).expect("memory").is_none());
+        assert!(store.give_back_permit(&name, &b).expect("memory").is_some());
         assert_eq!(store.inspect_semaphore(&name).expect("memory"), None);
     }
 }

@@ -1,4 +1,4 @@
-//! Semaphores on the Redis backend (issue 17; not served yet): the
+//! Semaphores on the Redis backend: the
 //! scripts `semaphore.lua` and `sem_*.lua`, whose data model is in
 //! docs/design.md ("Semaphores"). All keys of one semaphore share the
 //! `{name}` hash tag, so each script touches one node, on a single Redis,
@@ -7,14 +7,16 @@
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime};
 
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 use tokio::time::Instant;
 
-use super::{FENCE_LUA, RedisBackend};
+use super::{FENCE_LUA, Grant, GrantKind, RedisBackend};
 use crate::lock::semaphore::{
     Limit, Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo,
 };
-use crate::lock::{Lease, LockError, LockName, Token, Ttl, unix_millis};
+use crate::lock::events;
+use crate::lock::queue::semaphore_key;
+use crate::lock::{ExtendTtl, Lease, LockError, LockName, Released, Token, Ttl, unix_millis};
 
 /// The shared part of the semaphore scripts (`prune`, `now_ms`, ...).
 const SEMAPHORE_LUA: &str = include_str!("../scripts/semaphore.lua");
@@ -61,7 +63,7 @@ impl SemKeys {
             permits: format!("{base}:permits"),
             holders: format!("{base}:holders"),
             fence: format!("{base}:fence"),
-            released: format!("{base}:released"),
+            released: events::channel(prefix, &semaphore_key(name.as_str())),
         }
     }
 }
@@ -99,7 +101,27 @@ impl RedisBackend {
             .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
             .arg(unix_millis(sent_wall))
             .arg(self.fence_retention_ms);
-        let (status, value, limit): (i64, String, i64) = self.run(&call).await?;
+        let mut sent_on = None;
+        let (status, value, limit): (i64, String, i64) = match self.run_on(&call, &mut sent_on).await
+        {
+            Ok(answer) => answer,
+            Err(e) => {
+                // A script held up in a stalled Redis may still grant: give
+                // that permit back, as an acquire's lock is deleted.
+                if let (true, Some(conn), true) =
+                    (e.is_transient(), sent_on, self.standalone && req.token_generated)
+                {
+                    let grant = Grant {
+                        kind: GrantKind::Permit,
+                        name: req.name.clone(),
+                        ttl: req.ttl,
+                    };
+                    let (this, undo) = (self.clone(), self.give_back_call(&keys, &req.token));
+                    tokio::spawn(async move { this.reap_timed_out(grant, undo, conn).await });
+                }
+                return Err(e);
+            }
+        };
         let limit = stored_limit(limit)?;
         match status {
             0 => Ok(Err(Refusal::Full {
@@ -125,8 +147,8 @@ impl RedisBackend {
         }
     }
 
-    /// Gives back the permit `token` holds; `false` when it holds none
-    /// (released, or run out).
+    /// Gives back the permit `token` holds, and tells when it was granted;
+    /// `None` when it holds none (given back, or run out).
     ///
     /// # Errors
     /// As for [`Self::take_permit`].
@@ -134,16 +156,25 @@ impl RedisBackend {
         &self,
         name: &LockName,
         token: &Token,
-    ) -> Result<bool, LockError> {
+    ) -> Result<Option<Released>, LockError> {
         let keys = SemKeys::new(&self.prefix, name);
+        let call = self.give_back_call(&keys, token);
+        let (released, granted_at_ms): (i64, u64) = self.run(&call).await?;
+        Ok((released == 1).then(|| Released {
+            granted_at: (granted_at_ms > 0)
+                .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms)),
+        }))
+    }
+
+    /// The give-back script of `token`'s permit.
+    fn give_back_call(&self, keys: &SemKeys, token: &Token) -> ScriptInvocation<'static> {
         let mut call = GIVE_BACK.prepare_invoke();
         call.key(&keys.permits)
             .key(&keys.holders)
             .arg(token.expose())
             .arg(&keys.released)
             .arg(self.events.publish());
-        let released: i64 = self.run(&call).await?;
-        Ok(released == 1)
+        call
     }
 
     /// Resets the lease of the permit `token` holds to `ttl`; `None` when
@@ -155,20 +186,28 @@ impl RedisBackend {
         &self,
         name: &LockName,
         token: &Token,
-        ttl: Ttl,
+        ttl: ExtendTtl,
     ) -> Result<Option<Permit>, LockError> {
         let keys = SemKeys::new(&self.prefix, name);
         let (sent, sent_wall) = (Instant::now(), SystemTime::now());
+        let (given, fallback) = match ttl {
+            ExtendTtl::To(ttl) => (ttl.as_millis().to_string(), ttl),
+            ExtendTtl::Own { fallback } => (String::new(), fallback),
+        };
         let mut call = EXTEND.prepare_invoke();
         call.key(&keys.permits)
             .key(&keys.holders)
             .arg(token.expose())
-            .arg(ttl.as_millis());
-        let (status, fence, limit): (i64, String, i64) = self.run(&call).await?;
+            .arg(given)
+            .arg(&keys.released)
+            .arg(self.events.publish())
+            .arg(fallback.as_millis());
+        let (status, fence, limit, ttl_ms): (i64, String, i64, u64) = self.run(&call).await?;
         if status != 1 {
             return Ok(None);
         }
-        let Some(lease) = Lease::left(stored_number(&fence)?, ttl, sent, sent_wall) else {
+        let set_to = Ttl::from_millis(ttl_ms, Ttl::CEILING_MS, "ttl_ms").unwrap_or(fallback);
+        let Some(lease) = Lease::left(stored_number(&fence)?, set_to, sent, sent_wall) else {
             return Ok(None);
         };
         Ok(Some(Permit {

@@ -1,19 +1,26 @@
 -- Extend the permit `token` holds to a new TTL; never recreates one.
+-- Publishes the change (a shorter lease frees the permit sooner), so that
+-- waiters look again.
 -- KEYS[1] permits, KEYS[2] holders
--- ARGV[1] token, ARGV[2] TTL in ms (>= 1)
--- Returns {1, fence, limit} when extended, {0, '', 0} when `token` holds
--- no permit (released or run out).
+-- ARGV[1] token, ARGV[2] TTL in ms ('' = the permit's own TTL: the one it
+-- was granted with or last extended to), ARGV[3] release channel,
+-- ARGV[4] PUBLISH or SPUBLISH, ARGV[5] the TTL in ms when neither is
+-- known (a record written without one)
+-- Returns {1, fence, limit, ttl_ms} when extended, {0, '', 0, 0} when
+-- `token` holds no permit (given back or run out).
 local permits, holders = KEYS[1], KEYS[2]
-local token, ttl = ARGV[1], tonumber(ARGV[2])
+local token = ARGV[1]
 local now = now_ms()
 prune(permits, holders, now)
 local mine = redis.call('HGET', holders, holder_field(token))
 if not (mine and redis.call('ZSCORE', permits, token)) then
-  return {0, '', 0}
+  return {0, '', 0, 0}
 end
 local record = cjson.decode(mine)
+local ttl = tonumber(ARGV[2]) or tonumber(record.ttl_ms) or tonumber(ARGV[5])
 record.ttl_ms = ttl
 redis.call('ZADD', permits, 'XX', now + ttl, token)
 redis.call('HSET', holders, holder_field(token), cjson.encode(record))
 expire_with_last(permits, holders, now)
-return {1, record.fence, tonumber(redis.call('HGET', holders, 'limit'))}
+redis.pcall(ARGV[4], ARGV[3], '')
+return {1, record.fence, tonumber(redis.call('HGET', holders, 'limit')), ttl}

@@ -2,17 +2,24 @@
 -- waiters wake at once.
 -- KEYS[1] permits, KEYS[2] holders
 -- ARGV[1] token, ARGV[2] release channel, ARGV[3] PUBLISH or SPUBLISH
--- Returns 1 when released, 0 when `token` holds no permit (released or
--- run out: nothing is changed then).
+-- Returns {1, granted_at_ms} when released (granted_at_ms 0 when not
+-- recorded), {0, 0} when `token` holds no permit (given back or run out:
+-- nothing is changed then).
 local permits, holders = KEYS[1], KEYS[2]
 local now = now_ms()
 prune(permits, holders, now)
+local field = holder_field(ARGV[1])
+local mine = redis.call('HGET', holders, field)
 if redis.call('ZREM', permits, ARGV[1]) == 0 then
-  return 0
+  return {0, 0}
 end
-redis.call('HDEL', holders, holder_field(ARGV[1]))
+redis.call('HDEL', holders, field)
 if redis.call('ZCARD', permits) == 0 then
   redis.call('DEL', holders)
 end
 redis.pcall(ARGV[3], ARGV[2], '')
-return 1
+local granted_at = 0
+if mine then
+  granted_at = tonumber(cjson.decode(mine).granted_at_ms) or 0
+end
+return {1, granted_at}

@@ -1,0 +1,10 @@
+//! The `/semaphores/{name}` routes: one file per action, as for
+//! `/locks/{name}`, each a thin handler that parses input ([`input`]),
+//! calls the lock core's permits and shapes the answer ([`model`]).
+
+pub mod extend;
+pub mod give_back;
+pub mod input;
+pub mod inspect;
+pub mod model;
+pub mod take;
