@@ -106,7 +106,8 @@ impl std::fmt::Display for Refusal {
 /// proxy, say) falls back on its status.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// 409 `lock-held`: another holder has the lock.
+    /// 409 `lock-held`: another holder has the lock (or `semaphore-full`:
+    /// every permit is held).
     #[error("{answer}")]
     Held {
         /// When the lock frees at the latest, if the server said.
@@ -114,7 +115,8 @@ pub enum ClientError {
         /// The answer.
         answer: Refusal,
     },
-    /// 404 `lock-not-held`: the lock is free, or the lease is gone.
+    /// 404 `lock-not-held`: the lock is free, or the lease is gone (or
+    /// `permit-not-held`, `semaphore-free` for a semaphore).
     #[error("{answer}")]
     NotHeld {
         /// The answer.
@@ -180,11 +182,11 @@ impl ClientError {
     pub fn from_refusal(answer: Refusal) -> Self {
         let retry_after = answer.problem.retry_after_ms.map(Duration::from_millis);
         match answer.problem.slug() {
-            "lock-held" => Self::Held {
+            "lock-held" | "semaphore-full" => Self::Held {
                 retry_after,
                 answer,
             },
-            "lock-not-held" => Self::NotHeld { answer },
+            "lock-not-held" | "permit-not-held" | "semaphore-free" => Self::NotHeld { answer },
             "not-lock-owner" => Self::NotOwner { answer },
             "rate-limited" => Self::RateLimited {
                 retry_after,
@@ -207,7 +209,9 @@ impl ClientError {
             | "route-not-found"
             | "method-not-allowed"
             | "payload-too-large"
-            | "unsupported-media-type" => Self::Refused { answer },
+            | "unsupported-media-type"
+            | "limit-mismatch"
+            | "not-implemented" => Self::Refused { answer },
             _ => match answer.status {
                 StatusCode::CONFLICT => Self::Held {
                     retry_after,
@@ -338,6 +342,55 @@ pub enum BadServer {
     },
 }
 
+/// What a call names: a lock (`/locks/{name}`), or a semaphore
+/// (`/semaphores/{name}`, whose acquire takes one permit). A `&str` is a
+/// lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// The lock of this name.
+    Lock(&'a str),
+    /// The semaphore of this name.
+    Semaphore(&'a str),
+}
+
+impl<'a> Target<'a> {
+    /// `name` as a semaphore when `semaphore`, else as a lock.
+    pub fn new(name: &'a str, semaphore: bool) -> Self {
+        if semaphore {
+            Self::Semaphore(name)
+        } else {
+            Self::Lock(name)
+        }
+    }
+
+    /// The name.
+    pub fn name(self) -> &'a str {
+        match self {
+            Self::Lock(name) | Self::Semaphore(name) => name,
+        }
+    }
+
+    /// "lock" or "semaphore", for messages.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Lock(_) => "lock",
+            Self::Semaphore(_) => "semaphore",
+        }
+    }
+}
+
+impl<'a> From<&'a str> for Target<'a> {
+    fn from(name: &'a str) -> Self {
+        Self::Lock(name)
+    }
+}
+
+impl<'a> From<&'a String> for Target<'a> {
+    fn from(name: &'a String) -> Self {
+        Self::Lock(name)
+    }
+}
+
 /// What an acquire asks for.
 #[derive(Debug, Clone, Default)]
 pub struct AcquireParams<'a> {
@@ -350,6 +403,8 @@ pub struct AcquireParams<'a> {
     pub wait_ms: u64,
     /// A label for the holder.
     pub owner: Option<&'a str>,
+    /// For a semaphore: its limit, the most holders at once.
+    pub limit: Option<u32>,
 }
 
 impl LockClient {
@@ -423,13 +478,18 @@ impl LockClient {
         &self.server
     }
 
-    /// The URL of the lock `name`: the server's path, then `locks/<name>`
-    /// with the name percent-encoded as one path segment.
-    fn lock_url(&self, name: &str) -> url::Url {
+    /// The URL of `target`: the server's path, then `locks/<name>` (or
+    /// `semaphores/<name>`) with the name percent-encoded as one path
+    /// segment.
+    fn lock_url(&self, target: Target<'_>) -> url::Url {
         let mut url = self.base.clone();
         url.set_query(None);
+        let collection = match target {
+            Target::Lock(_) => "locks",
+            Target::Semaphore(_) => "semaphores",
+        };
         if let Ok(mut path) = url.path_segments_mut() {
-            path.pop_if_empty().push("locks").push(name);
+            path.pop_if_empty().push(collection).push(target.name());
         }
         url
     }
@@ -442,13 +502,17 @@ impl LockClient {
     /// [`ClientError`]: `Held` when another holder kept the lock, the other
     /// refusals, `Unexpected` for a 2xx without a lease, `Unreachable`
     /// when no answer came.
-    pub async fn acquire(
+    pub async fn acquire<'a>(
         &self,
-        name: &str,
+        target: impl Into<Target<'a>>,
         params: &AcquireParams<'_>,
         timeout: Duration,
     ) -> Result<Reply<Lease>, ClientError> {
+        let target = target.into();
         let mut body = Map::new();
+        if let Some(limit) = params.limit {
+            body.insert("limit".into(), json!(limit));
+        }
         if let Some(ttl) = params.ttl_ms {
             body.insert("ttl_ms".into(), json!(ttl));
         }
@@ -458,7 +522,7 @@ impl LockClient {
         if let Some(owner) = params.owner {
             body.insert("owner".into(), json!(owner));
         }
-        let mut request = self.http.post(self.lock_url(name)).json(&body);
+        let mut request = self.http.post(self.lock_url(target)).json(&body);
         if let Some(token) = params.token {
             request = request.header("Lock-Token", token);
         }
@@ -484,9 +548,9 @@ impl LockClient {
     /// [`ClientError`]: `NotHeld` when the lease is gone, `NotOwner` when
     /// another holder has the lock, the other refusals, `Unreachable` when
     /// no answer came within `timeout`.
-    pub async fn extend(
+    pub async fn extend<'a>(
         &self,
-        name: &str,
+        target: impl Into<Target<'a>>,
         token: &str,
         ttl_ms: Option<u64>,
         timeout: Duration,
@@ -494,7 +558,7 @@ impl LockClient {
         let body = ttl_ms.map_or_else(|| json!({}), |ttl| json!({ "ttl_ms": ttl }));
         let request = self
             .http
-            .patch(self.lock_url(name))
+            .patch(self.lock_url(target.into()))
             .header("Lock-Token", token)
             .json(&body);
         let (status, body) = self.send(request, timeout).await?;
@@ -507,15 +571,15 @@ impl LockClient {
     /// [`ClientError`]: `NotHeld` when the lease is gone, `NotOwner` when
     /// another holder has the lock, the other refusals, `Unreachable` when
     /// no answer came within `timeout`.
-    pub async fn release(
+    pub async fn release<'a>(
         &self,
-        name: &str,
+        target: impl Into<Target<'a>>,
         token: &str,
         timeout: Duration,
     ) -> Result<Reply<()>, ClientError> {
         let request = self
             .http
-            .delete(self.lock_url(name))
+            .delete(self.lock_url(target.into()))
             .header("Lock-Token", token);
         let (status, body) = self.send(request, timeout).await?;
         Ok(Reply {
@@ -530,13 +594,13 @@ impl LockClient {
     /// # Errors
     /// [`ClientError`]: `NotHeld` when the lock is free, the other
     /// refusals, `Unreachable` when no answer came within `timeout`.
-    pub async fn status(
+    pub async fn status<'a>(
         &self,
-        name: &str,
+        target: impl Into<Target<'a>>,
         timeout: Duration,
     ) -> Result<Reply<LockStatus>, ClientError> {
         let (status, body) = self
-            .send(self.http.get(self.lock_url(name)), timeout)
+            .send(self.http.get(self.lock_url(target.into())), timeout)
             .await?;
         Ok(lenient(status, body))
     }
@@ -714,12 +778,16 @@ mod tests {
     fn lock_urls_encode_the_name_as_one_segment() {
         let client = LockClient::new("http://127.0.0.1:8080", None, None).expect("valid");
         assert_eq!(
-            client.lock_url("orders:1").as_str(),
+            client.lock_url("orders:1".into()).as_str(),
             "http://127.0.0.1:8080/locks/orders:1"
+        );
+        assert_eq!(
+            client.lock_url(Target::Semaphore("pool")).as_str(),
+            "http://127.0.0.1:8080/semaphores/pool"
         );
         let client = LockClient::new("https://locks.example/lockd/", None, None).expect("valid");
         assert_eq!(
-            client.lock_url("a b/c").as_str(),
+            client.lock_url("a b/c".into()).as_str(),
             "https://locks.example/lockd/locks/a%20b%2Fc"
         );
     }

@@ -96,11 +96,45 @@ pub struct ExecArgs {
     /// Exit code when the lock is not granted within --wait-ms (as flock -E).
     #[arg(long, default_value_t = exit::CONFLICT)]
     pub conflict_exit_code: u8,
-    /// The lock to hold.
+    #[command(flatten)]
+    pub semaphore: SemaphoreArg,
+    /// The lock to hold (with --semaphore: the semaphore to hold a permit
+    /// of).
     pub name: String,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1.., value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+/// `--semaphore` and `--limit`: hold a permit of a semaphore rather than
+/// a lock.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct SemaphoreArg {
+    /// NAME is a semaphore: take one of its permits (at most --limit
+    /// holders at once, each permit a lease) rather than a lock.
+    #[arg(long, requires = "limit")]
+    pub semaphore: bool,
+    /// With --semaphore: the most holders at once, from 1 to the server's
+    /// --max-semaphore-limit (default 10000). The first permit sets it;
+    /// while permits are held, another limit is refused.
+    #[arg(long, requires = "semaphore", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+}
+
+/// `--semaphore` alone, for the calls that name a semaphore without a
+/// limit (extend, release, status).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct SemaphoreFlag {
+    /// NAME is a semaphore: act on its permit (or, for status, list its
+    /// permits) rather than on a lock. `lockd exec --semaphore` sets
+    /// LOCKD_SEMAPHORE=1 for its command.
+    /// LOCKD_SEMAPHORE takes 1/0, true/false, yes/no, on/off.
+    #[arg(
+        long,
+        env = "LOCKD_SEMAPHORE",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub semaphore: bool,
 }
 
 /// `lockd acquire NAME`.
@@ -108,9 +142,12 @@ pub struct ExecArgs {
 pub struct AcquireArgs {
     #[command(flatten)]
     pub server: ServerArg,
-    /// The lock to take.
+    /// The lock to take (with --semaphore: the semaphore to take a permit
+    /// of).
     #[arg(env = "LOCKD_NAME")]
     pub name: String,
+    #[command(flatten)]
+    pub semaphore: SemaphoreArg,
     /// Lease length in ms [default: the server's default TTL].
     #[arg(long)]
     pub ttl_ms: Option<u64>,
@@ -147,12 +184,15 @@ pub struct TokenArg {
 pub struct ExtendArgs {
     #[command(flatten)]
     pub server: ServerArg,
-    /// The lock.
+    /// The lock (or, with --semaphore, the semaphore).
     #[arg(env = "LOCKD_NAME")]
     pub name: String,
     #[command(flatten)]
+    pub semaphore: SemaphoreFlag,
+    #[command(flatten)]
     pub token: TokenArg,
-    /// New lease length from now, in ms [default: the server's default TTL].
+    /// New lease length from now, in ms [default: the lease's own TTL: the
+    /// one it was granted with, or last extended to].
     #[arg(long)]
     pub ttl_ms: Option<u64>,
 }
@@ -162,9 +202,11 @@ pub struct ExtendArgs {
 pub struct ReleaseArgs {
     #[command(flatten)]
     pub server: ServerArg,
-    /// The lock.
+    /// The lock (or, with --semaphore, the semaphore).
     #[arg(env = "LOCKD_NAME")]
     pub name: String,
+    #[command(flatten)]
+    pub semaphore: SemaphoreFlag,
     #[command(flatten)]
     pub token: TokenArg,
 }
@@ -174,9 +216,11 @@ pub struct ReleaseArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     pub server: ServerArg,
-    /// The lock.
+    /// The lock (or, with --semaphore, the semaphore).
     #[arg(env = "LOCKD_NAME")]
     pub name: String,
+    #[command(flatten)]
+    pub semaphore: SemaphoreFlag,
 }
 
 #[cfg(test)]

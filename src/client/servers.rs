@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::api::{
     AcquireParams, BadServer, CallError, ClientError, Extended, Lease, LockClient, LockStatus,
-    Reply,
+    Reply, Target,
 };
 use crate::lock::Token;
 
@@ -282,12 +282,13 @@ impl Servers {
     ///
     /// # Errors
     /// [`Failure`], with the [`ClientError`] of the last server tried.
-    pub async fn acquire(
+    pub async fn acquire<'a>(
         &self,
-        name: &str,
+        target: impl Into<Target<'a>>,
         params: &AcquireParams<'_>,
         margin: Duration,
     ) -> Result<Answered<Lease>, Failure> {
+        let target = target.into();
         let generated;
         let token = match params.token {
             Some(token) => token,
@@ -303,7 +304,7 @@ impl Servers {
                 wait_ms: u64::try_from(this.wait.as_millis()).unwrap_or(u64::MAX),
                 ..params.clone()
             };
-            async move { client.acquire(name, &params, this.timeout).await }
+            async move { client.acquire(target, &params, this.timeout).await }
         })
         .await
     }
@@ -313,16 +314,17 @@ impl Servers {
     ///
     /// # Errors
     /// [`Failure`], with the [`ClientError`] of the last server tried.
-    pub async fn extend(
+    pub async fn extend<'a>(
         &self,
-        name: &str,
+        target: impl Into<Target<'a>>,
         token: &str,
         ttl_ms: Option<u64>,
         within: Duration,
     ) -> Result<Answered<Extended>, Failure> {
+        let target = target.into();
         self.call(
             Budget::new(Duration::ZERO, within),
-            |client, this| async move { client.extend(name, token, ttl_ms, this.timeout).await },
+            |client, this| async move { client.extend(target, token, ttl_ms, this.timeout).await },
         )
         .await
     }
@@ -332,15 +334,16 @@ impl Servers {
     ///
     /// # Errors
     /// [`Failure`], with the [`ClientError`] of the last server tried.
-    pub async fn release(
+    pub async fn release<'a>(
         &self,
-        name: &str,
+        target: impl Into<Target<'a>>,
         token: &str,
         within: Duration,
     ) -> Result<Answered<()>, Failure> {
+        let target = target.into();
         self.call(
             Budget::new(Duration::ZERO, within),
-            |client, this| async move { client.release(name, token, this.timeout).await },
+            |client, this| async move { client.release(target, token, this.timeout).await },
         )
         .await
     }
@@ -350,14 +353,15 @@ impl Servers {
     ///
     /// # Errors
     /// [`Failure`], with the [`ClientError`] of the last server tried.
-    pub async fn status(
+    pub async fn status<'a>(
         &self,
-        name: &str,
+        target: impl Into<Target<'a>>,
         within: Duration,
     ) -> Result<Answered<LockStatus>, Failure> {
+        let target = target.into();
         self.call(
             Budget::new(Duration::ZERO, within),
-            |client, this| async move { client.status(name, this.timeout).await },
+            |client, this| async move { client.status(target, this.timeout).await },
         )
         .await
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 
-use super::api::{AcquireParams, ClientError, ProblemInfo, Refusal};
+use super::api::{AcquireParams, ClientError, ProblemInfo, Refusal, Target};
 use super::args::{AcquireArgs, ExtendArgs, ReleaseArgs, ServerArg, StatusArgs};
 use super::exit;
 use super::servers::{Answered, Failure, Servers};
@@ -61,9 +61,11 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
         ttl_ms: args.ttl_ms,
         wait_ms: args.wait_ms,
         owner: args.owner.as_deref(),
+        limit: args.semaphore.limit,
     };
+    let target = Target::new(&args.name, args.semaphore.semaphore);
     call(&args.server, |s| async move {
-        s.acquire(&args.name, &params, CALL_TIMEOUT).await
+        s.acquire(target, &params, CALL_TIMEOUT).await
     })
     .await
 }
@@ -71,7 +73,8 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
 /// `lockd extend`.
 pub async fn extend(args: ExtendArgs) -> u8 {
     call(&args.server, |s| async move {
-        s.extend(&args.name, &args.token.token, args.ttl_ms, CALL_TIMEOUT)
+        let target = Target::new(&args.name, args.semaphore.semaphore);
+        s.extend(target, &args.token.token, args.ttl_ms, CALL_TIMEOUT)
             .await
     })
     .await
@@ -80,7 +83,8 @@ pub async fn extend(args: ExtendArgs) -> u8 {
 /// `lockd release`.
 pub async fn release(args: ReleaseArgs) -> u8 {
     call(&args.server, |s| async move {
-        s.release(&args.name, &args.token.token, CALL_TIMEOUT).await
+        let target = Target::new(&args.name, args.semaphore.semaphore);
+        s.release(target, &args.token.token, CALL_TIMEOUT).await
     })
     .await
 }
@@ -88,7 +92,11 @@ pub async fn release(args: ReleaseArgs) -> u8 {
 /// `lockd status`.
 pub async fn status(args: StatusArgs) -> u8 {
     call(&args.server, |s| async move {
-        s.status(&args.name, CALL_TIMEOUT).await
+        s.status(
+            Target::new(&args.name, args.semaphore.semaphore),
+            CALL_TIMEOUT,
+        )
+        .await
     })
     .await
 }

@@ -67,17 +67,19 @@ impl Modify for BearerKeys {
     }
 }
 
-/// Fits `doc` to a server with `limits`: every `ttl_ms` and `wait_ms` of a
-/// body gets the server's longest TTL and wait as its `maximum`, and an
-/// example above it is lowered to it.
+/// Fits `doc` to a server with `limits`: every `ttl_ms`, `wait_ms` and
+/// `limit` of a body gets the server's longest TTL, longest wait and
+/// largest semaphore limit as its `maximum`, and an example above it is
+/// lowered to it.
 pub fn fit(doc: &mut utoipa::openapi::OpenApi, limits: &Limits) {
     let limit = |field: &str| match field {
         "ttl_ms" => Some(limits.ttl.max_ms),
         "wait_ms" => Some(limits.wait.max_ms),
+        "limit" => Some(u64::from(limits.max_semaphore_limit)),
         _ => None,
     };
     if let Some(components) = doc.components.as_mut() {
-        for body in ["AcquireBody", "ExtendBody"] {
+        for body in ["AcquireBody", "ExtendBody", "TakeBody", "PermitExtendBody"] {
             if let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(body) {
                 for (field, schema) in &mut object.properties {
                     if let Some(max) = limit(field) {

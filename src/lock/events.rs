@@ -494,7 +494,10 @@ mod tests {
         let pool = semaphore_key("pool");
         let channel = super::channel("lockd:", &pool);
         assert_eq!(channel, "lockd:sem:{pool}:released");
-        assert_eq!(queue_key("lockd:", &channel).as_deref(), Some(pool.as_str()));
+        assert_eq!(
+            queue_key("lockd:", &channel).as_deref(),
+            Some(pool.as_str())
+        );
         assert_eq!(queue_key("lockd:", "lockd:sem:{pool}:permits"), None);
     }
 

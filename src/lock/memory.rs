@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 use super::fence::{self, DEFAULT_RETENTION, unix_micros};
 
 mod semaphores;
+use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl, WaitInterest,
 };
-use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 
 struct Holder {
     token: Token,

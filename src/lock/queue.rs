@@ -286,7 +286,6 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-
     #[tokio::test]
     async fn places_are_served_in_arrival_order() {
         let queues = Arc::new(WaitQueues::new(10));

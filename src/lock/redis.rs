@@ -52,8 +52,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::reaper::{Attempt, Reap, Reaped};
 use super::restart::RestartWatch;
-use super::sentinel::Sentinels;
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
+use super::sentinel::Sentinels;
 use super::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
     ReleaseListener, Released, Token, Ttl, WaitInterest, unix_millis,
@@ -630,8 +630,12 @@ impl RedisBackend {
             .await;
         if let Reaped::GaveUp(_) = outcome {
             match grant.kind {
-                GrantKind::Lock => tracing::warn!(lock = %grant.name, "could not delete a lock whose grant timed out; it runs out with its TTL"),
-                GrantKind::Permit => tracing::warn!(semaphore = %grant.name, "could not give back a permit whose grant timed out; it runs out with its TTL"),
+                GrantKind::Lock => {
+                    tracing::warn!(lock = %grant.name, "could not delete a lock whose grant timed out; it runs out with its TTL")
+                }
+                GrantKind::Permit => {
+                    tracing::warn!(semaphore = %grant.name, "could not give back a permit whose grant timed out; it runs out with its TTL")
+                }
             }
         }
     }

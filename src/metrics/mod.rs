@@ -24,8 +24,8 @@ use prometheus::{
 };
 
 pub use instrumented::Instrumented;
-pub use semaphores::PendingPermit;
 use namespace::{Label, Namespaces};
+pub use semaphores::PendingPermit;
 
 use crate::lock::{Acquired, LockError, LockName, Released};
 

@@ -173,7 +173,10 @@ impl Metrics {
     fn count_permit_request(&self, name: &LockName, result: &str, took: Duration) {
         let ns = self.namespace(name);
         let labels = [ns.as_str(), result];
-        self.semaphores.acquire_total.with_label_values(&labels).inc();
+        self.semaphores
+            .acquire_total
+            .with_label_values(&labels)
+            .inc();
         self.semaphores
             .acquire_wait
             .with_label_values(&labels)
@@ -206,7 +209,11 @@ impl Metrics {
     }
 
     /// Counts a permit extend's outcome (`None`: not held).
-    pub fn observe_permit_extend<T>(&self, name: &LockName, outcome: &Result<Option<T>, LockError>) {
+    pub fn observe_permit_extend<T>(
+        &self,
+        name: &LockName,
+        outcome: &Result<Option<T>, LockError>,
+    ) {
         let ns = self.namespace(name);
         let result = self.permit_result(&ns, outcome, "extended");
         self.semaphores

@@ -1697,3 +1697,180 @@ async fn an_acquire_whose_answer_is_lost_is_asked_again_elsewhere_under_the_same
     proxy.thaw();
     first.release(name, &token).await.expect_status(204);
 }
+
+// ---------------------------------------------------------------------------
+// Semaphores: `lockd exec --semaphore` and the shell subcommands
+// ---------------------------------------------------------------------------
+
+/// How many permits `GET /semaphores/{name}` shows (0 for a 404).
+async fn permits(app: &TestApp, name: &str) -> usize {
+    let reply = app.get(&format!("/semaphores/{name}")).await;
+    if reply.status == 404 {
+        return 0;
+    }
+    reply.expect_status(200);
+    reply.json()["holders"].as_u64().expect("holders") as usize
+}
+
+/// Three `lockd exec --semaphore --limit 2`: two run at once, the third is
+/// refused with 75 (or, waiting, runs once a permit frees); each command
+/// sees LOCKD_SEMAPHORE=1, and `lockd status` in it lists the permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_under_a_semaphore_runs_at_most_limit_commands_at_once() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:pool";
+    let flags = ["--semaphore", "--limit", "2", "--ttl-ms", "900"];
+    let script = |id: &str| {
+        format!(
+            r#"echo "$LOCKD_SEMAPHORE $LOCKD_FENCE" > "$DIR/env-{id}"; "$LOCKD_BIN" status > "$DIR/status-{id}"; touch "$DIR/started-{id}"; {WAIT_FOR_GO}"#
+        )
+    };
+    let mut one = Lockd::spawn(exec(&dir, &server, &flags, name, &sh(&script("1"))));
+    let mut two = Lockd::spawn(exec(&dir, &server, &flags, name, &sh(&script("2"))));
+    one.wait_for_file(&dir.path("started-1"), STARTUP).await;
+    two.wait_for_file(&dir.path("started-2"), STARTUP).await;
+    assert_eq!(permits(&app, name).await, 2);
+    let env = dir.read("env-1");
+    assert!(
+        env.starts_with("1 "),
+        "LOCKD_SEMAPHORE and LOCKD_FENCE: {env:?}"
+    );
+    let listed: Value = serde_json::from_str(&dir.read("status-1")).expect("status JSON");
+    assert_eq!(listed["limit"], 2, "{listed}");
+
+    let refused = run(exec(
+        &dir,
+        &server,
+        &flags,
+        name,
+        &sh(r#"touch "$DIR/third-ran""#),
+    ))
+    .await;
+    refused.expect(75);
+    assert!(
+        refused.stderr.contains("every permit"),
+        "{}",
+        refused.stderr
+    );
+    assert!(!dir.exists("third-ran"));
+
+    // Leases of 900 ms, renewed: still held after several TTLs.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    assert_eq!(permits(&app, name).await, 2, "the permits were renewed");
+
+    let waiting = [&flags[..], &["--wait-ms", "20000"]].concat();
+    let mut third = Lockd::spawn(exec(
+        &dir,
+        &server,
+        &waiting,
+        name,
+        &sh(r#"touch "$DIR/third-ran""#),
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!dir.exists("third-ran"), "ran with both permits held");
+    dir.touch("go");
+    one.wait(LIMIT).await.expect(0);
+    two.wait(LIMIT).await.expect(0);
+    third.wait(LIMIT).await.expect(0);
+    assert!(dir.exists("third-ran"));
+    eventually(Duration::from_secs(5), || async {
+        permits(&app, name).await == 0
+    })
+    .await;
+}
+
+/// A permit that is lost (its keys deleted in Redis) stops the command
+/// with 70, as a lost lock does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_permit_is_lost_is_stopped_with_70() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "exec:lost";
+    let script = r#"
+        trap 'echo TERM >> "$DIR/trap"; exit 0' TERM
+        touch "$DIR/started"
+        while :; do sleep 0.05; done
+    "#;
+    let flags = ["--semaphore", "--limit", "1", "--ttl-ms", "900"];
+    let mut running = Lockd::spawn(exec(&dir, &server, &flags, name, &sh(script)));
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+    assert_eq!(permits(&app, name).await, 1);
+    let _: () = app
+        .redis_server()
+        .cmd(
+            ::redis::cmd("DEL")
+                .arg(format!("{}sem:{{{name}}}:permits", support::PREFIX))
+                .arg(format!("{}sem:{{{name}}}:holders", support::PREFIX)),
+        )
+        .await;
+    let exit = running.wait(LIMIT).await;
+    exit.expect(70);
+    assert_eq!(dir.lines("trap"), ["TERM"]);
+    assert!(exit.stderr.contains("404"), "{}", exit.stderr);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_subcommands_take_extend_list_and_give_back_permits() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let name = "shell:pool";
+    let take = ["acquire", "--semaphore", "--limit", "2", name];
+    let first = run(shell(&dir, &server, &take)).await;
+    first.expect(0);
+    let grant = first.json();
+    assert_eq!(grant["limit"], 2, "{grant}");
+    let token = grant["token"].as_str().expect("token").to_owned();
+    run(shell(&dir, &server, &take)).await.expect(0);
+    let full = run(shell(&dir, &server, &take)).await;
+    full.expect(75);
+    assert_eq!(full.json()["type"], "urn:lockd:problem:semaphore-full");
+    let other = run(shell(
+        &dir,
+        &server,
+        &["acquire", "--semaphore", "--limit", "3", name],
+    ))
+    .await;
+    other.expect(64);
+    assert_eq!(other.json()["type"], "urn:lockd:problem:limit-mismatch");
+
+    let status = run(shell(&dir, &server, &["status", "--semaphore", name])).await;
+    status.expect(0);
+    assert_eq!(status.json()["holders"], 2);
+    assert!(!status.stdout.contains(&token), "status shows a token");
+
+    // The token from LOCKD_TOKEN, the name from LOCKD_NAME, the kind from
+    // LOCKD_SEMAPHORE, as a command under `lockd exec --semaphore` has them.
+    let mut extend = shell(&dir, &server, &["extend", "--ttl-ms", "40000"]);
+    extend
+        .env("LOCKD_TOKEN", &token)
+        .env("LOCKD_NAME", name)
+        .env("LOCKD_SEMAPHORE", "1");
+    let extended = run(extend).await;
+    extended.expect(0);
+    assert_lease_ms(extended.json()["ttl_ms"].as_u64(), 40000);
+    assert_eq!(extended.json()["fence"], grant["fence"]);
+
+    let mut release = shell(&dir, &server, &["release", "--semaphore", name]);
+    release.env("LOCKD_TOKEN", &token);
+    run(release).await.expect(0);
+    let mut again = shell(&dir, &server, &["release", "--semaphore", name]);
+    again.env("LOCKD_TOKEN", &token);
+    let gone = run(again).await;
+    gone.expect(1);
+    assert_eq!(gone.json()["type"], "urn:lockd:problem:permit-not-held");
+    assert_eq!(permits(&app, name).await, 1);
+    // A lock of the same name is another thing: free.
+    run(shell(&dir, &server, &["status", name])).await.expect(1);
+    // --limit without --semaphore, or --semaphore without --limit, is a
+    // usage error.
+    run(shell(&dir, &server, &["acquire", "--limit", "2", name]))
+        .await
+        .expect(2);
+    run(shell(&dir, &server, &["acquire", "--semaphore", name]))
+        .await
+        .expect(2);
+}

@@ -24,6 +24,7 @@ mod redis_tls;
 mod redlock;
 mod replicas;
 mod semaphore_core;
+mod semaphores;
 mod sentinel;
 mod shutdown;
 mod strict_input;

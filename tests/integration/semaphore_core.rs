@@ -86,8 +86,18 @@ async fn c18_semaphore_reacquire_takes_no_second_permit_in_the_core() {
         .expect("held");
     assert_eq!(info.limit.get(), 2);
     assert_eq!(info.permits.len(), 2);
-    assert!(node.give_back_permit(&name, &a).await.expect("redis").is_some());
-    assert!(node.give_back_permit(&name, &a).await.expect("redis").is_none());
+    assert!(
+        node.give_back_permit(&name, &a)
+            .await
+            .expect("redis")
+            .is_some()
+    );
+    assert!(
+        node.give_back_permit(&name, &a)
+            .await
+            .expect("redis")
+            .is_none()
+    );
     let Ok(PermitOutcome::Granted(third)) = node
         .take_permit(&request(&c, 2, 10_000))
         .await

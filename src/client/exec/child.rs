@@ -42,7 +42,8 @@ pub(super) fn spawn(args: &ExecArgs, holder: &Holder, grant: &Lease) -> Result<C
         .env("LOCKD_NAME", &holder.name)
         .env("LOCKD_TOKEN", holder.token.expose())
         .env("LOCKD_FENCE", fence)
-        .env("LOCKD_SERVER", holder.servers.joined());
+        .env("LOCKD_SERVER", holder.servers.joined())
+        .env("LOCKD_SEMAPHORE", if holder.semaphore { "1" } else { "0" });
     if let Some(key) = &args.server.api_key {
         // So that `lockd status` in the command may ask, as with the
         // variable (a key from --api-key would otherwise be lost).

@@ -12,7 +12,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::say;
 use crate::backoff::ExponentialBackoff;
-use crate::client::api::{AcquireParams, ClientError, Lease};
+use crate::client::api::{AcquireParams, ClientError, Lease, Target};
 use crate::client::args::ExecArgs;
 use crate::client::servers::{Answered, Failure, Servers, passed_note};
 use crate::lock::Token;
@@ -40,10 +40,17 @@ const RELEASE_BACKOFF: ExponentialBackoff =
 pub(super) struct Holder {
     pub(super) servers: Servers,
     pub(super) name: String,
+    /// Whether `name` is a semaphore (the lease is one of its permits).
+    pub(super) semaphore: bool,
     pub(super) token: Token,
 }
 
 impl Holder {
+    /// What the calls name: the lock, or the semaphore.
+    pub(super) fn target(&self) -> Target<'_> {
+        Target::new(&self.name, self.semaphore)
+    }
+
     pub(super) async fn acquire(&self, args: &ExecArgs) -> Result<Answered<Lease>, Failure> {
         let owner = args.owner.clone().unwrap_or_else(default_owner);
         let params = AcquireParams {
@@ -51,9 +58,10 @@ impl Holder {
             ttl_ms: args.ttl_ms,
             wait_ms: args.wait_ms,
             owner: Some(&owner),
+            limit: args.semaphore.limit,
         };
         self.servers
-            .acquire(&self.name, &params, ACQUIRE_MARGIN)
+            .acquire(self.target(), &params, ACQUIRE_MARGIN)
             .await
     }
 
@@ -62,7 +70,7 @@ impl Holder {
     pub(super) async fn release_quietly(&self) {
         let _ = self
             .servers
-            .release(&self.name, self.token.expose(), QUIET_RELEASE_LIMIT)
+            .release(self.target(), self.token.expose(), QUIET_RELEASE_LIMIT)
             .await;
     }
 
@@ -74,7 +82,7 @@ impl Holder {
         loop {
             let failure = match self
                 .servers
-                .release(&self.name, self.token.expose(), CALL_LIMIT)
+                .release(self.target(), self.token.expose(), CALL_LIMIT)
                 .await
             {
                 Ok(_) => return,
@@ -158,7 +166,12 @@ pub(super) async fn keep_renewing(
         let timeout = (lease_end - sent).min(CALL_LIMIT);
         let answer = holder
             .servers
-            .extend(&holder.name, holder.token.expose(), Some(ttl_ms), timeout)
+            .extend(
+                holder.target(),
+                holder.token.expose(),
+                Some(ttl_ms),
+                timeout,
+            )
             .await;
         let failure = match answer {
             Ok(answered) => {

@@ -64,6 +64,7 @@ pub async fn run(args: ExecArgs) -> u8 {
     let holder = Holder {
         servers,
         name: args.name.clone(),
+        semaphore: args.semaphore.semaphore,
         token: Token::generate(),
     };
     let sent = Instant::now();
@@ -149,10 +150,12 @@ async fn take_grant(
                 .retry_after()
                 .map(|d| format!("; it frees in at most {} ms", d.as_millis()))
                 .unwrap_or_default();
-            say(&format!(
-                "{} is held by another holder{frees}{tried}; the command was not run",
-                holder.name
-            ));
+            let held = if holder.semaphore {
+                format!("every permit of {} is held", holder.name)
+            } else {
+                format!("{} is held by another holder", holder.name)
+            };
+            say(&format!("{held}{frees}{tried}; the command was not run"));
             Err(args.conflict_exit_code)
         }
         ClientError::RateLimited { answer, .. } => {

@@ -7,7 +7,9 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::http::locks::model::{AcquireBody, AcquireQuery, LockNameSchema, LockTokenSchema, rfc3339};
+use crate::http::locks::model::{
+    AcquireBody, AcquireQuery, LockNameSchema, LockTokenSchema, rfc3339,
+};
 use crate::lock::LockName;
 use crate::lock::semaphore::{Permit, SemaphoreInfo};
 
@@ -22,7 +24,7 @@ pub struct TakeBody {
     /// 10000). A JSON integer. The first permit sets it; while any permit
     /// is held, a request with another limit is refused (409
     /// `limit-mismatch`).
-    #[schema(minimum = 1, example = 5)]
+    #[schema(value_type = u64, required = true, minimum = 1, example = 5)]
     pub limit: Option<u64>,
     /// The permit's lease length in milliseconds, from 1 to the server's
     /// maximum (default 3600000). Default: the server's default TTL

@@ -6,8 +6,8 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use super::{MemoryBackend, SWEEP_EVERY, lease, next_fence_in};
-use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo, Taken};
 use crate::lock::queue::semaphore_key;
+use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo, Taken};
 use crate::lock::{ExtendTtl, LockError, LockName, Released, Token, Ttl};
 
 impl MemoryBackend {
@@ -116,6 +116,16 @@ impl MemoryBackend {
             ),
             limit,
         }))
+    }
+
+    /// How many permits are live now, over every semaphore.
+    pub fn permit_count(&self) -> usize {
+        let at = self.now_ms();
+        self.state()
+            .semaphores
+            .values_mut()
+            .map(|permits| permits.live(at))
+            .sum()
     }
 
     /// As [`crate::lock::redis::RedisBackend::inspect_semaphore`].

@@ -11,11 +11,11 @@ use redis::{Script, ScriptInvocation};
 use tokio::time::Instant;
 
 use super::{FENCE_LUA, Grant, GrantKind, RedisBackend};
+use crate::lock::events;
+use crate::lock::queue::semaphore_key;
 use crate::lock::semaphore::{
     Limit, Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo,
 };
-use crate::lock::events;
-use crate::lock::queue::semaphore_key;
 use crate::lock::{ExtendTtl, Lease, LockError, LockName, Released, Token, Ttl, unix_millis};
 
 /// The shared part of the semaphore scripts (`prune`, `now_ms`, ...).
@@ -102,26 +102,28 @@ impl RedisBackend {
             .arg(unix_millis(sent_wall))
             .arg(self.fence_retention_ms);
         let mut sent_on = None;
-        let (status, value, limit): (i64, String, i64) = match self.run_on(&call, &mut sent_on).await
-        {
-            Ok(answer) => answer,
-            Err(e) => {
-                // A script held up in a stalled Redis may still grant: give
-                // that permit back, as an acquire's lock is deleted.
-                if let (true, Some(conn), true) =
-                    (e.is_transient(), sent_on, self.standalone && req.token_generated)
-                {
-                    let grant = Grant {
-                        kind: GrantKind::Permit,
-                        name: req.name.clone(),
-                        ttl: req.ttl,
-                    };
-                    let (this, undo) = (self.clone(), self.give_back_call(&keys, &req.token));
-                    tokio::spawn(async move { this.reap_timed_out(grant, undo, conn).await });
+        let (status, value, limit): (i64, String, i64) =
+            match self.run_on(&call, &mut sent_on).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    // A script held up in a stalled Redis may still grant: give
+                    // that permit back, as an acquire's lock is deleted.
+                    if let (true, Some(conn), true) = (
+                        e.is_transient(),
+                        sent_on,
+                        self.standalone && req.token_generated,
+                    ) {
+                        let grant = Grant {
+                            kind: GrantKind::Permit,
+                            name: req.name.clone(),
+                            ttl: req.ttl,
+                        };
+                        let (this, undo) = (self.clone(), self.give_back_call(&keys, &req.token));
+                        tokio::spawn(async move { this.reap_timed_out(grant, undo, conn).await });
+                    }
+                    return Err(e);
                 }
-                return Err(e);
-            }
-        };
+            };
         let limit = stored_limit(limit)?;
         match status {
             0 => Ok(Err(Refusal::Full {

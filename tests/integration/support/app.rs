@@ -567,9 +567,10 @@ impl TestApp {
         self.holder(name).await.map(|(token, _)| token)
     }
 
-    /// How many lock records the store has (Redis: keys under the prefix
-    /// except `:fence` counters, i.e. lock and meta keys; memory: held locks;
-    /// Redlock: the most any node has).
+    /// How many lock and semaphore records the store has (Redis: keys
+    /// under the prefix except `:fence` counters, i.e. lock, meta, permits
+    /// and holders keys; memory: held locks and live permits; Redlock: the
+    /// most any node has).
     pub async fn lock_key_count(&self) -> usize {
         match &self.store {
             Store::Redis(server) => server
@@ -592,7 +593,7 @@ impl TestApp {
                 }
                 most
             }
-            Store::Memory(backend) => backend.held_count(),
+            Store::Memory(backend) => backend.held_count() + backend.permit_count(),
             Store::Cluster(_) => panic!("the shared cluster has other tests' keys"),
             Store::Sentinel(set) => set
                 .server(set.master_port())
