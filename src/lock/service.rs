@@ -1,7 +1,8 @@
 //! [`Locks`]: the lock service the HTTP layer calls. It adds waiting to a
-//! [`Store`]: a request may wait up to `wait` for a held lock, woken by
-//! release events and by the holder's lease running out, never by polling at
-//! a fixed interval.
+//! [`Store`]: a request may wait up to `wait` for a held lock (or, in
+//! `permits`, for a free permit of a semaphore), woken by release events
+//! and by the holder's lease running out, never by polling at a fixed
+//! interval.
 //!
 //! # Cancel safety
 //! An acquire runs in a task of its own. When the caller goes away (client
@@ -165,10 +166,11 @@ impl Locks {
         }
     }
 
-    /// One acquire try; counts contention when it is the request's first.
-    async fn try_acquire(&self, req: &AcquireRequest, first: bool) -> Result<Acquired, LockError> {
+    /// An acquire that does not wait: one try, counted as contention when
+    /// the lock is held.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let outcome = self.store.acquire(req).await;
-        if first && matches!(outcome, Err(LockError::Held { .. })) {
+        if matches!(outcome, Err(LockError::Held { .. })) {
             self.contended(&req.name);
         }
         outcome
@@ -235,7 +237,7 @@ impl Locks {
         caller_gone: Option<&CancellationToken>,
     ) -> Result<Acquired, LockError> {
         if wait.is_zero() {
-            return self.try_acquire(req, true).await;
+            return self.try_acquire(req).await;
         }
         let waited = self
             .wait_turn(

@@ -1,5 +1,5 @@
-//! [`Store`]: the lock store that [`super::Locks`] calls, made of one or
-//! more [`Node`]s. [`Single`] is one node as it is; [`super::redlock`]
+//! [`Store`]: the lock (and semaphore) store that [`super::Locks`] calls,
+//! made of one or more [`Node`]s. [`Single`] is one node as it is; [`super::redlock`]
 //! spreads each lock over several. Other topologies (Redis Cluster,
 //! Sentinel) are further implementations of the same trait.
 //!

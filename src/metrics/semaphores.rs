@@ -33,7 +33,9 @@ pub(super) struct SemaphoreMetrics {
     /// (409), cancelled (the client went away first), unavailable (503),
     /// error (500).
     acquire_total: IntCounterVec,
-    /// `lockd_semaphore_acquire_wait_seconds{namespace,result}`.
+    /// `lockd_semaphore_acquire_wait_seconds{namespace}`: by namespace
+    /// only, to keep a namespace's series few (the lock histogram's
+    /// `result` label is most of them).
     acquire_wait: HistogramVec,
     /// `lockd_semaphore_release_total{namespace,result}`.
     release_total: IntCounterVec,
@@ -66,7 +68,7 @@ impl SemaphoreMetrics {
             acquire_wait: b.histogram(
                 "lockd_semaphore_acquire_wait_seconds",
                 "Time from a permit request to its outcome, waiting included, in seconds.",
-                ns_result,
+                ns,
                 WAIT_BUCKETS,
             )?,
             release_total: b.counter(
@@ -114,9 +116,7 @@ impl SemaphoreMetrics {
                 vec.with_label_values(&[ns, result]);
             }
         }
-        for result in TAKE_RESULTS {
-            self.acquire_wait.with_label_values(&[ns, result]);
-        }
+        self.acquire_wait.with_label_values(&[ns]);
         self.expired.with_label_values(&[ns]);
         self.hold.with_label_values(&[ns]);
         self.waiters.with_label_values(&[ns]);
@@ -179,7 +179,7 @@ impl Metrics {
             .inc();
         self.semaphores
             .acquire_wait
-            .with_label_values(&labels)
+            .with_label_values(&[ns.as_str()])
             .observe(took.as_secs_f64());
     }
 

@@ -12,8 +12,8 @@ use rand::Rng as _;
 use serde_json::json;
 
 use crate::support::{
-    Lockd, MASTERS, RedisServer, TestApp, eventually, lock_key, lockd, metric, random_token, run,
-    shared_cluster,
+    Lockd, MASTERS, PREFIX, RedisServer, TestApp, eventually, lock_key, lockd, metric,
+    random_token, run, shared_cluster,
 };
 
 /// A name of `len` characters drawn from every character a lock name may
@@ -33,7 +33,8 @@ fn one_name_per_master(tag: &str) -> Vec<String> {
 }
 
 /// C13: on a 3-master cluster, 500 random valid names (every character the
-/// name rules allow) are acquired, extended, inspected and released; no
+/// name rules allow) are acquired, extended, inspected and released, as
+/// locks and as semaphores (a permit taken, extended, listed, given back); no
 /// answer is a 5xx, the names land on every master, and no master ever
 /// answered `CROSSSLOT` (every key a script touches is in the lock's slot).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,6 +61,35 @@ async fn c13_cluster_slot_every_key_a_script_touches_lives_in_the_locks_slot() {
         held.expect_status(200);
         assert_eq!(held.fence(), grant.fence(), "{name}");
         app.release(name, &token).await.expect_status(204);
+        // The same name as a semaphore: take, extend, list, give back.
+        let path = format!("/semaphores/{name}");
+        let body = |b: serde_json::Value| Some(b);
+        let permit = app
+            .send_json(
+                reqwest::Method::POST,
+                &path,
+                &[],
+                body(serde_json::json!({"limit": 2})),
+            )
+            .await;
+        permit.expect_status(201);
+        let token = permit.token();
+        on_masters.insert(cluster.master_of(&format!("{PREFIX}sem:{{{name}}}:permits")));
+        let headers = [("Lock-Token", token.as_str())];
+        app.send_json(
+            reqwest::Method::PATCH,
+            &path,
+            &headers,
+            body(serde_json::json!({"ttl_ms": 20_000})),
+        )
+        .await
+        .expect_status(200);
+        let listed = app.get(&path).await;
+        listed.expect_status(200);
+        assert_eq!(listed.u64("holders"), 1, "{name}");
+        app.send(reqwest::Method::DELETE, &path, &headers, None)
+            .await
+            .expect_status(204);
     }
     assert_eq!(
         on_masters.len(),

@@ -4,7 +4,9 @@
 //! each retry snippet (bash, Python, JavaScript) must retry past a held lock
 //! and come back with the grant; the cron job in `sh` must run the job only
 //! with the lock, say "another host runs the job" only for a 409, and fail
-//! (exit non-zero) when lockd or Redis is down. A marked snippet that no
+//! (exit non-zero) when lockd or Redis is down; the semaphore snippets (sh
+//! and Python) must never let more than their limit in at once. A marked
+//! snippet that no
 //! test here runs fails [`every_marked_snippet_is_run_by_a_test`], so none
 //! stops being tested when it moves or is added.
 
@@ -16,7 +18,14 @@ use crate::support::{TestApp, metric};
 use serde_json::Value;
 
 /// The snippets these tests run.
-const TESTED: [&str; 4] = ["cron-sh", "retry-bash", "retry-python", "retry-js"];
+const TESTED: [&str; 6] = [
+    "cron-sh",
+    "retry-bash",
+    "retry-python",
+    "retry-js",
+    "semaphore-sh",
+    "semaphore-python",
+];
 
 const MARKER: &str = "<!-- snippet: ";
 
@@ -245,4 +254,112 @@ async fn readme_cron_snippet_fails_and_claims_no_other_host_when_redis_is_down()
     assert!(all.contains("503"), "{all}");
     assert!(!all.contains("another host"), "{all}");
     assert!(!all.contains("running the job"), "{all}");
+}
+
+/// Starts the snippet `name` with `program` against `app`, with
+/// `JOB_SECONDS` set: its process, whose output is read at the end.
+fn spawn_snippet(
+    app: &TestApp,
+    name: &str,
+    program: &str,
+    dir: &std::path::Path,
+    job_seconds: &str,
+) -> tokio::process::Child {
+    let path = dir.join(format!("{name}.snippet"));
+    std::fs::write(&path, snippet(name)).unwrap();
+    tokio::process::Command::new(program)
+        .arg(&path)
+        .env("LOCKD_URL", app.url(""))
+        .env("JOB_SECONDS", job_seconds)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"))
+}
+
+/// Samples `GET /semaphores/{name}` until every child has exited: the most
+/// permits seen, and each child's exit code and output.
+async fn sample_until_done(
+    app: &TestApp,
+    name: &str,
+    children: Vec<tokio::process::Child>,
+) -> (u64, Vec<(Option<i32>, String)>) {
+    let outputs = tokio::spawn(async move {
+        let mut all = Vec::new();
+        for child in children {
+            let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+                .await
+                .expect("a snippet ran over 60 s")
+                .expect("its output");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            all.push((out.status.code(), text));
+        }
+        all
+    });
+    let mut most = 0;
+    while !outputs.is_finished() {
+        let reply = app.get(&format!("/semaphores/{name}")).await;
+        if reply.status == 200 {
+            most = most.max(reply.u64("holders"));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (most, outputs.await.unwrap())
+}
+
+/// Three workers at once on a limit of 2, each holding for 2 s: two run,
+/// the third says every permit is taken (exit 75), and the permits are
+/// given back.
+#[tokio::test]
+async fn docs_semaphore_sh_snippet_lets_two_workers_in_and_turns_the_third_away() {
+    let app = TestApp::redis().await;
+    let dir = tempfile::tempdir().unwrap();
+    let children = (0..3)
+        .map(|_| spawn_snippet(&app, "semaphore-sh", "sh", dir.path(), "2"))
+        .collect();
+    let (most, outputs) = sample_until_done(&app, "partner-api", children).await;
+    assert!(most <= 2, "{most} permits held at once");
+    let ran = outputs
+        .iter()
+        .filter(|(code, out)| *code == Some(0) && out.contains("got a permit"))
+        .count();
+    let turned_away = outputs
+        .iter()
+        .filter(|(code, out)| *code == Some(75) && out.contains("every permit is taken"))
+        .count();
+    assert_eq!((ran, turned_away), (2, 1), "{outputs:?}");
+    app.get("/semaphores/partner-api")
+        .await
+        .expect_problem(404, "semaphore-free");
+}
+
+/// Four programs at once on a limit of 2, each waiting for a permit and
+/// working under it: all four get one in turn, never more than 2 at once,
+/// each with a fence of its own, and all are given back.
+#[tokio::test]
+async fn docs_semaphore_python_snippet_waits_its_turn_and_never_over_grants() {
+    let app = TestApp::redis().await;
+    let dir = tempfile::tempdir().unwrap();
+    let children = (0..4)
+        .map(|_| spawn_snippet(&app, "semaphore-python", "python3", dir.path(), "1.5"))
+        .collect();
+    let (most, outputs) = sample_until_done(&app, "legacy-db", children).await;
+    assert!(most <= 2, "{most} permits held at once");
+    assert_eq!(most, 2, "two worked at once");
+    let mut fences = std::collections::BTreeSet::new();
+    for (code, out) in &outputs {
+        assert_eq!(*code, Some(0), "{out}");
+        let permit: Value = serde_json::from_str(out.trim().lines().last().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("no permit printed ({e}): {out}"));
+        fences.insert(permit["fence"].as_u64().expect("a fence"));
+    }
+    assert_eq!(fences.len(), 4, "a fence each: {outputs:?}");
+    app.get("/semaphores/legacy-db")
+        .await
+        .expect_problem(404, "semaphore-free");
 }
