@@ -351,3 +351,51 @@ async fn a_key_over_its_rate_gets_429_with_retry_after_and_others_do_not() {
         .await
         .expect_status(201);
 }
+
+/// Semaphores use the keys' prefixes and permissions exactly as locks do:
+/// a tenant takes permits under its own prefix only, a read-only key may
+/// list but not take, and each refusal writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphores_use_the_same_prefixes_and_permissions_as_locks() {
+    let a = TestKey::new("tenant-a", &["a:"], ALL_LOCK);
+    let reader = TestKey::new("reader", &["a:"], &[Permission::Read]);
+    let (app, _dir) = app_with_keys(&[&a, &reader], |_| {}).await;
+    let send = |method: Method, name: &str, auth: &str, token: Option<&str>| {
+        let mut headers = vec![("Authorization", auth.to_owned())];
+        if let Some(token) = token {
+            headers.push(("Lock-Token", token.to_owned()));
+        }
+        let path = format!("/semaphores/{name}");
+        let app = &app;
+        async move {
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let body = (method == Method::POST).then(|| br#"{"limit": 2}"#.to_vec());
+            app.send(method, &path, &headers, body).await
+        }
+    };
+    let granted = send(Method::POST, "a:pool", &a.bearer(), None).await;
+    granted.expect_status(201);
+    let token = granted.token();
+    send(Method::POST, "b:pool", &a.bearer(), None)
+        .await
+        .expect_problem(403, "forbidden");
+    send(Method::POST, "a:pool", &reader.bearer(), None)
+        .await
+        .expect_problem(403, "forbidden");
+    for method in [Method::PATCH, Method::DELETE] {
+        send(method, "a:pool", &reader.bearer(), Some(&token))
+            .await
+            .expect_problem(403, "forbidden");
+    }
+    let listed = send(Method::GET, "a:pool", &reader.bearer(), None).await;
+    listed.expect_status(200);
+    assert_eq!(listed.u64("holders"), 1);
+    send(Method::GET, "a:pool", "Bearer nope", None)
+        .await
+        .expect_problem(401, "unauthorized");
+    send(Method::DELETE, "a:pool", &a.bearer(), Some(&token))
+        .await
+        .expect_status(204);
+    assert_eq!(app.lock_key_count().await, 0, "the refusals wrote nothing");
+}
