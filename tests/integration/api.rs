@@ -726,6 +726,7 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
     );
     let templates = [
         "/locks/{name}",
+        "/semaphores/{name}",
         "/healthz",
         "/readyz",
         "/metrics",
