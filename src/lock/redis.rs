@@ -502,18 +502,18 @@ impl RedisBackend {
         Ok(usize::try_from(acked).unwrap_or(0))
     }
 
-    /// After a write on `conn` (the grant or new lease of `name`), whether
-    /// enough replicas acknowledged it: `Ok` when
-    /// [`RedisConfig::min_replicas_acked`] is 0 or met. A new grant
-    /// (`grant_of`) that falls short is compare-and-deleted again, on the
-    /// same connection (whose slot map found the node that granted it):
-    /// at once when it answers in time, else in the background for as long
-    /// as the lease may last.
+    /// After a write on `conn` (a grant or a new lease, of a lock or a
+    /// permit, whose keys `key` routes to), whether enough replicas
+    /// acknowledged it: `Ok` when [`RedisConfig::min_replicas_acked`] is 0
+    /// or met. A new grant that falls short is undone with its release
+    /// script (`undo`), on the same connection (whose slot map found the
+    /// node that granted it): at once when it answers in time, else in the
+    /// background for as long as the lease may last.
     async fn check_replicas(
         &self,
         conn: Option<Conn>,
-        keys: &Keys,
-        grant_of: Option<&AcquireRequest>,
+        key: &str,
+        undo: Option<(Grant, ScriptInvocation<'static>)>,
     ) -> Result<(), LockError> {
         if self.min_replicas_acked == 0 {
             return Ok(());
@@ -523,27 +523,23 @@ impl RedisBackend {
                 "no connection to wait for replicas on".into(),
             ));
         };
-        let short = match self.replicas_acked(&mut conn, &keys.lock).await {
+        let short = match self.replicas_acked(&mut conn, key).await {
             Ok(acked) if acked >= self.min_replicas_acked => return Ok(()),
             Ok(acked) => LockError::ReplicationLagging {
                 acked,
                 needed: self.min_replicas_acked,
-                undone: grant_of.is_some(),
+                undone: undo.is_some(),
             },
             Err(e) => e,
         };
-        if let Some(req) = grant_of {
+        if let Some((grant, call)) = undo {
             // Nothing is held that a failover could lose, nor handed out.
-            let call = self.release_call(keys, &req.token);
-            let undone =
-                tokio::time::timeout(self.timeout, call.invoke_async::<(i64, String)>(&mut conn))
-                    .await;
+            let undone = tokio::time::timeout(
+                self.timeout,
+                call.invoke_async::<Vec<redis::Value>>(&mut conn),
+            )
+            .await;
             if !matches!(undone, Ok(Ok(_))) {
-                let grant = Grant {
-                    kind: GrantKind::Lock,
-                    name: req.name.clone(),
-                    ttl: req.ttl,
-                };
                 let this = self.clone();
                 tokio::spawn(async move { this.reap_timed_out(grant, call, conn).await });
             }
@@ -759,8 +755,15 @@ impl Node for RedisBackend {
         };
         if status == 1 || status == 2 {
             // A new grant short of acks is undone; a renewal stands.
-            let grant_of = (status == 1).then_some(req);
-            self.check_replicas(sent_on.clone(), &keys, grant_of)
+            let undo = (status == 1).then(|| {
+                let grant = Grant {
+                    kind: GrantKind::Lock,
+                    name: req.name.clone(),
+                    ttl: req.ttl,
+                };
+                (grant, self.release_call(&keys, &req.token))
+            });
+            self.check_replicas(sent_on.clone(), &keys.lock, undo)
                 .await?;
         }
         match status {
@@ -821,7 +824,7 @@ impl Node for RedisBackend {
         let (status, fence, ttl_ms): (i64, i64, i64) = self.run_on(&call, &mut sent_on).await?;
         match status {
             1 => {
-                self.check_replicas(sent_on, &keys, None).await?;
+                self.check_replicas(sent_on, &keys.lock, None).await?;
                 let set_to = u64::try_from(ttl_ms)
                     .ok()
                     .and_then(|ms| Ttl::from_millis(ms, Ttl::CEILING_MS, "ttl_ms").ok())

@@ -215,3 +215,64 @@ async fn too_few_replicas_for_min_replicas_acked_is_said_at_start_up() {
         }
     }
 }
+
+/// C17 for permits: with `--min-replicas-acked 1` and the replica unable
+/// to acknowledge, a new permit answers 503 `replication-lagging` and is
+/// given back (nothing is held), an extend answers the same and the old
+/// lease stands; with the replica back, the next permit is 201.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c17_replica_ack_a_permit_short_of_acks_is_not_a_grant() {
+    let (master, replica) = master_and_replica().await;
+    let app = TestApp::redis_on(master.clone(), |s| {
+        crate::support::with_acks(s, 1);
+    })
+    .await;
+    let take = |name: &'static str| {
+        let app = &app;
+        async move {
+            app.send_json(
+                reqwest::Method::POST,
+                &format!("/semaphores/{name}"),
+                &[],
+                Some(serde_json::json!({"limit": 2, "ttl_ms": 30_000})),
+            )
+            .await
+        }
+    };
+    let settled = eventually(Duration::from_secs(10), || async {
+        take("settle").await.status == 201
+    })
+    .await;
+    assert!(settled, "the replica never acknowledged a permit");
+    let held = take("acked").await;
+    held.expect_status(201);
+
+    replica.sigstop();
+    let refused = take("unacked").await;
+    let body = refused.expect_problem(503, "replication-lagging");
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("nothing is held")),
+        "{}",
+        refused.text
+    );
+    assert_eq!(
+        app.get("/semaphores/unacked").await.status,
+        404,
+        "the short permit stayed"
+    );
+    let token = held.token();
+    let extend = app
+        .send_json(
+            reqwest::Method::PATCH,
+            "/semaphores/acked",
+            &[("Lock-Token", token.as_str())],
+            Some(serde_json::json!({"ttl_ms": 60_000})),
+        )
+        .await;
+    extend.expect_problem(503, "replication-lagging");
+    assert_eq!(app.get("/semaphores/acked").await.u64("holders"), 1);
+    replica.sigcont();
+    take("unacked").await.expect_status(201);
+}

@@ -125,6 +125,19 @@ impl RedisBackend {
                 }
             };
         let limit = stored_limit(limit)?;
+        if status == 1 || status == 2 {
+            // As for a lock: a new permit short of acks is given back; a
+            // renewal stands.
+            let undo = (status == 1).then(|| {
+                let grant = Grant {
+                    kind: GrantKind::Permit,
+                    name: req.name.clone(),
+                    ttl: req.ttl,
+                };
+                (grant, self.give_back_call(&keys, &req.token))
+            });
+            self.check_replicas(sent_on, &keys.permits, undo).await?;
+        }
         match status {
             0 => Ok(Err(Refusal::Full {
                 retry_after: Duration::from_millis(stored_number(&value)?),
@@ -204,10 +217,13 @@ impl RedisBackend {
             .arg(&keys.released)
             .arg(self.events.publish())
             .arg(fallback.as_millis());
-        let (status, fence, limit, ttl_ms): (i64, String, i64, u64) = self.run(&call).await?;
+        let mut sent_on = None;
+        let (status, fence, limit, ttl_ms): (i64, String, i64, u64) =
+            self.run_on(&call, &mut sent_on).await?;
         if status != 1 {
             return Ok(None);
         }
+        self.check_replicas(sent_on, &keys.permits, None).await?;
         let set_to = Ttl::from_millis(ttl_ms, Ttl::CEILING_MS, "ttl_ms").unwrap_or(fallback);
         let Some(lease) = Lease::left(stored_number(&fence)?, set_to, sent, sent_wall) else {
             return Ok(None);
