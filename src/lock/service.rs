@@ -845,4 +845,79 @@ mod tests {
         }
         assert_eq!(waiting(&locks, "k"), 0);
     }
+
+    fn permit(name_: &str, token: &Token, limit: u64) -> crate::lock::semaphore::PermitRequest {
+        crate::lock::semaphore::PermitRequest {
+            name: name(name_),
+            token: token.clone(),
+            limit: crate::lock::semaphore::Limit::new(limit, 100).expect("limit"),
+            ttl: Ttl::from_millis(10_000, u64::MAX, "ttl_ms").expect("valid ttl"),
+            owner: None,
+            token_generated: true,
+        }
+    }
+
+    /// Waiters for permits of a semaphore of limit 2 are granted in
+    /// arrival order, one per permit given back, and a wait that runs out
+    /// is refused as full with when the earliest permit ends.
+    #[tokio::test(start_paused = true)]
+    async fn permit_waiters_are_granted_in_order_as_permits_are_given_back() {
+        use crate::lock::semaphore::{PermitOutcome, Refusal};
+        let (_, locks, _stop) = service(10);
+        let holders: Vec<Token> = (0..2).map(|_| Token::generate()).collect();
+        for holder in &holders {
+            let taken = locks
+                .take_permit(permit("pool", holder, 2), Duration::ZERO)
+                .await;
+            assert!(
+                matches!(taken, Ok(Ok(PermitOutcome::Granted(_)))),
+                "{taken:?}"
+            );
+        }
+        let waiting: Vec<Token> = (0..2).map(|_| Token::generate()).collect();
+        let mut handles = Vec::new();
+        for (i, token) in waiting.iter().enumerate() {
+            let (service, req) = (locks.clone(), permit("pool", token, 2));
+            handles.push(tokio::spawn(
+                async move { service.take_permit(req, LONG).await },
+            ));
+            for _ in 0..10_000 {
+                let mut n = 0;
+                locks.for_each_semaphore_queue(|name, count| {
+                    if name == "pool" {
+                        n = count;
+                    }
+                });
+                if n == i + 1 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+        for (holder, handle) in holders.iter().zip(handles) {
+            locks
+                .give_back_permit(&name("pool"), holder)
+                .await
+                .expect("memory")
+                .expect("held");
+            let outcome = handle.await.expect("task");
+            assert!(
+                matches!(outcome, Ok(Ok(PermitOutcome::Granted(_)))),
+                "{outcome:?}"
+            );
+        }
+        let late = locks
+            .take_permit(
+                permit("pool", &Token::generate(), 2),
+                Duration::from_secs(2),
+            )
+            .await;
+        match late {
+            Ok(Err(Refusal::Full { retry_after, limit })) => {
+                assert_eq!(limit.get(), 2);
+                assert_eq!(retry_after, Duration::from_secs(8));
+            }
+            other => panic!("expected full, got {other:?}"),
+        }
+    }
 }
