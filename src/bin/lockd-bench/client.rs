@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lockd::client::api::{AcquireParams, ClientError, LockClient};
+use lockd::client::api::{AcquireParams, ClientError, LockClient, Target};
 use tokio::time::Instant;
 
 /// How long one request may take (a waiting acquire included).
@@ -14,6 +14,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Clone)]
 pub struct Lockd {
     client: LockClient,
+    /// With a limit, names are semaphores of that limit: an acquire takes
+    /// a permit and a release gives it back.
+    semaphore_limit: Option<u32>,
 }
 
 /// A grant: the token and fence, and when the 201 arrived.
@@ -42,7 +45,20 @@ impl Lockd {
     pub fn new(base: &str) -> Result<Self, BenchError> {
         Ok(Self {
             client: LockClient::new(base, None, None)?,
+            semaphore_limit: None,
         })
+    }
+
+    /// The same server, with every name a semaphore of `limit` (`None`:
+    /// locks).
+    #[must_use]
+    pub fn with_semaphores(mut self, limit: Option<u32>) -> Self {
+        self.semaphore_limit = limit;
+        self
+    }
+
+    fn target<'a>(&self, name: &'a str) -> Target<'a> {
+        Target::new(name, self.semaphore_limit.is_some())
     }
 
     /// `POST /locks/{name}` for a new grant under a token the server
@@ -57,9 +73,13 @@ impl Lockd {
         let params = AcquireParams {
             ttl_ms: Some(ttl_ms),
             wait_ms,
+            limit: self.semaphore_limit,
             ..AcquireParams::default()
         };
-        let reply = self.client.acquire(name, &params, REQUEST_TIMEOUT).await?;
+        let reply = self
+            .client
+            .acquire(self.target(name), &params, REQUEST_TIMEOUT)
+            .await?;
         let at = Instant::now();
         let Some(fence) = reply.value.fence else {
             return Err(ClientError::Unexpected {
@@ -107,7 +127,11 @@ impl Lockd {
 
     /// `DELETE /locks/{name}`: the status, `None` when no answer came.
     pub async fn try_release(&self, name: &str, token: &str) -> Option<u16> {
-        match self.client.release(name, token, REQUEST_TIMEOUT).await {
+        match self
+            .client
+            .release(self.target(name), token, REQUEST_TIMEOUT)
+            .await
+        {
             Ok(reply) => Some(reply.status.as_u16()),
             Err(e) => e.status().map(|s| s.as_u16()),
         }
@@ -115,7 +139,11 @@ impl Lockd {
 
     /// `DELETE /locks/{name}`; returns when the 204 arrived.
     pub async fn release(&self, name: &str, token: &str) -> Result<Instant, BenchError> {
-        match self.client.release(name, token, REQUEST_TIMEOUT).await {
+        match self
+            .client
+            .release(self.target(name), token, REQUEST_TIMEOUT)
+            .await
+        {
             Ok(_) => Ok(Instant::now()),
             Err(e) => Err(failed("release", &e)),
         }

@@ -4,6 +4,7 @@
 //! - `cycle`: `--clients` workers take and release locks of their own
 //!   (no contention) for `--seconds`, as fast as they go or at `--rate`
 //!   cycles/s in all; reports cycles/s, latency and answers by status.
+//!   With `--semaphore-limit N`, permits of semaphores of limit N instead.
 //! - `raw-cycle`: the same commands straight on Redis (`SET NX PX` and a
 //!   compare-and-delete script), the baseline for `cycle`.
 //! - `contended`: `--clients` clients on `--names` locks, holding each for
@@ -75,6 +76,10 @@ enum Scenario {
         /// as the clients go].
         #[arg(long)]
         rate: Option<f64>,
+        /// Take and give back permits of semaphores of this limit (one
+        /// semaphore per client) instead of locks.
+        #[arg(long)]
+        semaphore_limit: Option<u32>,
     },
     /// Uncontended SET NX PX + release-script cycles straight on Redis.
     RawCycle {
@@ -195,7 +200,11 @@ async fn main() -> std::process::ExitCode {
             clients,
             seconds,
             rate,
-        } => cycle::run(&lockd, clients, Duration::from_secs(seconds), rate).await,
+            semaphore_limit,
+        } => {
+            let lockd = lockd.clone().with_semaphores(semaphore_limit);
+            cycle::run(&lockd, clients, Duration::from_secs(seconds), rate).await
+        }
         Scenario::RawCycle {
             redis_url,
             clients,
