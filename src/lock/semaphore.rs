@@ -318,6 +318,77 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// The lease arithmetic against a model (token -> expiry, own
+        /// TTL): a permit is live until exactly its expiry, a take, renew
+        /// or extend sets it to now + TTL (an extend without a TTL uses the
+        /// permit's own, which a given TTL replaces), a full refusal waits
+        /// until the earliest expiry, and inspect shows each permit's
+        /// lease left.
+        #[test]
+        fn the_lease_arithmetic_matches_a_model(
+            steps in proptest::collection::vec((0usize..4, 0u8..4, 1u64..60, 0u64..40), 1..200),
+        ) {
+            let tokens: Vec<Token> = (0..4).map(|_| Token::generate()).collect();
+            let mut permits = Permits::default();
+            // token index -> (expiry, own TTL)
+            let mut model: std::collections::BTreeMap<usize, (u64, u64)> = Default::default();
+            let mut now = 0u64;
+            for (who, action, ttl, wait) in steps {
+                now += wait;
+                model.retain(|_, (until, _)| *until > now);
+                let token = &tokens[who];
+                match action {
+                    0 => match permits.take(now, &req(token, 2, ttl), SystemTime::now(), || 1) {
+                        Taken::Granted(_) | Taken::Renewed(_) => {
+                            prop_assert!(model.len() < 2 || model.contains_key(&who));
+                            model.insert(who, (now + ttl, ttl));
+                        }
+                        Taken::Refused(Refusal::Full { retry_after, .. }) => {
+                            prop_assert_eq!(model.len(), 2);
+                            prop_assert!(!model.contains_key(&who));
+                            let earliest = model.values().map(|(until, _)| *until).min().unwrap_or(now);
+                            prop_assert_eq!(retry_after, Duration::from_millis(earliest - now));
+                        }
+                        Taken::Refused(other) => prop_assert!(false, "{other:?}"),
+                    },
+                    1 => {
+                        let gone = permits.give_back(now, token).is_some();
+                        prop_assert_eq!(gone, model.remove(&who).is_some());
+                    }
+                    2 => {
+                        let extended = permits.extend(now, token, Some(ttl));
+                        prop_assert_eq!(extended.is_some(), model.contains_key(&who));
+                        if let Some((_, _, set)) = extended {
+                            prop_assert_eq!(set, ttl);
+                            model.insert(who, (now + ttl, ttl));
+                        }
+                    }
+                    _ => {
+                        let extended = permits.extend(now, token, None);
+                        match model.get_mut(&who) {
+                            Some((until, own)) => {
+                                prop_assert_eq!(extended.map(|(_, _, set)| set), Some(*own));
+                                *until = now + *own;
+                            }
+                            None => prop_assert!(extended.is_none()),
+                        }
+                    }
+                }
+                let shown: Vec<Duration> = permits
+                    .inspect(now)
+                    .map(|info| info.permits.iter().map(|p| p.remaining).collect())
+                    .unwrap_or_default();
+                let mut expected: Vec<Duration> = model
+                    .values()
+                    .map(|(until, _)| Duration::from_millis(until - now))
+                    .collect();
+                expected.sort();
+                prop_assert_eq!(shown, expected);
+            }
+        }
+    }
+
     #[test]
     fn an_expired_permit_is_free_at_once_and_the_limit_goes_with_the_last() {
         let (a, b) = (Token::generate(), Token::generate());
