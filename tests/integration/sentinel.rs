@@ -127,7 +127,8 @@ async fn c16_failover_readonly_writes_move_to_the_new_master() {
 
 /// C15: A holds `k` (TTL 60 s) through one lockd; B waits for it (30 s)
 /// through another. After a failover, A's release wakes B within about
-/// 2 s: the release-event subscription moved to the new master.
+/// 2 s: the release-event subscription moved to the new master. The same
+/// for a permit of a semaphore of limit 1 and its waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c15_failover_wakeup_waiters_still_wake_after_a_failover() {
     let set = Arc::new(SentinelSet::start().await);
@@ -136,6 +137,24 @@ async fn c15_failover_wakeup_waiters_still_wake_after_a_failover() {
     let held = a.acquire_ttl("k", 60_000).await;
     held.expect_status(201);
     let waiter = b.spawn_wait("k", 10_000, 30_000);
+    // And a permit of a semaphore of limit 1, with a waiter for it.
+    let permit = a
+        .send_json(
+            reqwest::Method::POST,
+            "/semaphores/pool",
+            &[],
+            Some(serde_json::json!({"limit": 1, "ttl_ms": 60_000})),
+        )
+        .await;
+    permit.expect_status(201);
+    let permit_waiter = {
+        let request = b
+            .client
+            .post(b.url("/semaphores/pool"))
+            .json(&serde_json::json!({"limit": 1, "wait_ms": 30_000}))
+            .timeout(Duration::from_secs(40));
+        tokio::spawn(async move { crate::support::Reply::read(request.send().await?).await })
+    };
     let new = set.fail_over().await;
     // Both instances write to the new master, and it has A's lock.
     let moved = eventually(Duration::from_secs(10), || async {
@@ -163,6 +182,36 @@ async fn c15_failover_wakeup_waiters_still_wake_after_a_failover() {
     assert!(
         woke < Duration::from_secs(3),
         "B woke {woke:?} after the release"
+    );
+    // The permit's waiter too: its channel moved with the master.
+    let given_back_at = Instant::now();
+    let token = permit.token();
+    let given_back = eventually(Duration::from_secs(10), || async {
+        a.send(
+            reqwest::Method::DELETE,
+            "/semaphores/pool",
+            &[("Lock-Token", token.as_str())],
+            None,
+        )
+        .await
+        .status
+            == 204
+    })
+    .await;
+    assert!(
+        given_back,
+        "A could not give its permit back after the failover"
+    );
+    let status = permit_waiter
+        .await
+        .expect("the permit waiter ran")
+        .expect("its answer")
+        .status;
+    assert_eq!(status, 201, "B got no permit");
+    let woke = given_back_at.elapsed();
+    assert!(
+        woke < Duration::from_secs(3),
+        "B's permit came {woke:?} after the give-back"
     );
 }
 
