@@ -255,6 +255,7 @@ impl Locks {
                     }
                 },
                 || self.look(&req.name),
+                || self.renew_behind_others(req),
             )
             .await?;
         match waited {
@@ -271,13 +272,19 @@ impl Locks {
     /// [`super::ReleaseListener::subscribed`]), it calls `look` first and
     /// tries only if that finds it free. The head tries once more at the
     /// deadline. `contended` is called once, when the request first finds
-    /// it busy: behind others in the queue, or at its first try.
+    /// it busy: behind others in the queue, or at its first try. A request
+    /// that joins behind others first asks `behind`, which answers it at
+    /// once when waiting cannot be its answer (its token holds already,
+    /// or it names another limit than the one held), without taking
+    /// anything ahead of the queue.
     ///
     /// # Errors
     /// [`LockError::TooManyWaiters`] when the queues are full and the
     /// first try found it busy; [`LockError::ShuttingDown`] and
     /// [`LockError::Cancelled`] when the wait ended for those.
-    async fn wait_turn<T, R, A, AF, L, LF>(
+    // The wait's parts, each a closure of the caller's.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_turn<T, R, A, AF, L, LF, B, BF>(
         &self,
         key: &str,
         wait: Duration,
@@ -285,12 +292,15 @@ impl Locks {
         contended: impl Fn(),
         mut attempt: A,
         look: L,
+        behind: B,
     ) -> Result<Waited<T, R>, LockError>
     where
         A: FnMut() -> AF,
         AF: Future<Output = Tried<T, R>>,
         L: Fn() -> LF,
         LF: Future<Output = Looked>,
+        B: FnOnce() -> BF,
+        BF: Future<Output = Option<T>>,
     {
         let deadline = Instant::now() + wait;
         // Join before the first attempt, so a release between a failed
@@ -312,6 +322,9 @@ impl Locks {
         let mut counted = !place.is_head();
         if counted {
             contended();
+            if let Some(outcome) = behind().await {
+                return Ok(Waited::Ended(outcome));
+            }
         }
         let mut busy_once = || {
             if !std::mem::replace(&mut counted, true) {
@@ -378,6 +391,27 @@ impl Locks {
                     });
                 }
             }
+        }
+    }
+
+    /// For an acquire queued behind other waiters: when its token (one the
+    /// client chose) holds the lock already, the retry renews the lease at
+    /// once (an extend to the requested TTL, keeping the fence), as it
+    /// would at the head of the queue; otherwise it waits its turn.
+    async fn renew_behind_others(
+        &self,
+        req: &AcquireRequest,
+    ) -> Option<Result<Acquired, LockError>> {
+        if req.token_generated {
+            return None;
+        }
+        match self
+            .store
+            .extend(&req.name, &req.token, ExtendTtl::To(req.ttl))
+            .await
+        {
+            Ok(lease) => Some(Ok(Acquired::Renewed(lease))),
+            Err(_) => None,
         }
     }
 

@@ -51,6 +51,8 @@ semaphore_tests!(
     a_semaphore_and_a_lock_of_one_name_are_unrelated,
     the_listing_never_shows_a_token,
     semaphore_metrics_count_grants_refusals_and_hold_time,
+    a_queued_request_with_another_limit_is_refused_at_once,
+    a_holders_retry_queued_behind_a_waiter_renews_at_once,
 );
 
 fn path(name: &str) -> String {
@@ -868,4 +870,70 @@ async fn a_permit_granted_after_the_request_timed_out_is_given_back() {
         freed_within(&app, "late", Duration::from_secs(2)).await,
         "a permit stayed for a caller who was answered 503"
     );
+}
+
+/// A request naming another limit is refused at once with limit-mismatch,
+/// even when it would queue behind a waiter (which it can never follow).
+async fn a_queued_request_with_another_limit_is_refused_at_once(app: &TestApp) {
+    take(app, "q", json!({"limit": 1, "ttl_ms": 30_000}))
+        .await
+        .expect_status(201);
+    let waiter = spawn_take(
+        app,
+        "q",
+        json!({"limit": 1, "wait_ms": 3_000}),
+        Duration::from_secs(10),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let reply = take(app, "q", json!({"limit": 2, "wait_ms": 2_000})).await;
+    let problem = reply.expect_problem(409, "limit-mismatch");
+    assert_eq!(problem["limit"], 1, "{}", reply.text);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000),
+        "refused after {:?}",
+        started.elapsed()
+    );
+    waiter
+        .await
+        .expect("task")
+        .expect("answer")
+        .expect_problem(409, "semaphore-full");
+}
+
+/// A holder's retry (same token, with wait_ms) queued behind another
+/// waiter renews its permit at once: 200, the same fence.
+async fn a_holders_retry_queued_behind_a_waiter_renews_at_once(app: &TestApp) {
+    let token = random_token();
+    let held = take_as(app, "r", &token, json!({"limit": 1, "ttl_ms": 30_000})).await;
+    held.expect_status(201);
+    let waiter = spawn_take(
+        app,
+        "r",
+        json!({"limit": 1, "wait_ms": 3_000}),
+        Duration::from_secs(10),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let again = take_as(
+        app,
+        "r",
+        &token,
+        json!({"limit": 1, "ttl_ms": 40_000, "wait_ms": 2_000}),
+    )
+    .await;
+    again.expect_status(200);
+    assert_eq!(again.fence(), held.fence());
+    assert!(again.u64("ttl_ms") > 39_000, "{}", again.text);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000),
+        "renewed after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(holders(app, "r").await, 1);
+    waiter
+        .await
+        .expect("task")
+        .expect("answer")
+        .expect_problem(409, "semaphore-full");
 }

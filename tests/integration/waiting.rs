@@ -14,7 +14,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::{Reply, TestApp, backend_tests, lock_key, metric, ms_until};
+use crate::support::{
+    Reply, TestApp, assert_lease_ms, backend_tests, lock_key, metric, ms_until, random_token,
+};
 use futures::future::join_all;
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -34,6 +36,7 @@ backend_tests!(
     shutdown_ends_a_wait_with_503_shutting_down,
     metrics_show_waiters_timeouts_and_wait_times,
     a_timed_out_waiter_behind_the_head_is_told_when_the_lock_frees,
+    a_holders_retry_queued_behind_a_waiter_renews_at_once,
 );
 
 backend_tests!(
@@ -1325,4 +1328,31 @@ async fn metrics_show_waiters_timeouts_and_wait_times(app: &TestApp) {
         acquired_samples + 3.0
     );
     assert_eq!(app.lock_key_count().await, 0);
+}
+
+/// A holder's retry (its own token, with `wait_ms`) that would queue
+/// behind another waiter renews at once: 200, the same fence, a fresh
+/// lease; it does not wait behind a waiter for a lock it holds.
+async fn a_holders_retry_queued_behind_a_waiter_renews_at_once(app: &TestApp) {
+    let token = random_token();
+    let body = |ttl_ms: u64, wait_ms: u64| {
+        Some(json!({"token": token, "ttl_ms": ttl_ms, "wait_ms": wait_ms}))
+    };
+    let held = app.acquire("own", body(30_000, 0)).await;
+    held.expect_status(201);
+    let waiter = app.spawn_wait("own", 10_000, 3_000);
+    until_waiters(app, 1).await;
+    let started = Instant::now();
+    let again = app.acquire("own", body(40_000, 2_000)).await;
+    again.expect_status(200);
+    assert_eq!(again.fence(), held.fence());
+    assert_lease_ms(again.json()["ttl_ms"].as_u64(), 40_000);
+    assert!(
+        started.elapsed() < Duration::from_millis(1_000),
+        "renewed after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(app.holder_token("own").await, Some(token.clone()));
+    let refused = waiter.await.expect("task").expect("answer");
+    refused.expect_problem(409, "lock-held");
 }

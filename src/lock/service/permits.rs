@@ -133,6 +133,7 @@ impl Locks {
                     }
                 },
                 || self.look_at_semaphore(&req.name),
+                || self.answer_behind_others(req),
             )
             .await?;
         match waited {
@@ -147,6 +148,36 @@ impl Locks {
                 };
                 Ok(Err(Refusal::Full { retry_after, limit }))
             }
+        }
+    }
+
+    /// For a permit request queued behind other waiters: a limit other
+    /// than the one held is refused at once (waiting would not change it),
+    /// and a token (one the client chose) that holds a permit renews it at
+    /// once (an extend to the requested TTL, keeping the fence), as at the
+    /// head of the queue; otherwise it waits its turn. Nothing is taken
+    /// ahead of the queue.
+    async fn answer_behind_others(
+        &self,
+        req: &PermitRequest,
+    ) -> Option<Result<Result<PermitOutcome, Refusal>, LockError>> {
+        if let Ok(Some(info)) = self.store.inspect_semaphore(&req.name).await
+            && info.limit != req.limit
+        {
+            return Some(Ok(Err(Refusal::LimitMismatch { held: info.limit })));
+        }
+        if req.token_generated {
+            return None;
+        }
+        match self
+            .store
+            .extend_permit(&req.name, &req.token, ExtendTtl::To(req.ttl))
+            .await
+        {
+            Ok(Some(permit)) if permit.limit == req.limit => {
+                Some(Ok(Ok(PermitOutcome::Renewed(permit))))
+            }
+            _ => None,
         }
     }
 
