@@ -128,11 +128,12 @@ pub struct SemaphoreFlag {
     /// NAME is a semaphore: act on its permit (or, for status, list its
     /// permits) rather than on a lock. `lockd exec --semaphore` sets
     /// LOCKD_SEMAPHORE=1 for its command.
-    /// LOCKD_SEMAPHORE takes 1/0, true/false, yes/no, on/off.
+    /// LOCKD_SEMAPHORE takes 1/0, true/false, yes/no, on/off; empty is
+    /// off.
     #[arg(
         long,
         env = "LOCKD_SEMAPHORE",
-        value_parser = clap::builder::BoolishValueParser::new()
+        value_parser = clap::builder::FalseyValueParser::new()
     )]
     pub semaphore: bool,
 }

@@ -27,9 +27,7 @@ impl<S: Send + Sync> FromRequestParts<S> for LockPath {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let Path(raw) = Path::<String>::from_request_parts(parts, state)
             .await
-            .map_err(|e| {
-                ApiError::invalid(format!("invalid lock name in path: {}", e.body_text()))
-            })?;
+            .map_err(|e| ApiError::invalid(format!("invalid name in path: {}", e.body_text())))?;
         // The request's span already names the lock, from the path,
         // percent-decoded as here.
         Ok(Self(LockName::parse(&raw)?))

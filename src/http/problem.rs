@@ -387,11 +387,16 @@ impl From<Refusal> for ApiError {
             Refusal::Full { retry_after, limit } => (
                 Self::new(
                     Kind::SemaphoreFull,
-                    format!(
-                        "all {} permits of this semaphore are held; the earliest runs out in at most {} ms",
-                        limit.get(),
-                        retry_after.as_millis()
-                    ),
+                    match limit.get() {
+                        1 => format!(
+                            "the only permit of this semaphore is held; it runs out in at most {} ms",
+                            retry_after.as_millis()
+                        ),
+                        n => format!(
+                            "all {n} permits of this semaphore are held; the earliest runs out in at most {} ms",
+                            retry_after.as_millis()
+                        ),
+                    },
                 )
                 .retry_after(retry_after),
                 limit,

@@ -171,7 +171,7 @@ fn normalize(response: Response, id: &HeaderValue) -> Response {
 }
 
 /// The request's span. It names the method, route template, lock name
-/// (recorded by the `LockPath` extractor), request ID, the API key's id
+/// (`lock`, or `semaphore` on `/semaphores/{name}`), request ID, the API key's id
 /// (recorded by the key check), and, once answered, status, result and
 /// latency. It never names the query string, a lock token or a secret.
 fn request_span(request: &Request) -> Span {
@@ -180,15 +180,15 @@ fn request_span(request: &Request) -> Span {
     // `x%3Ay` is logged as `x:y`, the lock it is), here so that a request
     // refused before its handler ran (a token in the URL, a body over the
     // limit) is still found by lock name.
-    let lock = (route == "/locks/{name}")
-        .then(|| request.uri().path().rsplit('/').next())
-        .flatten()
-        .map(logged_name);
+    let name = || request.uri().path().rsplit('/').next().map(logged_name);
+    let lock = (route == "/locks/{name}").then(name).flatten();
+    let semaphore = (route == "/semaphores/{name}").then(name).flatten();
     tracing::info_span!(
         "request",
         method = %request.method(),
         route,
         lock = lock.as_deref(),
+        semaphore = semaphore.as_deref(),
         request_id = request_id(request).unwrap_or(""),
         key = Empty,
         status = Empty,

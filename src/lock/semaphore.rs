@@ -122,9 +122,10 @@ pub struct SemaphoreInfo {
 }
 
 /// One semaphore's permits, as the memory backend keeps them: the same
-/// rule as the Redis scripts, on a monotonic clock (`now` in ms). Every
-/// call forgets the permits that ran out first, so an expired permit is
-/// free at once.
+/// rule as the Redis scripts, on a monotonic clock (`now` in µs, so that
+/// a permit never runs out before its holder's `ttl_ms`, as a clock in
+/// whole milliseconds would let it by up to one). Every call forgets the
+/// permits that ran out first, so an expired permit is free at once.
 #[derive(Debug, Default, Clone)]
 pub struct Permits {
     /// Set by the first permit; `None` when none is held.
@@ -136,7 +137,7 @@ pub struct Permits {
 #[derive(Debug, Clone)]
 struct Held {
     token: Token,
-    /// When it runs out, in the clock's ms.
+    /// When it runs out, in the clock's µs.
     until: u64,
     fence: u64,
     owner: Option<String>,
@@ -177,7 +178,7 @@ impl Permits {
         if let Some(held) = self.limit.filter(|held| *held != req.limit) {
             return Taken::Refused(Refusal::LimitMismatch { held });
         }
-        let until = now.saturating_add(req.ttl.as_millis());
+        let until = now.saturating_add(micros(req.ttl.as_millis()));
         if let Some(mine) = self.held.iter_mut().find(|p| p.token == req.token) {
             mine.until = until;
             mine.ttl_ms = req.ttl.as_millis();
@@ -189,7 +190,8 @@ impl Permits {
         if self.held.len() >= req.limit.get() as usize {
             let earliest = self.held.iter().map(|p| p.until).min().unwrap_or(now);
             return Taken::Refused(Refusal::Full {
-                retry_after: Duration::from_millis(earliest.saturating_sub(now).max(1)),
+                retry_after: Duration::from_micros(earliest.saturating_sub(now))
+                    .max(Duration::from_millis(1)),
                 limit: req.limit,
             });
         }
@@ -231,7 +233,7 @@ impl Permits {
         let mine = self.held.iter_mut().find(|p| p.token == *token)?;
         let ttl_ms = ttl_ms.unwrap_or(mine.ttl_ms);
         mine.ttl_ms = ttl_ms;
-        mine.until = now.saturating_add(ttl_ms);
+        mine.until = now.saturating_add(micros(ttl_ms));
         Some((mine.fence, limit, ttl_ms))
     }
 
@@ -245,7 +247,7 @@ impl Permits {
             .map(|p| PermitInfo {
                 fence: p.fence,
                 owner: p.owner.clone(),
-                remaining: Duration::from_millis(p.until - now),
+                remaining: Duration::from_micros(p.until - now),
                 granted_at: Some(p.granted_at),
             })
             .collect();
@@ -258,6 +260,11 @@ impl Permits {
         self.prune(now);
         self.held.len()
     }
+}
+
+/// `ms` in µs.
+fn micros(ms: u64) -> u64 {
+    ms.saturating_mul(1000)
 }
 
 #[cfg(test)]
@@ -290,7 +297,7 @@ mod tests {
             let mut permits = Permits::default();
             let (mut now, mut fence, mut last_granted) = (0u64, 0u64, 0u64);
             for (who, action, ttl, wait) in steps {
-                now += wait;
+                now += wait * 1000;
                 let token = &tokens[who];
                 match action {
                     0 => {
@@ -335,20 +342,20 @@ mod tests {
             let mut model: std::collections::BTreeMap<usize, (u64, u64)> = Default::default();
             let mut now = 0u64;
             for (who, action, ttl, wait) in steps {
-                now += wait;
+                now += wait * 1000;
                 model.retain(|_, (until, _)| *until > now);
                 let token = &tokens[who];
                 match action {
                     0 => match permits.take(now, &req(token, 2, ttl), SystemTime::now(), || 1) {
                         Taken::Granted(_) | Taken::Renewed(_) => {
                             prop_assert!(model.len() < 2 || model.contains_key(&who));
-                            model.insert(who, (now + ttl, ttl));
+                            model.insert(who, (now + ttl * 1000, ttl));
                         }
                         Taken::Refused(Refusal::Full { retry_after, .. }) => {
                             prop_assert_eq!(model.len(), 2);
                             prop_assert!(!model.contains_key(&who));
                             let earliest = model.values().map(|(until, _)| *until).min().unwrap_or(now);
-                            prop_assert_eq!(retry_after, Duration::from_millis(earliest - now));
+                            prop_assert_eq!(retry_after, Duration::from_micros(earliest - now));
                         }
                         Taken::Refused(other) => prop_assert!(false, "{other:?}"),
                     },
@@ -361,7 +368,7 @@ mod tests {
                         prop_assert_eq!(extended.is_some(), model.contains_key(&who));
                         if let Some((_, _, set)) = extended {
                             prop_assert_eq!(set, ttl);
-                            model.insert(who, (now + ttl, ttl));
+                            model.insert(who, (now + ttl * 1000, ttl));
                         }
                     }
                     _ => {
@@ -369,7 +376,7 @@ mod tests {
                         match model.get_mut(&who) {
                             Some((until, own)) => {
                                 prop_assert_eq!(extended.map(|(_, _, set)| set), Some(*own));
-                                *until = now + *own;
+                                *until = now + *own * 1000;
                             }
                             None => prop_assert!(extended.is_none()),
                         }
@@ -381,7 +388,7 @@ mod tests {
                     .unwrap_or_default();
                 let mut expected: Vec<Duration> = model
                     .values()
-                    .map(|(until, _)| Duration::from_millis(until - now))
+                    .map(|(until, _)| Duration::from_micros(until - now))
                     .collect();
                 expected.sort();
                 prop_assert_eq!(shown, expected);
@@ -398,18 +405,23 @@ mod tests {
             Taken::Granted(7)
         );
         assert!(
-            matches!(permits.take(50, &req(&b, 1, 100), SystemTime::now(), || 8), Taken::Refused(Refusal::Full { retry_after, .. }) if retry_after == Duration::from_millis(50))
+            matches!(permits.take(50_000, &req(&b, 1, 100), SystemTime::now(), || 8), Taken::Refused(Refusal::Full { retry_after, .. }) if retry_after == Duration::from_millis(50))
         );
         assert!(matches!(
-            permits.take(50, &req(&b, 2, 100), SystemTime::now(), || 8),
+            permits.take(50_000, &req(&b, 2, 100), SystemTime::now(), || 8),
             Taken::Refused(Refusal::LimitMismatch { .. })
         ));
+        // Live until its very last µs.
+        assert!(matches!(
+            permits.take(99_999, &req(&b, 1, 100), SystemTime::now(), || 8),
+            Taken::Refused(Refusal::Full { .. })
+        ));
         assert_eq!(
-            permits.take(100, &req(&b, 2, 100), SystemTime::now(), || 8),
+            permits.take(100_000, &req(&b, 2, 100), SystemTime::now(), || 8),
             Taken::Granted(8)
         );
-        assert_eq!(permits.extend(200, &b, Some(10)), None);
-        assert!(permits.inspect(200).is_none());
+        assert_eq!(permits.extend(200_000, &b, Some(10)), None);
+        assert!(permits.inspect(200_000).is_none());
     }
 
     #[test]

@@ -98,10 +98,11 @@ impl Drop for PendingAcquire<'_> {
 
 /// The result label of a failed operation: `unavailable` for what is
 /// answered 503 (the store or a quorum did not answer, too many waiters,
-/// shutting down, the request timed out), `error` for a 500.
+/// shutting down, the request timed out), `error` for a 500 (and the 501 of
+/// semaphores in Redlock mode).
 fn failure(e: &LockError) -> &'static str {
     match e {
-        LockError::Backend(_) => "error",
+        LockError::Backend(_) | LockError::Unsupported(_) => "error",
         _ => "unavailable",
     }
 }

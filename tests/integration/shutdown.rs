@@ -898,6 +898,55 @@ async fn full_workload(w: &mut Workload<'_>) {
         .await;
     }
 
+    // A semaphore's permits: one under a client token in the body, one
+    // under a token lockd generates; extended, then given back.
+    let permit = w.token();
+    w.send(
+        Ask {
+            method: M::POST,
+            path: "/semaphores/logs:pool",
+            route: "/semaphores/{name}",
+            lock: None,
+            headers: &[],
+            body: body(&json!({ "limit": 2, "token": permit })),
+        },
+        201,
+    )
+    .await;
+    let second = w
+        .send(
+            Ask {
+                method: M::POST,
+                path: "/semaphores/logs:pool?limit=2",
+                route: "/semaphores/{name}",
+                lock: None,
+                headers: &[],
+                body: None,
+            },
+            201,
+        )
+        .await;
+    let generated = serde_json::from_str::<Value>(&second.text)
+        .ok()
+        .and_then(|g| g["token"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    for token in [permit.as_str(), generated.as_str()] {
+        for (method, status) in [(M::PATCH, 200), (M::DELETE, 204)] {
+            w.send(
+                Ask {
+                    method,
+                    path: "/semaphores/logs:pool",
+                    route: "/semaphores/{name}",
+                    lock: None,
+                    headers: &[("Lock-Token", token)],
+                    body: None,
+                },
+                status,
+            )
+            .await;
+        }
+    }
+
     // Operations routes.
     for path in ["/metrics", "/readyz"] {
         w.send(
@@ -1016,7 +1065,17 @@ async fn logs_of_a_full_workload_name_no_token() {
         if let Some(lock) = request.lock {
             assert_eq!(span["lock"], lock, "{request:?}: {span}");
         }
+        if request.route == "/semaphores/{name}" {
+            assert_eq!(span["semaphore"], "logs:pool", "{request:?}: {span}");
+        }
     }
+    assert!(
+        sent.iter()
+            .filter(|s| s.route == "/semaphores/{name}")
+            .count()
+            >= 6,
+        "the semaphore requests were not sent"
+    );
     assert!(
         sent.iter().any(|s| s.request_id == "trace-me-42"),
         "the traced request was not sent"

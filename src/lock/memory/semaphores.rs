@@ -11,9 +11,10 @@ use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, Sema
 use crate::lock::{ExtendTtl, LockError, LockName, Released, Token, Ttl};
 
 impl MemoryBackend {
-    /// Milliseconds since this store began.
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    /// Microseconds since this store began: the clock of
+    /// [`crate::lock::semaphore::Permits`].
+    fn now_us(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
     /// As [`crate::lock::redis::RedisBackend::take_permit`].
@@ -24,7 +25,7 @@ impl MemoryBackend {
         &self,
         req: &PermitRequest,
     ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
-        let (now, at) = (Instant::now(), self.now_ms());
+        let (now, at) = (Instant::now(), self.now_us());
         let retention = self.fence_retention;
         let mut state = self.state();
         let state = &mut *state;
@@ -63,7 +64,7 @@ impl MemoryBackend {
         name: &LockName,
         token: &Token,
     ) -> Result<Option<Released>, LockError> {
-        let at = self.now_ms();
+        let at = self.now_us();
         let granted_at = {
             let mut state = self.state();
             let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
@@ -93,7 +94,7 @@ impl MemoryBackend {
         token: &Token,
         ttl: ExtendTtl,
     ) -> Result<Option<Permit>, LockError> {
-        let at = self.now_ms();
+        let at = self.now_us();
         let extended = {
             let mut state = self.state();
             let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
@@ -120,7 +121,7 @@ impl MemoryBackend {
 
     /// How many permits are live now, over every semaphore.
     pub fn permit_count(&self) -> usize {
-        let at = self.now_ms();
+        let at = self.now_us();
         self.state()
             .semaphores
             .values_mut()
@@ -133,7 +134,7 @@ impl MemoryBackend {
     /// # Errors
     /// Never.
     pub fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
-        let at = self.now_ms();
+        let at = self.now_us();
         let mut state = self.state();
         Ok(state
             .semaphores
