@@ -257,15 +257,18 @@ async fn readme_cron_snippet_fails_and_claims_no_other_host_when_redis_is_down()
 }
 
 /// Starts the snippet `name` with `program` against `app`, with
-/// `JOB_SECONDS` set: its process, whose output is read at the end.
+/// `JOB_SECONDS` set: its process, whose output is read at the end. Each
+/// run `n` gets a file of its own (a shell reads its script as it goes, so
+/// rewriting one file under a running shell would cut its script short).
 fn spawn_snippet(
     app: &TestApp,
     name: &str,
     program: &str,
     dir: &std::path::Path,
+    n: usize,
     job_seconds: &str,
 ) -> tokio::process::Child {
-    let path = dir.join(format!("{name}.snippet"));
+    let path = dir.join(format!("{name}-{n}.snippet"));
     std::fs::write(&path, snippet(name)).unwrap();
     tokio::process::Command::new(program)
         .arg(&path)
@@ -320,7 +323,7 @@ async fn docs_semaphore_sh_snippet_lets_two_workers_in_and_turns_the_third_away(
     let app = TestApp::redis().await;
     let dir = tempfile::tempdir().unwrap();
     let children = (0..3)
-        .map(|_| spawn_snippet(&app, "semaphore-sh", "sh", dir.path(), "2"))
+        .map(|n| spawn_snippet(&app, "semaphore-sh", "sh", dir.path(), n, "2"))
         .collect();
     let (most, outputs) = sample_until_done(&app, "partner-api", children).await;
     assert!(most <= 2, "{most} permits held at once");
@@ -346,7 +349,7 @@ async fn docs_semaphore_python_snippet_waits_its_turn_and_never_over_grants() {
     let app = TestApp::redis().await;
     let dir = tempfile::tempdir().unwrap();
     let children = (0..4)
-        .map(|_| spawn_snippet(&app, "semaphore-python", "python3", dir.path(), "1.5"))
+        .map(|n| spawn_snippet(&app, "semaphore-python", "python3", dir.path(), n, "1.5"))
         .collect();
     let (most, outputs) = sample_until_done(&app, "legacy-db", children).await;
     assert!(most <= 2, "{most} permits held at once");
