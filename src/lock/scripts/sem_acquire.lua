@@ -14,7 +14,7 @@
 -- The fence is a string (it may pass 2^31).
 local permits, holders = KEYS[1], KEYS[2]
 local token, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local now = now_ms()
+local now = now_us()
 local held = prune(permits, holders, now)
 local set = tonumber(redis.call('HGET', holders, 'limit'))
 if set and set ~= limit then
@@ -27,14 +27,14 @@ if mine and redis.call('ZSCORE', permits, token) then
   if ARGV[4] ~= '' then
     record.owner = ARGV[4]
   end
-  redis.call('ZADD', permits, 'XX', now + ttl, token)
+  redis.call('ZADD', permits, 'XX', now + us(ttl), token)
   redis.call('HSET', holders, holder_field(token), cjson.encode(record))
   expire_with_last(permits, holders, now)
   return {2, record.fence, limit}
 end
 if held >= limit then
   local first = redis.call('ZRANGE', permits, 0, 0, 'WITHSCORES')
-  return {0, math.max(1, tonumber(first[2]) - now), limit}
+  return {0, math.max(1, math.ceil((tonumber(first[2]) - now) / 1000)), limit}
 end
 local fence, err = next_fence(KEYS[3], ARGV[6])
 if not fence then
@@ -42,7 +42,7 @@ if not fence then
 end
 fence = string.format('%.0f', fence)
 local record = {fence = fence, owner = ARGV[4], granted_at_ms = tonumber(ARGV[5]), ttl_ms = ttl}
-redis.call('ZADD', permits, now + ttl, token)
+redis.call('ZADD', permits, now + us(ttl), token)
 redis.call('HSET', holders, 'limit', limit, holder_field(token), cjson.encode(record))
 expire_with_last(permits, holders, now)
 return {1, fence, limit}

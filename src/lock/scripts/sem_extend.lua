@@ -10,7 +10,7 @@
 -- `token` holds no permit (given back or run out).
 local permits, holders = KEYS[1], KEYS[2]
 local token = ARGV[1]
-local now = now_ms()
+local now = now_us()
 prune(permits, holders, now)
 local mine = redis.call('HGET', holders, holder_field(token))
 if not (mine and redis.call('ZSCORE', permits, token)) then
@@ -19,7 +19,7 @@ end
 local record = cjson.decode(mine)
 local ttl = tonumber(ARGV[2]) or tonumber(record.ttl_ms) or tonumber(ARGV[5])
 record.ttl_ms = ttl
-redis.call('ZADD', permits, 'XX', now + ttl, token)
+redis.call('ZADD', permits, 'XX', now + us(ttl), token)
 redis.call('HSET', holders, holder_field(token), cjson.encode(record))
 expire_with_last(permits, holders, now)
 redis.pcall(ARGV[4], ARGV[3], '')

@@ -6,7 +6,7 @@
 -- recorded), {0, 0} when `token` holds no permit (given back or run out:
 -- nothing is changed then).
 local permits, holders = KEYS[1], KEYS[2]
-local now = now_ms()
+local now = now_us()
 prune(permits, holders, now)
 local field = holder_field(ARGV[1])
 local mine = redis.call('HGET', holders, field)

@@ -1,7 +1,8 @@
 -- The shared part of the semaphore scripts, put in front of each (after
 -- fence.lua). A semaphore is two keys under one hash tag:
---   permits  a sorted set: token -> the permit's expiry, in ms of this
---            server's clock (TIME);
+--   permits  a sorted set: token -> the permit's expiry, in µs of this
+--            server's clock (TIME): in whole ms, a permit taken at 10.9 ms
+--            for 100 ms would run out at 110 ms, 0.9 ms early;
 --   holders  a hash: 'limit' -> the limit set by the first permit, and
 --            't:' .. token -> a JSON record {fence, owner, granted_at_ms,
 --            ttl_ms}
@@ -11,10 +12,15 @@
 -- expired permit is free at once for every instance, with no cleanup job,
 -- and both keys expire with the last permit.
 
--- This server's clock, in ms.
-local function now_ms()
+-- This server's clock, in µs.
+local function now_us()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- A TTL in ms, in µs.
+local function us(ms)
+  return ms * 1000
 end
 
 -- Forgets the permits that ran out by `now`; returns how many are held.
@@ -42,7 +48,8 @@ end
 local function expire_with_last(permits, holders, now)
   local last = redis.call('ZRANGE', permits, -1, -1, 'WITHSCORES')
   if #last == 2 then
-    local left = math.max(1, tonumber(last[2]) - now)
+    -- In whole ms, rounded up: the keys outlive the last permit.
+    local left = math.floor((tonumber(last[2]) - now) / 1000) + 1
     redis.call('PEXPIRE', permits, left)
     redis.call('PEXPIRE', holders, left)
   end
