@@ -577,6 +577,38 @@ impl RedisBackend {
         call
     }
 
+    /// The grant `req` makes, and the release script that undoes it.
+    fn lock_undo(&self, keys: &Keys, req: &AcquireRequest) -> (Grant, ScriptInvocation<'static>) {
+        let grant = Grant {
+            kind: GrantKind::Lock,
+            name: req.name.clone(),
+            ttl: req.ttl,
+        };
+        (grant, self.release_call(keys, &req.token))
+    }
+
+    /// After a grant's script failed with `e`, sent on `sent_on`: a script
+    /// held up in a stalled Redis may still grant, so a grant under a token
+    /// lockd generated (`undo`: the grant and its release script) is undone
+    /// in the background ([`Self::reap_timed_out`]). A Redlock node leaves
+    /// that to Redlock.
+    fn undo_if_stalled(
+        &self,
+        e: &LockError,
+        sent_on: Option<Conn>,
+        token_generated: bool,
+        undo: impl FnOnce() -> (Grant, ScriptInvocation<'static>),
+    ) {
+        if let (true, Some(conn), true) = (
+            e.is_transient(),
+            sent_on,
+            self.standalone && token_generated,
+        ) {
+            let ((grant, call), this) = (undo(), self.clone());
+            tokio::spawn(async move { this.reap_timed_out(grant, call, conn).await });
+        }
+    }
+
     /// After an acquire of `req` that timed out, removes the grant it may
     /// still make. The compare-and-delete is sent on the connection that
     /// carried the acquire, so Redis runs it after the acquire, however long
@@ -731,20 +763,9 @@ impl Node for RedisBackend {
         let (status, value): (i64, i64) = match self.run_on(&call, &mut sent_on).await {
             Ok(answer) => answer,
             Err(e) => {
-                // A script held up in a stalled Redis may still grant.
-                if let (true, Some(conn), true) = (
-                    e.is_transient(),
-                    sent_on,
-                    self.standalone && req.token_generated,
-                ) {
-                    let grant = Grant {
-                        kind: GrantKind::Lock,
-                        name: req.name.clone(),
-                        ttl: req.ttl,
-                    };
-                    let (this, undo) = (self.clone(), self.release_call(&keys, &req.token));
-                    tokio::spawn(async move { this.reap_timed_out(grant, undo, conn).await });
-                }
+                self.undo_if_stalled(&e, sent_on, req.token_generated, || {
+                    self.lock_undo(&keys, req)
+                });
                 return Err(e);
             }
         };
@@ -755,14 +776,7 @@ impl Node for RedisBackend {
         };
         if status == 1 || status == 2 {
             // A new grant short of acks is undone; a renewal stands.
-            let undo = (status == 1).then(|| {
-                let grant = Grant {
-                    kind: GrantKind::Lock,
-                    name: req.name.clone(),
-                    ttl: req.ttl,
-                };
-                (grant, self.release_call(&keys, &req.token))
-            });
+            let undo = (status == 1).then(|| self.lock_undo(&keys, req));
             self.check_replicas(sent_on.clone(), &keys.lock, undo)
                 .await?;
         }

@@ -106,21 +106,9 @@ impl RedisBackend {
             match self.run_on(&call, &mut sent_on).await {
                 Ok(answer) => answer,
                 Err(e) => {
-                    // A script held up in a stalled Redis may still grant: give
-                    // that permit back, as an acquire's lock is deleted.
-                    if let (true, Some(conn), true) = (
-                        e.is_transient(),
-                        sent_on,
-                        self.standalone && req.token_generated,
-                    ) {
-                        let grant = Grant {
-                            kind: GrantKind::Permit,
-                            name: req.name.clone(),
-                            ttl: req.ttl,
-                        };
-                        let (this, undo) = (self.clone(), self.give_back_call(&keys, &req.token));
-                        tokio::spawn(async move { this.reap_timed_out(grant, undo, conn).await });
-                    }
+                    self.undo_if_stalled(&e, sent_on, req.token_generated, || {
+                        self.permit_undo(&keys, req)
+                    });
                     return Err(e);
                 }
             };
@@ -128,14 +116,7 @@ impl RedisBackend {
         if status == 1 || status == 2 {
             // As for a lock: a new permit short of acks is given back; a
             // renewal stands.
-            let undo = (status == 1).then(|| {
-                let grant = Grant {
-                    kind: GrantKind::Permit,
-                    name: req.name.clone(),
-                    ttl: req.ttl,
-                };
-                (grant, self.give_back_call(&keys, &req.token))
-            });
+            let undo = (status == 1).then(|| self.permit_undo(&keys, req));
             self.check_replicas(sent_on, &keys.permits, undo).await?;
         }
         match status {
@@ -179,6 +160,20 @@ impl RedisBackend {
             granted_at: (granted_at_ms > 0)
                 .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms)),
         }))
+    }
+
+    /// The permit `req` grants, and the give-back script that undoes it.
+    fn permit_undo(
+        &self,
+        keys: &SemKeys,
+        req: &PermitRequest,
+    ) -> (Grant, ScriptInvocation<'static>) {
+        let grant = Grant {
+            kind: GrantKind::Permit,
+            name: req.name.clone(),
+            ttl: req.ttl,
+        };
+        (grant, self.give_back_call(keys, &req.token))
     }
 
     /// The give-back script of `token`'s permit.
