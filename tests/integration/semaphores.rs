@@ -329,6 +329,25 @@ async fn never_more_than_the_limit(app: &TestApp, name: &str) {
     assert!(most <= LIMIT, "{most} clients held a valid lease at once");
 }
 
+/// Waits until `lockd_semaphore_waiters` (all namespaces) is `n`; panics
+/// after 5 s.
+async fn until_permit_waiters(app: &TestApp, n: u64) {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = app.metrics().await;
+        let now: f64 = crate::support::samples(&text)
+            .into_iter()
+            .filter(|s| s.name == "lockd_semaphore_waiters")
+            .map(|s| s.value)
+            .sum();
+        if now == n as f64 {
+            return;
+        }
+        assert!(Instant::now() < until, "{now} permit waiters, not {n}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A request's extra headers.
 type Headers = &'static [(&'static str, &'static str)];
 
@@ -501,9 +520,12 @@ async fn a_caller_who_hangs_up_mid_wait_is_never_left_holding_a_permit(app: &Tes
         app,
         "hang",
         json!({"limit": 1, "ttl_ms": 10_000, "wait_ms": 10_000}),
-        Duration::from_millis(300),
+        Duration::from_millis(1_000),
     );
+    // It waits, then its client gives up, and its wait ends with it.
+    until_permit_waiters(app, 1).await;
     assert!(gone.await.expect("task").is_err(), "the client gave up");
+    until_permit_waiters(app, 0).await;
     give_back(app, "hang", &a.token()).await.expect_status(204);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
