@@ -274,11 +274,11 @@ fn shared_state(
     };
     let stopping = CancellationToken::new();
     let contention = metrics.clone();
+    let locks = Locks::new(backend, settings.limits.max_waiters.get(), stopping.clone())
+        .on_contention(Arc::new(move |name| contention.observe_contention(name)));
+    locks.set_max_watchers(settings.limits.max_watchers.get());
     let state = AppState::new(App {
-        locks: Arc::new(
-            Locks::new(backend, settings.limits.max_waiters.get(), stopping.clone())
-                .on_contention(Arc::new(move |name| contention.observe_contention(name))),
-        ),
+        locks: Arc::new(locks),
         limits,
         metrics,
         stopping: stopping.clone(),

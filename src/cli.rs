@@ -193,6 +193,16 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_MAX_SEMAPHORE_LIMIT")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_semaphore_limit: Option<u32>,
+    /// Most watches (GET .../events streams) open at once; beyond it, 503
+    /// [default: 10000].
+    #[arg(long, env = "LOCKD_MAX_WATCHERS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_watchers: Option<usize>,
+    /// Silence in ms after which a watch's stream gets a comment line, so
+    /// that proxies keep it open [default: 15000].
+    #[arg(long, env = "LOCKD_WATCH_KEEPALIVE_MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watch_keepalive_ms: Option<u64>,
     /// Most /locks acquires and inspects served at once besides the
     /// max_waiters waiting ones; extends and releases get as many again of
     /// their own, which acquires cannot take; beyond, 503 overloaded

@@ -25,7 +25,7 @@
 //! | --- | --- | --- |
 //! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes` |
 //! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
-//! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`, `max_semaphore_limit` |
+//! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`, `max_semaphore_limit`, `max_watchers`, `watch_keepalive_ms` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
 //! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
 //! | `service`: [`ServiceSettings`] | the process itself | `log_format`, `shutdown_timeout_ms` |
@@ -182,7 +182,7 @@ pub struct RedisTlsFiles {
 
 /// The limits a request is held to (keys `default_ttl_ms`, `max_ttl_ms`,
 /// `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`,
-/// `max_semaphore_limit`).
+/// `max_semaphore_limit`, `max_watchers`, `watch_keepalive_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitSettings {
     /// Lease length when a request gives no `ttl_ms`; at most `max_ttl`
@@ -204,6 +204,11 @@ pub struct LimitSettings {
     /// The largest `limit` a semaphore may have; at least 1
     /// (`max_semaphore_limit`).
     pub max_semaphore_limit: u32,
+    /// Most watches (event streams) open at once (`max_watchers`).
+    pub max_watchers: NonZeroUsize,
+    /// How long a watch's stream may stay silent before a comment line
+    /// keeps it open; at least 1 ms (`watch_keepalive_ms`).
+    pub watch_keepalive: Duration,
 }
 
 /// API keys, or their absence (keys `auth_keys_file`, `insecure_no_auth`):
@@ -299,6 +304,8 @@ impl Default for LimitSettings {
             max_requests: const { count(1024) },
             request_timeout: Duration::from_millis(10_000),
             max_semaphore_limit: 10_000,
+            max_watchers: const { count(10_000) },
+            watch_keepalive: Duration::from_millis(15_000),
         }
     }
 }
@@ -397,6 +404,11 @@ pub struct RawSettings {
     pub max_waiters: usize,
     /// The largest `limit` a semaphore may have.
     pub max_semaphore_limit: u32,
+    /// Most watches (event streams) open at once.
+    pub max_watchers: usize,
+    /// Silence in milliseconds after which a watch's stream gets a comment
+    /// line.
+    pub watch_keepalive_ms: u64,
     /// Most `/locks` acquires and inspects at once besides the waiting
     /// ones; also the room of extends and releases, kept apart.
     pub max_requests: usize,
@@ -471,6 +483,8 @@ impl From<&Settings> for RawSettings {
             max_wait_ms: whole_millis(limits.max_wait),
             max_waiters: limits.max_waiters.get(),
             max_semaphore_limit: limits.max_semaphore_limit,
+            max_watchers: limits.max_watchers.get(),
+            watch_keepalive_ms: whole_millis(limits.watch_keepalive),
             max_requests: limits.max_requests.get(),
             dev: store.dev,
             metrics_listen: metrics.listen,
@@ -762,6 +776,8 @@ impl LimitSettings {
                 0 => return Err("max_semaphore_limit must be at least 1".into()),
                 n => n,
             },
+            max_watchers: at_least_one("max_watchers", raw.max_watchers)?,
+            watch_keepalive: at_least_1_ms("watch_keepalive_ms", raw.watch_keepalive_ms)?,
         })
     }
 }

@@ -20,6 +20,8 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// The largest limit a semaphore may have.
     pub max_semaphore_limit: u32,
+    /// Silence after which a watch's stream gets a comment line.
+    pub watch_keepalive: Duration,
 }
 
 impl Limits {
@@ -39,6 +41,7 @@ impl Limits {
             },
             request_timeout: settings.request_timeout,
             max_semaphore_limit: settings.max_semaphore_limit,
+            watch_keepalive: settings.watch_keepalive,
         })
     }
 }

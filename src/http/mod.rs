@@ -100,3 +100,4 @@ pub mod semaphores;
 pub mod state;
 pub mod target;
 pub mod telemetry;
+pub mod watch;

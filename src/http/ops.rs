@@ -75,6 +75,7 @@ pub async fn metrics(
         {
             let mut scrape = Scrape {
                 permits_held: locks.permits_held(limits.request_timeout).await,
+                watchers: locks.watching(),
                 ..Scrape::default()
             };
             locks.for_each_queue(|name, n| scrape.lock_waiters.push((name.to_owned(), n)));

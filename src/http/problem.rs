@@ -180,6 +180,8 @@ pub enum Kind {
     ReplicationLagging,
     /// 503: too many requests are waiting on this instance.
     TooManyWaiters,
+    /// 503: `--max-watchers` watches are open on this instance.
+    TooManyWatchers,
     /// 503: the service is shutting down.
     ShuttingDown,
     /// 503: this instance serves as many requests of the kind as it allows.
@@ -252,6 +254,11 @@ impl Kind {
                 S::SERVICE_UNAVAILABLE,
                 "too-many-waiters",
                 "Too many waiting requests",
+            ),
+            Self::TooManyWatchers => (
+                S::SERVICE_UNAVAILABLE,
+                "too-many-watchers",
+                "Too many open watches",
             ),
             Self::ShuttingDown => (
                 S::SERVICE_UNAVAILABLE,
@@ -468,6 +475,11 @@ impl From<LockError> for ApiError {
             LockError::TooManyWaiters => Self::new(
                 Kind::TooManyWaiters,
                 "too many requests are waiting for locks on this instance; retry later or with wait_ms 0",
+            )
+            .retry_after(UNAVAILABLE_RETRY),
+            LockError::TooManyWatchers => Self::new(
+                Kind::TooManyWatchers,
+                "too many watches are open on this instance; retry later or on another instance",
             )
             .retry_after(UNAVAILABLE_RETRY),
             LockError::ShuttingDown => Self::new(

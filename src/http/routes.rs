@@ -27,7 +27,7 @@ use super::locks::{acquire, extend, inspect, release};
 use super::openapi::{self, ApiDoc};
 use super::semaphores;
 use super::state::AppState;
-use super::{admission, auth, deadline, ops, target, telemetry};
+use super::{admission, auth, deadline, ops, target, telemetry, watch};
 use crate::config::LimitSettings;
 use crate::metrics::Metrics;
 
@@ -42,6 +42,11 @@ struct Routes {
     /// `/locks/{name}`; its handlers keep their time limits themselves
     /// ([`deadline`]).
     locks: OpenApiRouter<AppState>,
+    /// `/locks/{name}/events` and `/semaphores/{name}/events`: streams
+    /// that last until the client leaves or shutdown, so they get the key
+    /// check alone, with no deadline and no admission slot (their own cap
+    /// is `--max-watchers`).
+    watches: OpenApiRouter<AppState>,
     /// `/healthz`, `/readyz` and `/openapi.json`.
     ops: OpenApiRouter<AppState>,
     /// `/metrics`, which `--metrics-listen` moves off the main router (it
@@ -63,6 +68,9 @@ impl Routes {
                     semaphores::extend::extend,
                     semaphores::give_back::give_back
                 )),
+            watches: OpenApiRouter::new()
+                .routes(routes!(watch::lock_events))
+                .routes(routes!(watch::semaphore_events)),
             ops: OpenApiRouter::new()
                 .routes(routes!(ops::healthz))
                 .routes(routes!(ops::readyz))
@@ -84,11 +92,13 @@ fn timeout(limit: Duration) -> TimeoutLayer {
 pub fn document(limits: &Limits) -> OpenApi {
     let Routes {
         locks,
+        watches,
         ops,
         metrics,
     } = Routes::new();
     let mut doc = OpenApiRouter::<AppState>::with_openapi(ApiDoc::openapi())
         .merge(locks)
+        .merge(watches)
         .merge(ops)
         .routes(metrics)
         .into_openapi();
@@ -121,10 +131,12 @@ pub fn router(state: AppState, with_metrics: bool) -> Router {
     let doc = Arc::new(document(&limits));
     let Routes {
         locks,
+        watches,
         mut ops,
         metrics,
     } = Routes::new();
     let locks = locks.route_layer(middleware::from_fn_with_state(state.clone(), gate_locks));
+    let watches = watches.route_layer(middleware::from_fn_with_state(state.clone(), gate_watches));
     if with_metrics {
         ops = ops.routes(metrics.map(|route| {
             route.route_layer(middleware::from_fn_with_state(
@@ -139,7 +151,7 @@ pub fn router(state: AppState, with_metrics: bool) -> Router {
         .layer(Extension(doc))
         .merge(OpenApiRouter::from(docs))
         .layer(short);
-    let served = locks.merge(ops);
+    let served = locks.merge(watches).merge(ops);
     declare_routes(&state.metrics, served.get_openapi());
     state.metrics.declare_route("GET", "/docs", "200");
     let metrics = state.metrics.clone();
@@ -168,6 +180,15 @@ async fn gate_locks(State(state): State<AppState>, request: Request, next: Next)
         Err(refused) => return refused,
     };
     match deadline::read_body_by_deadline(&state.limits, request).await {
+        Ok(request) => next.run(request).await,
+        Err(refused) => refused,
+    }
+}
+
+/// What a watch passes before its handler: the key check alone (the
+/// `read` permission, and the name under the key's prefixes).
+async fn gate_watches(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match auth::guard_locks(state.auth.as_deref(), request).await {
         Ok(request) => next.run(request).await,
         Err(refused) => refused,
     }

@@ -29,6 +29,9 @@ pub enum LockError {
     /// The instance's wait queues are full (`max_waiters`).
     #[error("too many requests are waiting")]
     TooManyWaiters,
+    /// The instance has `max_watchers` watches open already.
+    #[error("too many watches are open")]
+    TooManyWatchers,
     /// The service is shutting down and ended the wait.
     #[error("the service is shutting down")]
     ShuttingDown,

@@ -38,7 +38,7 @@ use super::connect::{ConnectReport, PushHandler, RedisTls};
 use super::pool::{ClusterTarget, KnownNodes};
 use super::queue::{Waited, semaphore_key};
 use super::sentinel::Sentinels;
-use super::{LockError, ReleaseListener, WaitInterest};
+use super::{Change, ChangeListener, LockError, WaitInterest};
 use crate::backoff::ExponentialBackoff;
 
 /// The pauses between tries to (re)subscribe: 50 ms doubling up to 2 s.
@@ -89,7 +89,7 @@ pub struct PatternEvents {
     pub prefix: String,
     /// How long subscribing may take.
     pub timeout: Duration,
-    pub listener: Arc<dyn ReleaseListener>,
+    pub listener: Arc<dyn ChangeListener>,
 }
 
 impl PatternEvents {
@@ -137,7 +137,8 @@ impl PatternEvents {
                         };
                         let Some(msg) = msg else { break };
                         if let Some(key) = queue_key(&self.prefix, msg.get_channel_name()) {
-                            self.listener.released(&key);
+                            let change = Change::parse(msg.get_payload_bytes());
+                            self.listener.changed(&key, &change);
                         }
                     }
                     tracing::warn!(
@@ -188,22 +189,22 @@ fn glob_escape(s: &str) -> String {
 }
 
 /// A change in what this instance waits for.
-enum Change {
+enum Want {
     Waiting(String),
     Idle(String),
 }
 
 /// The [`WaitInterest`] of [`ShardedEvents`]: queues each change for its
 /// task.
-struct Interest(mpsc::UnboundedSender<Change>);
+struct Interest(mpsc::UnboundedSender<Want>);
 
 impl WaitInterest for Interest {
     fn waiting(&self, name: &str) {
-        let _ = self.0.send(Change::Waiting(name.to_owned()));
+        let _ = self.0.send(Want::Waiting(name.to_owned()));
     }
 
     fn idle(&self, name: &str) {
-        let _ = self.0.send(Change::Idle(name.to_owned()));
+        let _ = self.0.send(Want::Idle(name.to_owned()));
     }
 }
 
@@ -222,7 +223,7 @@ struct Shared {
     /// Poked when a wanted subscription was lost (its slot moved, or a
     /// node's connection dropped).
     lost: Notify,
-    listener: Arc<dyn ReleaseListener>,
+    listener: Arc<dyn ChangeListener>,
     prefix: String,
 }
 
@@ -242,8 +243,12 @@ impl Shared {
         let name = key.as_deref();
         match (&push.kind, name) {
             (PushKind::SMessage, Some(name)) => {
-                tracing::trace!(lock = name, "release event");
-                self.listener.released(name);
+                tracing::trace!(lock = name, "change event");
+                let change = match push.data.get(1) {
+                    Some(Value::BulkString(message)) => Change::parse(message),
+                    _ => Change::Unknown,
+                };
+                self.listener.changed(name, &change);
             }
             // A subscription is in place: a release may have come before
             // it, so the lock's head looks once. (It may be a replica's
@@ -293,7 +298,7 @@ pub struct ShardedEvents {
     /// disconnected), so the subscriber starts afresh.
     masters: watch::Receiver<u64>,
     shared: Arc<Shared>,
-    changes: mpsc::UnboundedReceiver<Change>,
+    changes: mpsc::UnboundedReceiver<Want>,
     report: Arc<ConnectReport>,
     timeout: Duration,
 }
@@ -311,7 +316,7 @@ impl ShardedEvents {
         seeds: Vec<String>,
         tls: RedisTls,
         known: KnownNodes,
-        listener: Arc<dyn ReleaseListener>,
+        listener: Arc<dyn ChangeListener>,
         prefix: &str,
         report: Arc<ConnectReport>,
         timeout: Duration,
@@ -391,7 +396,7 @@ impl ShardedEvents {
             tokio::select! {
                 change = self.changes.recv() => match change {
                     None => return Follow::Stop,
-                    Some(Change::Waiting(name)) => {
+                    Some(Want::Waiting(name)) => {
                         let fresh = {
                             let mut state = self.shared.state();
                             state.wanted.insert(name.clone());
@@ -402,7 +407,7 @@ impl ShardedEvents {
                         }
                         continue;
                     }
-                    Some(Change::Idle(name)) => {
+                    Some(Want::Idle(name)) => {
                         {
                             let mut state = self.shared.state();
                             state.wanted.remove(&name);

@@ -18,8 +18,8 @@ use super::fence::{self, DEFAULT_RETENTION, unix_micros};
 mod semaphores;
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Token, Ttl, WaitInterest,
+    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
+    LockName, Node, Released, Token, Ttl, WaitInterest, unix_millis,
 };
 
 struct Holder {
@@ -112,7 +112,7 @@ fn next_fence_in(
 pub struct MemoryBackend {
     state: Mutex<State>,
     /// Told about every release, so that waiters wake at once.
-    listener: OnceLock<Arc<dyn ReleaseListener>>,
+    listener: OnceLock<Arc<dyn ChangeListener>>,
     fence_retention: Duration,
     /// The origin of the semaphores' millisecond clock.
     origin: Instant,
@@ -174,14 +174,13 @@ impl MemoryBackend {
         *self.state() = State::default();
     }
 
-    fn notify(&self, name: &LockName) {
-        self.tell_released(name.as_str());
-    }
-
-    /// Tells the listener that wait-queue key `key` was released.
-    fn tell_released(&self, key: &str) {
+    /// Tells the listener that the lock or semaphore of wait-queue key
+    /// `key` changed. Called while the state is locked, so that the changes
+    /// of a key are told in the order they were made (the listener never
+    /// calls back into the store).
+    fn tell(&self, key: &str, change: &Change) {
         if let Some(listener) = self.listener.get() {
-            listener.released(key);
+            listener.changed(key, change);
         }
     }
 
@@ -222,24 +221,37 @@ impl Node for MemoryBackend {
             if let Some(owner) = &req.owner {
                 holder.owner = Some(owner.as_str().to_owned());
             }
-            return Ok(Acquired::Renewed(lease(holder.fence, req.ttl)));
+            let fence = holder.fence;
+            let ttl_ms = req.ttl.as_millis();
+            self.tell(req.name.as_str(), &Change::Extended { fence, ttl_ms });
+            return Ok(Acquired::Renewed(lease(fence, req.ttl)));
         }
         let fence = state.next_fence(&req.name, now, self.fence_retention);
         state.grants += 1;
         if state.grants.is_multiple_of(SWEEP_EVERY) {
             state.sweep(now);
         }
+        let granted_at = SystemTime::now();
+        let owner = req.owner.as_ref().map(|o| o.as_str().to_owned());
         state.holders.insert(
             req.name.as_str().to_owned(),
             Holder {
                 token: req.token.clone(),
                 fence,
-                owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
-                granted_at: SystemTime::now(),
+                owner: owner.clone(),
+                granted_at,
                 ttl: req.ttl,
                 expires: now + req.ttl.as_duration(),
             },
         );
+        let change = Change::Acquired {
+            fence,
+            ttl_ms: req.ttl.as_millis(),
+            granted_at_ms: unix_millis(granted_at),
+            owner,
+        };
+        self.tell(req.name.as_str(), &change);
+        drop(state);
         Ok(Acquired::Granted(lease(fence, req.ttl)))
     }
 
@@ -262,9 +274,10 @@ impl Node for MemoryBackend {
         holder.ttl = ttl;
         holder.expires = now + ttl.as_duration();
         let fence = holder.fence;
-        drop(state);
         // Waiters learn the new lease end (an extend may shorten it).
-        self.notify(name);
+        let ttl_ms = ttl.as_millis();
+        self.tell(name.as_str(), &Change::Extended { fence, ttl_ms });
+        drop(state);
         Ok(lease(fence, ttl))
     }
 
@@ -275,10 +288,10 @@ impl Node for MemoryBackend {
         if &holder.token != token {
             return Err(LockError::NotOwner);
         }
-        let granted_at = holder.granted_at;
+        let (granted_at, fence) = (holder.granted_at, holder.fence);
         state.holders.remove(name.as_str());
+        self.tell(name.as_str(), &Change::Released { fence });
         drop(state);
-        self.notify(name);
         Ok(Released {
             granted_at: Some(granted_at),
         })
@@ -296,6 +309,28 @@ impl Node for MemoryBackend {
             };
             (h.token.clone(), info)
         }))
+    }
+
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let info = state.live(name, now).map(|h| LockInfo {
+            fence: Some(h.fence),
+            remaining: Some(h.expires - now),
+            owner: h.owner.clone(),
+            granted_at: Some(h.granted_at),
+        });
+        self.tell(name.as_str(), &Change::Probe(marker.to_owned()));
+        drop(state);
+        Ok(info)
+    }
+
+    async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        MemoryBackend::probe_semaphore(self, name, marker)
     }
 
     async fn raise_fence(
@@ -360,7 +395,7 @@ impl Node for MemoryBackend {
 
     fn watch_releases(
         &self,
-        listener: Arc<dyn ReleaseListener>,
+        listener: Arc<dyn ChangeListener>,
         _stop: CancellationToken,
     ) -> Option<Arc<dyn WaitInterest>> {
         if self.listener.set(listener).is_err() {

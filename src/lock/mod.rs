@@ -34,6 +34,7 @@
 //! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
 //!   a store; [`queue`] holds the per-instance wait queues.
 
+pub mod change;
 pub mod connect;
 pub mod error;
 pub mod events;
@@ -50,6 +51,7 @@ pub mod sentinel;
 pub mod service;
 pub mod store;
 pub mod types;
+pub mod watch;
 
 use std::time::{Duration, SystemTime};
 
@@ -60,11 +62,15 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+pub use change::Change;
 pub use error::LockError;
 use semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 
 /// Why a node or store without semaphores refuses them.
 pub const NO_SEMAPHORES: &str = "this store has no semaphores";
+
+/// Why a node or store without watches refuses them.
+pub const NO_WATCH: &str = "this store cannot be watched";
 pub use service::Locks;
 pub use store::{Single, Store};
 pub use types::{InvalidInput, LockName, Owner, Token, Ttl};
@@ -242,6 +248,33 @@ pub trait Node: Send + Sync + 'static {
     /// [`LockError::Unavailable`] when the node fails.
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError>;
 
+    /// Describes the holder as [`Store::inspect`] does and, in the same
+    /// atomic step, publishes [`Change::Probe`]`(marker)` on the lock's
+    /// change channel: the watcher that hears its marker knows that every
+    /// change before the read has reached it (see [`watch`]).
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the node fails;
+    /// [`LockError::Unsupported`] from a node that cannot (the default).
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+        let _ = (name, marker);
+        Err(LockError::Unsupported(NO_WATCH))
+    }
+
+    /// As [`Node::probe`], for a semaphore: [`Node::inspect_semaphore`] and
+    /// the marker in one step.
+    ///
+    /// # Errors
+    /// As for [`Node::probe`].
+    async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        let _ = (name, marker);
+        Err(LockError::Unsupported(NO_WATCH))
+    }
+
     /// Raises the fencing counter of `name` to at least `fence`, and if
     /// `token` holds the lock, records `fence` as the holder's. Returns
     /// whether `token` held it. Redlock uses this after a grant whose nodes
@@ -334,7 +367,7 @@ pub trait Node: Send + Sync + 'static {
     /// out.
     fn watch_releases(
         &self,
-        listener: Arc<dyn ReleaseListener>,
+        listener: Arc<dyn ChangeListener>,
         stop: CancellationToken,
     ) -> Option<Arc<dyn WaitInterest>> {
         let _ = (listener, stop);
@@ -342,11 +375,12 @@ pub trait Node: Send + Sync + 'static {
     }
 }
 
-/// Receives release events from a backend.
-pub trait ReleaseListener: Send + Sync + 'static {
-    /// The lock `name` was released, or its lease changed (an extend): the
-    /// waiter that retries should retry now.
-    fn released(&self, name: &str);
+/// Receives change events from a backend.
+pub trait ChangeListener: Send + Sync + 'static {
+    /// The lock or semaphore of wait-queue key `key` (see [`queue`])
+    /// changed as `change` says, on its node. Messages of one key arrive in
+    /// the order of the changes.
+    fn changed(&self, key: &str, change: &Change);
     /// Events may have been missed (the event connection was lost and is
     /// back): every waiter that retries should retry now.
     fn resync(&self);

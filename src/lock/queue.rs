@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{ReleaseListener, WaitInterest};
+use super::{Change, ChangeListener, WaitInterest};
 
 /// What a queue key waits for (see [`semaphore_key`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +66,7 @@ struct Queue {
     /// Whether the store was told that this lock is waited for.
     subscribed: bool,
     /// Whether the head should look before it retries (see
-    /// [`ReleaseListener::subscribed`]).
+    /// [`ChangeListener::subscribed`]).
     look: bool,
 }
 
@@ -188,9 +188,11 @@ impl WaitQueues {
     }
 }
 
-impl ReleaseListener for WaitQueues {
-    fn released(&self, name: &str) {
-        self.wake(name);
+impl ChangeListener for WaitQueues {
+    fn changed(&self, key: &str, change: &Change) {
+        if change.wakes_waiters() {
+            self.wake(key);
+        }
     }
 
     fn resync(&self) {

@@ -55,8 +55,8 @@ use super::restart::RestartWatch;
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::sentinel::Sentinels;
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Token, Ttl, WaitInterest, unix_millis,
+    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Lease, LockError, LockInfo, LockName,
+    Node, Released, Token, Ttl, WaitInterest, unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -83,8 +83,12 @@ static EXTEND: LazyLock<Script> = LazyLock::new(|| {
 });
 static RAISE_FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
-static INSPECT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/inspect.lua")));
+const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
+/// A watcher's marker (`probe.lua`), put in front of an inspect script.
+const PROBE_LUA: &str = include_str!("scripts/probe.lua");
+static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+static PROBE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{PROBE_LUA}{INSPECT_LUA}")));
 
 /// What a [`RedisBackend`] talks to.
 #[derive(Clone)]
@@ -566,6 +570,37 @@ impl RedisBackend {
         }
     }
 
+    /// Runs `call`, an inspect (or probe) script, and reads its answer:
+    /// the holder's token and description, or `None` when the lock is free.
+    async fn read_holder(
+        &self,
+        call: &ScriptInvocation<'_>,
+    ) -> Result<Option<(Token, LockInfo)>, LockError> {
+        let read_at = Instant::now();
+        let (pttl, token, fence, owner, granted_at): (i64, String, String, String, String) =
+            self.run(call).await?;
+        if pttl == -2 {
+            return Ok(None);
+        }
+        // A foreign client may have stored any value: kept as it is, so that
+        // Redlock can still find the holder a majority of nodes agrees on.
+        let token = Token::from_stored(token);
+        // The PTTL was read somewhere during the round trip; count the time
+        // since the request was sent against it, so the answer errs early.
+        let remaining = u64::try_from(pttl)
+            .ok()
+            .map(|ms| Duration::from_millis(ms).saturating_sub(read_at.elapsed()));
+        Ok(Some((
+            token,
+            LockInfo {
+                fence: fence.parse().ok(),
+                remaining,
+                owner: Some(owner).filter(|o| !o.is_empty()),
+                granted_at: parse_unix_millis(&granted_at),
+            },
+        )))
+    }
+
     /// The release script for `token` on `name`.
     fn release_call(&self, keys: &Keys, token: &Token) -> ScriptInvocation<'static> {
         let mut call = RELEASE.prepare_invoke();
@@ -758,7 +793,9 @@ impl Node for RedisBackend {
             .arg(req.ttl.as_millis())
             .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
             .arg(unix_millis(sent_wall))
-            .arg(self.fence_retention_ms);
+            .arg(self.fence_retention_ms)
+            .arg(&keys.released)
+            .arg(self.events.publish());
         let mut sent_on = None;
         let (status, value): (i64, i64) = match self.run_on(&call, &mut sent_on).await {
             Ok(answer) => answer,
@@ -871,31 +908,28 @@ impl Node for RedisBackend {
 
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
         let keys = Keys::new(&self.prefix, name);
-        let read_at = Instant::now();
         let mut call = INSPECT.prepare_invoke();
         call.key(&keys.lock).key(&keys.meta);
-        let (pttl, token, fence, owner, granted_at): (i64, String, String, String, String) =
-            self.run(&call).await?;
-        if pttl == -2 {
-            return Ok(None);
-        }
-        // A foreign client may have stored any value: kept as it is, so that
-        // Redlock can still find the holder a majority of nodes agrees on.
-        let token = Token::from_stored(token);
-        // The PTTL was read somewhere during the round trip; count the time
-        // since the request was sent against it, so the answer errs early.
-        let remaining = u64::try_from(pttl)
-            .ok()
-            .map(|ms| Duration::from_millis(ms).saturating_sub(read_at.elapsed()));
-        Ok(Some((
-            token,
-            LockInfo {
-                fence: fence.parse().ok(),
-                remaining,
-                owner: Some(owner).filter(|o| !o.is_empty()),
-                granted_at: parse_unix_millis(&granted_at),
-            },
-        )))
+        self.read_holder(&call).await
+    }
+
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+        let keys = Keys::new(&self.prefix, name);
+        let mut call = PROBE.prepare_invoke();
+        call.key(&keys.lock)
+            .key(&keys.meta)
+            .arg(&keys.released)
+            .arg(self.events.publish())
+            .arg(marker);
+        Ok(self.read_holder(&call).await?.map(|(_, info)| info))
+    }
+
+    async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        RedisBackend::probe_semaphore(self, name, marker).await
     }
 
     async fn raise_fence(
@@ -980,7 +1014,7 @@ impl Node for RedisBackend {
 
     fn watch_releases(
         &self,
-        listener: Arc<dyn ReleaseListener>,
+        listener: Arc<dyn ChangeListener>,
         stop: CancellationToken,
     ) -> Option<Arc<dyn WaitInterest>> {
         if let Some(sentinels) = self.sentinels.clone() {

@@ -42,14 +42,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Store, Token, Ttl, WaitInterest,
+    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Lease, LockError, LockInfo, LockName,
+    Node, Released, Store, Token, Ttl, WaitInterest,
 };
 
 mod tally;
 
 use super::reaper::{Attempt, Reap, Reaper};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
+use super::watch::Subject;
 use tally::{Counting, Tally, fan_out};
 
 /// The clock drift allowance added to every validity computation, on top
@@ -161,6 +162,12 @@ fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Durat
 /// safe, but a node's count of N permits cannot tell which N of the
 /// majorities it belongs to. So Redlock refuses semaphores rather than
 /// over-grant (docs/semaphores.md, "Redlock").
+/// Why Redlock mode has no watches (`GET /locks/{name}/events`): each node
+/// publishes its own changes, in its own order, and no node's stream says
+/// what a majority holds; a watch would have to read every node at every
+/// change to say it.
+pub const NO_REDLOCK_WATCH: &str = "watches are not available in Redlock mode: each independent node reports its own changes, and no single stream of them tells what a majority of nodes holds; use a single Redis, Sentinel or a Redis Cluster to watch locks, or poll GET /locks/{name}";
+
 pub const NO_REDLOCK_SEMAPHORES: &str = "semaphores are not available in Redlock mode: a permit granted on a majority of independent nodes can be granted to more holders than the limit; use a single Redis, Sentinel or a Redis Cluster for semaphores";
 
 #[async_trait]
@@ -345,6 +352,27 @@ impl Store for Redlock {
         Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
     }
 
+    fn watchable(&self, subject: &Subject) -> Result<(), LockError> {
+        Err(LockError::Unsupported(match subject {
+            Subject::Lock(_) => NO_REDLOCK_WATCH,
+            Subject::Semaphore(_) => NO_REDLOCK_SEMAPHORES,
+        }))
+    }
+
+    /// Refused: see [`NO_REDLOCK_WATCH`].
+    async fn probe(&self, _name: &LockName, _marker: &str) -> Result<Option<LockInfo>, LockError> {
+        Err(LockError::Unsupported(NO_REDLOCK_WATCH))
+    }
+
+    /// Refused: see [`NO_REDLOCK_SEMAPHORES`].
+    async fn probe_semaphore(
+        &self,
+        _name: &LockName,
+        _marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
+    }
+
     async fn ping(&self) -> Result<(), LockError> {
         let answers = fan_out(&self.nodes, Counting::Now, |_, n| Some(n.ping())).await;
         let up = answers.granted();
@@ -362,7 +390,7 @@ impl Store for Redlock {
     /// start-up refuses), each of which hears every release of its own.
     fn watch_releases(
         &self,
-        listener: Arc<dyn ReleaseListener>,
+        listener: Arc<dyn ChangeListener>,
         stop: CancellationToken,
     ) -> Option<Arc<dyn WaitInterest>> {
         for node in self.nodes.iter() {

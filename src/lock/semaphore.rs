@@ -208,14 +208,14 @@ impl Permits {
         Taken::Granted(fence)
     }
 
-    /// Gives back `token`'s permit: when it was granted, or `None` when it
-    /// held none.
-    pub fn give_back(&mut self, now: u64, token: &Token) -> Option<SystemTime> {
+    /// Gives back `token`'s permit: its fence and when it was granted, or
+    /// `None` when it held none.
+    pub fn give_back(&mut self, now: u64, token: &Token) -> Option<(u64, SystemTime)> {
         self.prune(now);
         let at = self.held.iter().position(|p| p.token == *token)?;
         let gone = self.held.swap_remove(at);
         self.prune(now);
-        Some(gone.granted_at)
+        Some((gone.fence, gone.granted_at))
     }
 
     /// Resets `token`'s permit to end at `now + ttl_ms`, or, with `None`,

@@ -28,9 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::queue::{self, WaitQueues};
 use super::reaper::{Attempt, Reap, Reaped};
+use super::watch::{SharedInterest, Subject, Watch, Watches};
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Released, Store,
-    Token,
+    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
+    LockName, Released, Store, Token,
 };
 
 /// The most random delay added to a retry at the holder's lease end, so that
@@ -81,6 +82,30 @@ enum Looked {
     Unknown,
 }
 
+/// What the store's change events are told to: the wait queues and the
+/// watches.
+struct Listeners {
+    queues: Arc<WaitQueues>,
+    watches: Arc<Watches>,
+}
+
+impl ChangeListener for Listeners {
+    fn changed(&self, key: &str, change: &Change) {
+        self.queues.changed(key, change);
+        self.watches.changed(key, change);
+    }
+
+    fn resync(&self) {
+        self.queues.resync();
+        self.watches.resync();
+    }
+
+    fn subscribed(&self, key: &str) {
+        self.queues.subscribed(key);
+        self.watches.subscribed(key);
+    }
+}
+
 /// Locks with waiting, over one store. Cloning it shares it (one `Arc`).
 #[derive(Clone)]
 pub struct Locks(Arc<Shared>);
@@ -89,6 +114,7 @@ pub struct Locks(Arc<Shared>);
 pub struct Shared {
     store: Arc<dyn Store>,
     queues: Arc<WaitQueues>,
+    watches: Arc<Watches>,
     shutdown: CancellationToken,
     on_contention: Option<ContentionHook>,
     /// The semaphores this instance granted permits of (see
@@ -111,12 +137,20 @@ impl Locks {
     /// [`LockError::ShuttingDown`].
     pub fn new(store: Arc<dyn Store>, max_waiters: usize, shutdown: CancellationToken) -> Self {
         let queues = Arc::new(WaitQueues::new(max_waiters));
-        if let Some(interest) = store.watch_releases(queues.clone(), shutdown.clone()) {
-            queues.tell(interest);
+        let watches = Arc::new(Watches::new(store.clone(), shutdown.clone()));
+        let listeners = Arc::new(Listeners {
+            queues: queues.clone(),
+            watches: watches.clone(),
+        });
+        if let Some(interest) = store.watch_releases(listeners, shutdown.clone()) {
+            let shared: Arc<SharedInterest> = Arc::new(SharedInterest::new(interest));
+            queues.tell(shared.clone());
+            watches.tell(shared);
         }
         Self(Arc::new(Shared {
             store,
             queues,
+            watches,
             shutdown,
             on_contention: None,
             known: Arc::default(),
@@ -131,6 +165,7 @@ impl Locks {
         let shared = Arc::try_unwrap(self.0).unwrap_or_else(|shared| Shared {
             store: shared.store.clone(),
             queues: shared.queues.clone(),
+            watches: shared.watches.clone(),
             shutdown: shared.shutdown.clone(),
             on_contention: shared.on_contention.clone(),
             known: shared.known.clone(),
@@ -139,6 +174,32 @@ impl Locks {
             on_contention: Some(hook),
             ..shared
         }))
+    }
+
+    /// Opens a watch of `subject` (see [`super::watch`]): its first event
+    /// is what the lock or semaphore is now, then one event per change,
+    /// until shutdown.
+    ///
+    /// # Errors
+    /// [`LockError::TooManyWatchers`] when `max_watchers` watches are
+    /// open; [`LockError::Unsupported`] from a store that cannot be
+    /// watched (Redlock).
+    pub fn watch(&self, subject: &Subject) -> Result<Watch, LockError> {
+        self.store.watchable(subject)?;
+        self.watches
+            .watch(subject)
+            .map_err(|_| LockError::TooManyWatchers)
+    }
+
+    /// Allows at most `max` watches open at once (default
+    /// [`super::watch::DEFAULT_MAX_WATCHERS`]).
+    pub fn set_max_watchers(&self, max: usize) {
+        self.watches.set_max_watchers(max);
+    }
+
+    /// How many watches are open now.
+    pub fn watching(&self) -> usize {
+        self.watches.watching()
     }
 
     /// Calls `each(name, waiters)` for every lock that has waiters now.
@@ -269,7 +330,7 @@ impl Locks {
     /// may wait. Only the head of the queue tries: at once, when woken (a
     /// release event, the one ahead leaving), and when the holder's lease
     /// ends; when it was woken to look (see
-    /// [`super::ReleaseListener::subscribed`]), it calls `look` first and
+    /// [`super::ChangeListener::subscribed`]), it calls `look` first and
     /// tries only if that finds it free. The head tries once more at the
     /// deadline. `contended` is called once, when the request first finds
     /// it busy: behind others in the queue, or at its first try. A request
@@ -416,7 +477,7 @@ impl Locks {
     }
 
     /// Whether `name` is still held, for a waiter woken to look (see
-    /// [`super::ReleaseListener::subscribed`]). An inspect has no effect,
+    /// [`super::ChangeListener::subscribed`]). An inspect has no effect,
     /// so a store that fails (a master failing over) leaves the waiter
     /// waiting, where a failed acquire would end its wait with 503.
     async fn look(&self, name: &LockName) -> Looked {

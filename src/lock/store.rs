@@ -13,9 +13,10 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
+use super::watch::Subject;
 use super::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Token, WaitInterest,
+    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Lease, LockError, LockInfo, LockName,
+    Node, Released, Token, WaitInterest,
 };
 
 /// A lock store. Every store gives the same answers for the same sequence
@@ -98,6 +99,35 @@ pub trait Store: Send + Sync + 'static {
     /// As for [`Store::take_permit`].
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError>;
 
+    /// Describes a lock and publishes a watcher's marker in the same step
+    /// (see [`Node::probe`]).
+    ///
+    /// # Errors
+    /// As for [`Store::acquire`]; [`LockError::Unsupported`] from a store
+    /// that cannot be watched (Redlock).
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError>;
+
+    /// Describes a semaphore and publishes a watcher's marker in the same
+    /// step (see [`Node::probe_semaphore`]).
+    ///
+    /// # Errors
+    /// As for [`Store::probe`].
+    async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError>;
+
+    /// Whether `subject` can be watched here.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`], with the reason, when it cannot (the
+    /// default is that it can).
+    fn watchable(&self, subject: &Subject) -> Result<(), LockError> {
+        let _ = subject;
+        Ok(())
+    }
+
     /// Checks that the store answers, for `/readyz`.
     ///
     /// # Errors
@@ -110,7 +140,7 @@ pub trait Store: Send + Sync + 'static {
     /// [`Node::watch_releases`]).
     fn watch_releases(
         &self,
-        listener: Arc<dyn ReleaseListener>,
+        listener: Arc<dyn ChangeListener>,
         stop: CancellationToken,
     ) -> Option<Arc<dyn WaitInterest>>;
 }
@@ -179,13 +209,25 @@ impl Store for Single {
         self.node.inspect_semaphore(name).await
     }
 
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+        self.node.probe(name, marker).await
+    }
+
+    async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        self.node.probe_semaphore(name, marker).await
+    }
+
     async fn ping(&self) -> Result<(), LockError> {
         self.node.ping().await
     }
 
     fn watch_releases(
         &self,
-        listener: Arc<dyn ReleaseListener>,
+        listener: Arc<dyn ChangeListener>,
         stop: CancellationToken,
     ) -> Option<Arc<dyn WaitInterest>> {
         self.node.watch_releases(listener, stop)

@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use super::Metrics;
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use crate::lock::{
-    AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
-    ReleaseListener, Released, Token, WaitInterest,
+    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Lease, LockError, LockInfo, LockName,
+    Node, Released, Token, WaitInterest,
 };
 
 /// The `op` labels of `lockd_backend_duration_seconds`.
@@ -27,6 +27,8 @@ const BACKEND_OPS: &[&str] = &[
     "give_back_permit",
     "extend_permit",
     "inspect_semaphore",
+    "probe",
+    "probe_semaphore",
 ];
 
 /// A [`Node`] that times every call in
@@ -161,6 +163,19 @@ impl Node for Instrumented {
             .await
     }
 
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+        self.time("probe", self.inner.probe(name, marker)).await
+    }
+
+    async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        self.time("probe_semaphore", self.inner.probe_semaphore(name, marker))
+            .await
+    }
+
     async fn ping(&self) -> Result<(), LockError> {
         self.time("ping", self.inner.ping()).await
     }
@@ -171,7 +186,7 @@ impl Node for Instrumented {
 
     fn watch_releases(
         &self,
-        listener: Arc<dyn ReleaseListener>,
+        listener: Arc<dyn ChangeListener>,
         stop: CancellationToken,
     ) -> Option<Arc<dyn WaitInterest>> {
         self.inner.watch_releases(listener, stop)

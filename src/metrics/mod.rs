@@ -185,6 +185,9 @@ pub struct Metrics {
     /// `lockd_redlock_nodes_in_restart_delay`: Redlock nodes that restarted
     /// and count toward no quorum yet, read at scrape time.
     nodes_in_restart_delay: IntGauge,
+    /// `lockd_watchers`: watches (event streams) open on this instance,
+    /// read at scrape time.
+    watchers: IntGauge,
     pools: Mutex<Vec<(String, PoolReader)>>,
     /// `lockd_store_mode{mode}`: 1 for the store lockd runs on (`memory`,
     /// `single`, `redlock`, `cluster` or `sentinel`).
@@ -216,6 +219,8 @@ pub struct Scrape {
     pub semaphore_waiters: Vec<(String, usize)>,
     /// Each semaphore known to this instance, and its live permits.
     pub permits_held: Vec<(String, usize)>,
+    /// Watches open on this instance.
+    pub watchers: usize,
 }
 
 /// Registers metrics of one kind in a registry.
@@ -284,6 +289,11 @@ impl Metrics {
             "Redlock nodes that restarted less than the restart delay ago: written to, but counted toward no quorum.",
         )?;
         registry.register(Box::new(nodes_in_restart_delay.clone()))?;
+        let watchers = IntGauge::new(
+            "lockd_watchers",
+            "Watches (GET /locks/{name}/events and /semaphores/{name}/events streams) open on this instance now.",
+        )?;
+        registry.register(Box::new(watchers.clone()))?;
         let metrics = Self {
             acquire_total: b.counter("lockd_acquire_total", "Acquire requests by namespace and result.", ns_result)?,
             acquire_contended: b.counter(
@@ -364,6 +374,7 @@ impl Metrics {
             },
             master: Mutex::new(None),
             nodes_in_restart_delay,
+            watchers,
             http_in_flight,
             http_requests: b.counter(
                 "lockd_http_requests_total",
@@ -571,6 +582,8 @@ impl Metrics {
     /// `scrape`.
     pub fn render(&self, scrape: &Scrape) -> String {
         self.update_waiters(&scrape.lock_waiters);
+        self.watchers
+            .set(i64::try_from(scrape.watchers).unwrap_or(i64::MAX));
         self.update_semaphores(&scrape.semaphore_waiters, &scrape.permits_held);
         self.update_pools();
         self.update_master();

@@ -726,7 +726,9 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
     );
     let templates = [
         "/locks/{name}",
+        "/locks/{name}/events",
         "/semaphores/{name}",
+        "/semaphores/{name}/events",
         "/healthz",
         "/readyz",
         "/metrics",

@@ -31,3 +31,4 @@ mod strict_input;
 mod torture;
 mod transport;
 mod waiting;
+mod watch;

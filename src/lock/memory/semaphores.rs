@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::{MemoryBackend, SWEEP_EVERY, lease, next_fence_in};
 use crate::lock::queue::semaphore_key;
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo, Taken};
-use crate::lock::{ExtendTtl, LockError, LockName, Released, Token, Ttl};
+use crate::lock::{Change, ExtendTtl, LockError, LockName, Released, Token, Ttl, unix_millis};
 
 impl MemoryBackend {
     /// Microseconds since this store began: the clock of
@@ -34,9 +34,25 @@ impl MemoryBackend {
             .entry(req.name.as_str().to_owned())
             .or_default();
         let fences = &mut state.semaphore_fences;
-        let taken = permits.take(at, req, SystemTime::now(), || {
+        let granted_at = SystemTime::now();
+        let taken = permits.take(at, req, granted_at, || {
             next_fence_in(fences, &req.name, now, retention)
         });
+        let ttl_ms = req.ttl.as_millis();
+        let change = match taken {
+            Taken::Granted(fence) => Some(Change::Acquired {
+                fence,
+                ttl_ms,
+                granted_at_ms: unix_millis(granted_at),
+                owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+            }),
+            Taken::Renewed(fence) => Some(Change::Extended { fence, ttl_ms }),
+            Taken::Refused(_) => None,
+        };
+        if let Some(change) = change {
+            // Told under the state's lock, so that changes are told in order.
+            self.tell(&semaphore_key(req.name.as_str()), &change);
+        }
         if matches!(taken, Taken::Granted(_)) {
             state.grants += 1;
             if state.grants.is_multiple_of(SWEEP_EVERY) {
@@ -65,21 +81,19 @@ impl MemoryBackend {
         token: &Token,
     ) -> Result<Option<Released>, LockError> {
         let at = self.now_us();
-        let granted_at = {
-            let mut state = self.state();
-            let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
-                return Ok(None);
-            };
-            let granted_at = permits.give_back(at, token);
-            if permits.live(at) == 0 {
-                state.semaphores.remove(name.as_str());
-            }
-            granted_at
+        let mut state = self.state();
+        let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
+            return Ok(None);
         };
-        if granted_at.is_some() {
-            self.tell_released(&semaphore_key(name.as_str()));
+        let gone = permits.give_back(at, token);
+        if permits.live(at) == 0 {
+            state.semaphores.remove(name.as_str());
         }
-        Ok(granted_at.map(|granted_at| Released {
+        if let Some((fence, _)) = gone {
+            self.tell(&semaphore_key(name.as_str()), &Change::Released { fence });
+        }
+        drop(state);
+        Ok(gone.map(|(_, granted_at)| Released {
             granted_at: Some(granted_at),
         }))
     }
@@ -95,21 +109,23 @@ impl MemoryBackend {
         ttl: ExtendTtl,
     ) -> Result<Option<Permit>, LockError> {
         let at = self.now_us();
-        let extended = {
-            let mut state = self.state();
-            let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
-                return Ok(None);
-            };
-            let given = match ttl {
-                ExtendTtl::To(ttl) => Some(ttl.as_millis()),
-                ExtendTtl::Own { .. } => None,
-            };
-            permits.extend(at, token, given)
+        let mut state = self.state();
+        let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
+            return Ok(None);
         };
-        if extended.is_some() {
+        let given = match ttl {
+            ExtendTtl::To(ttl) => Some(ttl.as_millis()),
+            ExtendTtl::Own { .. } => None,
+        };
+        let extended = permits.extend(at, token, given);
+        if let Some((fence, _, ttl_ms)) = extended {
             // As the script publishes: a shorter lease frees it sooner.
-            self.tell_released(&semaphore_key(name.as_str()));
+            self.tell(
+                &semaphore_key(name.as_str()),
+                &Change::Extended { fence, ttl_ms },
+            );
         }
+        drop(state);
         Ok(extended.map(|(fence, limit, ttl_ms)| Permit {
             lease: lease(
                 fence,
@@ -140,6 +156,30 @@ impl MemoryBackend {
             .semaphores
             .get_mut(name.as_str())
             .and_then(|permits| permits.inspect(at)))
+    }
+
+    /// As [`crate::lock::redis::RedisBackend::probe_semaphore`]: an inspect,
+    /// and `marker` told in the same step.
+    ///
+    /// # Errors
+    /// Never.
+    pub fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        let at = self.now_us();
+        let mut state = self.state();
+        let info = state
+            .semaphores
+            .get_mut(name.as_str())
+            .and_then(|permits| permits.inspect(at));
+        self.tell(
+            &semaphore_key(name.as_str()),
+            &Change::Probe(marker.to_owned()),
+        );
+        drop(state);
+        Ok(info)
     }
 }
 

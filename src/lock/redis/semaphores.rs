@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use redis::{Script, ScriptInvocation};
 use tokio::time::Instant;
 
-use super::{FENCE_LUA, Grant, GrantKind, RedisBackend};
+use super::{FENCE_LUA, Grant, GrantKind, PROBE_LUA, RedisBackend};
 use crate::lock::events;
 use crate::lock::queue::semaphore_key;
 use crate::lock::semaphore::{
@@ -39,12 +39,11 @@ static EXTEND: LazyLock<Script> = LazyLock::new(|| {
         include_str!("../scripts/sem_extend.lua")
     ))
 });
-static INSPECT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{SEMAPHORE_LUA}{}",
-        include_str!("../scripts/sem_inspect.lua")
-    ))
-});
+const SEM_INSPECT_LUA: &str = include_str!("../scripts/sem_inspect.lua");
+static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{SEMAPHORE_LUA}{SEM_INSPECT_LUA}")));
+static PROBE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{PROBE_LUA}{SEMAPHORE_LUA}{SEM_INSPECT_LUA}")));
 
 /// The keys of semaphore `N` under prefix `P`: `Psem:{N}:permits`,
 /// `Psem:{N}:holders`, `Psem:{N}:fence`, and the release channel
@@ -100,7 +99,9 @@ impl RedisBackend {
             .arg(req.ttl.as_millis())
             .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
             .arg(unix_millis(sent_wall))
-            .arg(self.fence_retention_ms);
+            .arg(self.fence_retention_ms)
+            .arg(&keys.released)
+            .arg(self.events.publish());
         let mut sent_on = None;
         let (status, value, limit): (i64, String, i64) =
             match self.run_on(&call, &mut sent_on).await {
@@ -239,10 +240,40 @@ impl RedisBackend {
         name: &LockName,
     ) -> Result<Option<SemaphoreInfo>, LockError> {
         let keys = SemKeys::new(&self.prefix, name);
-        let read_at = Instant::now();
         let mut call = INSPECT.prepare_invoke();
         call.key(&keys.permits).key(&keys.holders);
-        let answer: Vec<redis::Value> = self.run(&call).await?;
+        self.read_semaphore(&call).await
+    }
+
+    /// As [`Self::inspect_semaphore`], and a watcher's `marker` published
+    /// on the semaphore's change channel in the same step (see
+    /// [`crate::lock::Node::probe`]).
+    ///
+    /// # Errors
+    /// As for [`Self::take_permit`].
+    pub async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        let keys = SemKeys::new(&self.prefix, name);
+        let mut call = PROBE.prepare_invoke();
+        call.key(&keys.permits)
+            .key(&keys.holders)
+            .arg(&keys.released)
+            .arg(self.events.publish())
+            .arg(marker);
+        self.read_semaphore(&call).await
+    }
+
+    /// Runs `call`, an inspect (or probe) script of a semaphore, and reads
+    /// its answer.
+    async fn read_semaphore(
+        &self,
+        call: &ScriptInvocation<'_>,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        let read_at = Instant::now();
+        let answer: Vec<redis::Value> = self.run(call).await?;
         let mut answer = answer.into_iter();
         let limit: i64 = match answer.next() {
             Some(value) => {

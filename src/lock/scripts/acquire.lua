@@ -2,11 +2,15 @@
 -- and its fence can never be separated.
 -- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] holder metadata hash
 -- ARGV[1] token, ARGV[2] TTL in ms (>= 1), ARGV[3] owner label ('' = none),
--- ARGV[4] grant time in Unix ms, ARGV[5] fence retention in ms (>= 1000)
+-- ARGV[4] grant time in Unix ms, ARGV[5] fence retention in ms (>= 1000),
+-- ARGV[6] change channel (KEYS[1] .. ':released'), ARGV[7] the command to
+-- publish with: PUBLISH, or SPUBLISH on a Redis Cluster
 -- Returns {1, fence} for a new grant, {2, fence} when this token already
 -- held the lock (its lease is reset to the TTL, the fence is unchanged, the
 -- owner label replaced when one is given), {0, pttl} when another token
 -- holds it.
+-- Publishes the change (src/lock/change.rs): `acquired FENCE TTL GRANTED
+-- OWNER` for a new grant, `extended FENCE TTL` for a renewal.
 --
 -- The fence comes from next_fence (fence.lua, put in front of this
 -- script): max(counter + 1, this server's clock in microseconds), the
@@ -37,6 +41,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. meta.err)
   end
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  -- pcall: a server without SPUBLISH (Redis 6) still grants.
+  redis.pcall(ARGV[7], ARGV[6], 'acquired ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2]
+    .. ' ' .. ARGV[4] .. ' ' .. ARGV[3])
   return {1, fence}
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -61,6 +68,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   end
   redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  redis.pcall(ARGV[7], ARGV[6], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2])
   return {2, fence}
 end
 return {0, redis.call('PTTL', KEYS[1])}

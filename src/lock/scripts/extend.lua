@@ -1,6 +1,7 @@
 -- Extend a lock: compare the token, then PEXPIRE. Never creates a lock.
--- Publishes on the release channel too, so that waiters learn the new lease
--- end (an extend may shorten the lease).
+-- Publishes `extended FENCE TTL` on the change channel too
+-- (src/lock/change.rs), so that waiters learn the new lease end (an extend
+-- may shorten the lease) and watchers hear it.
 -- KEYS[1] lock key, KEYS[2] holder metadata hash, KEYS[3] fencing counter
 -- ARGV[1] token, ARGV[2] new TTL in ms ('' = the lock's own TTL, recorded
 -- in the hash at its grant or last extend), ARGV[3] release channel
@@ -43,5 +44,5 @@ redis.call('HSET', KEYS[2], 'ttl_ms', ttl)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
 -- pcall: a server without SPUBLISH (Redis 6) still extends.
-redis.pcall(ARGV[6], ARGV[3], '')
+redis.pcall(ARGV[6], ARGV[3], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ttl)
 return {1, fence, tonumber(ttl)}

@@ -1,5 +1,6 @@
 -- Release a lock: compare the token, then delete. Never a plain DEL.
--- Publishes the release so that waiters wake at once.
+-- Publishes `released FENCE` on the change channel (src/lock/change.rs),
+-- so that waiters wake at once and watchers hear it.
 -- KEYS[1] lock key, KEYS[2] holder metadata hash
 -- ARGV[1] token, ARGV[2] release channel (KEYS[1] .. ':released'),
 -- ARGV[3] the command to publish it with: PUBLISH, or SPUBLISH on a Redis
@@ -14,11 +15,17 @@ end
 if current ~= ARGV[1] then
   return {-1, ''}
 end
-local granted = redis.pcall('HGET', KEYS[2], 'granted_at_ms')
-if type(granted) ~= 'string' then
-  granted = ''
+local meta = redis.pcall('HMGET', KEYS[2], 'granted_at_ms', 'fence')
+if type(meta) ~= 'table' or meta.err then
+  meta = {}
 end
+local granted = meta[1] or ''
 redis.call('DEL', KEYS[1], KEYS[2])
--- pcall: a server without SPUBLISH (Redis 6) still releases.
-redis.pcall(ARGV[3], ARGV[2], '')
+-- pcall: a server without SPUBLISH (Redis 6) still releases. A lock that a
+-- foreign client set has no fence: an empty message says only "changed".
+local message = ''
+if meta[2] then
+  message = 'released ' .. meta[2]
+end
+redis.pcall(ARGV[3], ARGV[2], message)
 return {1, granted}

@@ -3,7 +3,8 @@
 -- KEYS[1] permits, KEYS[2] holders, KEYS[3] fencing counter
 -- ARGV[1] token, ARGV[2] limit (>= 1), ARGV[3] TTL in ms (>= 1),
 -- ARGV[4] owner label ('' = none), ARGV[5] grant time in Unix ms,
--- ARGV[6] fence retention in ms (>= 1000)
+-- ARGV[6] fence retention in ms (>= 1000), ARGV[7] change channel,
+-- ARGV[8] PUBLISH or SPUBLISH
 -- Returns
 --   {1, fence, limit}    a new permit;
 --   {2, fence, limit}    `token` held one: its lease is reset, same fence,
@@ -12,6 +13,8 @@
 --                        out in retry_ms;
 --   {3, '', limit}       permits are held under another limit (`limit`).
 -- The fence is a string (it may pass 2^31).
+-- Publishes the change (src/lock/change.rs): `acquired FENCE TTL GRANTED
+-- OWNER` for a new permit, `extended FENCE TTL` for a renewal.
 local permits, holders = KEYS[1], KEYS[2]
 local token, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_us()
@@ -30,6 +33,7 @@ if mine and redis.call('ZSCORE', permits, token) then
   redis.call('ZADD', permits, 'XX', now + us(ttl), token)
   redis.call('HSET', holders, holder_field(token), cjson.encode(record))
   expire_with_last(permits, holders, now)
+  redis.pcall(ARGV[8], ARGV[7], 'extended ' .. tostring(record.fence or '') .. ' ' .. ARGV[3])
   return {2, record.fence, limit}
 end
 if held >= limit then
@@ -45,4 +49,5 @@ local record = {fence = fence, owner = ARGV[4], granted_at_ms = tonumber(ARGV[5]
 redis.call('ZADD', permits, now + us(ttl), token)
 redis.call('HSET', holders, 'limit', limit, holder_field(token), cjson.encode(record))
 expire_with_last(permits, holders, now)
+redis.pcall(ARGV[8], ARGV[7], 'acquired ' .. fence .. ' ' .. ARGV[3] .. ' ' .. ARGV[5] .. ' ' .. ARGV[4])
 return {1, fence, limit}

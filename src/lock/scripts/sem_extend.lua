@@ -1,6 +1,6 @@
 -- Extend the permit `token` holds to a new TTL; never recreates one.
--- Publishes the change (a shorter lease frees the permit sooner), so that
--- waiters look again.
+-- Publishes `extended FENCE TTL` on the change channel (a shorter lease
+-- frees the permit sooner), so that waiters look again and watchers hear it.
 -- KEYS[1] permits, KEYS[2] holders
 -- ARGV[1] token, ARGV[2] TTL in ms ('' = the permit's own TTL: the one it
 -- was granted with or last extended to), ARGV[3] release channel,
@@ -22,5 +22,5 @@ record.ttl_ms = ttl
 redis.call('ZADD', permits, 'XX', now + us(ttl), token)
 redis.call('HSET', holders, holder_field(token), cjson.encode(record))
 expire_with_last(permits, holders, now)
-redis.pcall(ARGV[4], ARGV[3], '')
+redis.pcall(ARGV[4], ARGV[3], 'extended ' .. tostring(record.fence or '') .. ' ' .. string.format('%.0f', ttl))
 return {1, record.fence, tonumber(redis.call('HGET', holders, 'limit')), ttl}

@@ -1,5 +1,6 @@
--- Give back the permit `token` holds. Publishes the release so that
--- waiters wake at once.
+-- Give back the permit `token` holds. Publishes `released FENCE` on the
+-- change channel (src/lock/change.rs), so that waiters wake at once and
+-- watchers hear it.
 -- KEYS[1] permits, KEYS[2] holders
 -- ARGV[1] token, ARGV[2] release channel, ARGV[3] PUBLISH or SPUBLISH
 -- Returns {1, granted_at_ms} when released (granted_at_ms 0 when not
@@ -17,9 +18,13 @@ redis.call('HDEL', holders, field)
 if redis.call('ZCARD', permits) == 0 then
   redis.call('DEL', holders)
 end
-redis.pcall(ARGV[3], ARGV[2], '')
-local granted_at = 0
+local granted_at, message = 0, ''
 if mine then
-  granted_at = tonumber(cjson.decode(mine).granted_at_ms) or 0
+  local record = cjson.decode(mine)
+  granted_at = tonumber(record.granted_at_ms) or 0
+  if record.fence then
+    message = 'released ' .. record.fence
+  end
 end
+redis.pcall(ARGV[3], ARGV[2], message)
 return {1, granted_at}

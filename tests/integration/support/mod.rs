@@ -3,7 +3,8 @@
 //! servers that speak TLS only), `cluster` (a Redis Cluster shared by the
 //! binary's tests), `sentinel` (a master, replicas and Sentinels), `proxy` (a faulty link), `app` (lockd
 //! in-process, and [`backend_tests!`]), `process` (the `lockd` binary),
-//! `replies` (HTTP answers) and `metrics` (Prometheus text). Everything is
+//! `replies` (HTTP answers), `events` (a watch's Server-Sent Events) and
+//! `metrics` (Prometheus text). Everything is
 //! re-exported here, so a test file writes `use crate::support::...`.
 //!
 //! Every test gets its own world: a real `redis-server` on a free loopback
@@ -69,6 +70,7 @@
 
 mod app;
 mod cluster;
+mod events;
 mod metrics;
 mod process;
 mod proxy;
@@ -79,6 +81,7 @@ mod tls_redis;
 
 pub use app::*;
 pub use cluster::*;
+pub use events::*;
 pub use metrics::*;
 pub use process::*;
 pub use proxy::*;

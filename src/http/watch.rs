@@ -1,0 +1,327 @@
+//! `GET /locks/{name}/events` and `GET /semaphores/{name}/events`: a watch
+//! as a Server-Sent Events stream (see [`crate::lock::watch`]).
+//!
+//! Each event is `event: KIND`, `id: FENCE-SEQ` and one `data:` line of
+//! JSON. The first is `state`; then one per change: `acquired`,
+//! `extended`, `released`, `expired`, and `state` again when changes may
+//! have been missed. A comment line goes out when the stream has been idle
+//! for the keep-alive interval (15 s by default), so that proxies keep it
+//! open. The stream ends at shutdown. Never a token.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::extract::{LockPath, StrictQuery};
+use super::limits::Limits;
+use super::locks::model::{LockNameSchema, NoQuery, rfc3339};
+use super::problem::{ApiError, KeyRefusals, Problem};
+use super::semaphores::model::PermitStatus;
+use crate::lock::watch::{LeaseView, Sequenced, Snapshot, Subject, Watch, WatchEvent};
+use crate::lock::{LockError, LockName, Locks};
+
+/// `data` of a lock's `state` event: what `GET /locks/{name}` shows, or
+/// `held: false`. Never the token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LockState {
+    /// The lock's name.
+    #[schema(value_type = LockNameSchema)]
+    pub name: String,
+    /// Whether the lock is held.
+    pub held: bool,
+    /// The holder's fencing token; absent when free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+    /// The holder's remaining lease in milliseconds; absent when free (or
+    /// set by a foreign client without a TTL).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// When the lease ends (RFC 3339, UTC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// The holder's label, if it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// When the holder was granted the lock (RFC 3339, UTC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub granted_at: Option<String>,
+}
+
+/// `data` of a semaphore's `state` event: what `GET /semaphores/{name}`
+/// shows, or `held: false` with no permits. Never a token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SemaphoreState {
+    /// The semaphore's name.
+    #[schema(value_type = LockNameSchema)]
+    pub name: String,
+    /// Whether any permit is held.
+    pub held: bool,
+    /// The limit the permits were granted under; absent when none is held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// How many permits are held.
+    pub holders: usize,
+    /// The held permits, by fence.
+    pub permits: Vec<PermitStatus>,
+}
+
+/// `data` of an `acquired` or `extended` event: one lease (a lock's holder,
+/// or one permit). Never its token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LeaseEvent {
+    /// The lock's (or semaphore's) name.
+    #[schema(value_type = LockNameSchema)]
+    pub name: String,
+    /// The lease's fencing token.
+    pub fence: u64,
+    /// The holder's label, if it gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// The lease's length in milliseconds, from the change.
+    pub ttl_ms: u64,
+    /// When the lease ends (RFC 3339, UTC).
+    pub expires_at: String,
+    /// When the lease was granted (RFC 3339, UTC), when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub granted_at: Option<String>,
+}
+
+/// `data` of a `released` event (its holder ended the lease) or an
+/// `expired` event (the lease ran out without a release).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EndedEvent {
+    /// The lock's (or semaphore's) name.
+    #[schema(value_type = LockNameSchema)]
+    pub name: String,
+    /// The ended lease's fencing token.
+    pub fence: u64,
+}
+
+/// The events of a lock's watch, by their `event:` field; each `data:`
+/// line is the JSON object named here. Every event's `id:` is `FENCE-SEQ`:
+/// the fence it is about (0 for a free lock's `state`) and its place in
+/// this instance's sequence.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum LockEvents {
+    /// First, and again whenever changes may have been missed.
+    #[schema(rename = "state")]
+    State(LockState),
+    /// A new holder.
+    #[schema(rename = "acquired")]
+    Acquired(LeaseEvent),
+    /// The holder's lease was reset (an extend, or its renewing acquire).
+    #[schema(rename = "extended")]
+    Extended(LeaseEvent),
+    /// The holder released the lock.
+    #[schema(rename = "released")]
+    Released(EndedEvent),
+    /// The holder's lease ran out.
+    #[schema(rename = "expired")]
+    Expired(EndedEvent),
+}
+
+/// The events of a semaphore's watch, as for [`LockEvents`]; `acquired`,
+/// `extended`, `released` and `expired` are about one permit.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum SemaphoreEvents {
+    /// First, and again whenever changes may have been missed.
+    #[schema(rename = "state")]
+    State(SemaphoreState),
+    /// A new permit.
+    #[schema(rename = "acquired")]
+    Acquired(LeaseEvent),
+    /// A permit's lease was reset.
+    #[schema(rename = "extended")]
+    Extended(LeaseEvent),
+    /// A permit was given back.
+    #[schema(rename = "released")]
+    Released(EndedEvent),
+    /// A permit ran out.
+    #[schema(rename = "expired")]
+    Expired(EndedEvent),
+}
+
+/// Watch a lock: a Server-Sent Events stream of its changes, from any
+/// lockd instance on the same Redis. Never a token.
+#[utoipa::path(
+    get,
+    path = "/locks/{name}/events",
+    tag = "locks",
+    params(("name" = LockNameSchema, Path, description = "Lock name")),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The stream: `state` first, then one event per change (see the schema for each event's `data`)", body = LockEvents, content_type = "text/event-stream"),
+        (status = 400, description = "Invalid lock name", body = Problem, content_type = "application/problem+json"),
+        KeyRefusals,
+        (status = 501, description = "`not-implemented`: Redlock mode has no watches", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`too-many-watchers`, or Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub async fn lock_events(
+    State(locks): State<Arc<Locks>>,
+    State(limits): State<Limits>,
+    LockPath(name): LockPath,
+    StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
+    stream(&locks, &limits, Subject::Lock(name)).await
+}
+
+/// Watch a semaphore: a Server-Sent Events stream of its permits' changes,
+/// from any lockd instance on the same Redis. Never a token.
+#[utoipa::path(
+    get,
+    path = "/semaphores/{name}/events",
+    tag = "semaphores",
+    params(("name" = LockNameSchema, Path, description = "Semaphore name")),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The stream: `state` first, then one event per permit's change (see the schema for each event's `data`)", body = SemaphoreEvents, content_type = "text/event-stream"),
+        (status = 400, description = "Invalid name", body = Problem, content_type = "application/problem+json"),
+        KeyRefusals,
+        (status = 501, description = "`not-implemented`: Redlock mode has no semaphores", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`too-many-watchers`, or Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub async fn semaphore_events(
+    State(locks): State<Arc<Locks>>,
+    State(limits): State<Limits>,
+    LockPath(name): LockPath,
+    StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
+    stream(&locks, &limits, Subject::Semaphore(name)).await
+}
+
+/// Opens the watch and waits for its first event (the `state`) within the
+/// request timeout, so that a store that does not answer is a 503 rather
+/// than a stream that says nothing.
+async fn stream(
+    locks: &Locks,
+    limits: &Limits,
+    subject: Subject,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
+    let mut watch = locks.watch(&subject)?;
+    let first = match tokio::time::timeout(limits.request_timeout, watch.next()).await {
+        Ok(Some(first)) => first,
+        Ok(None) => return Err(LockError::ShuttingDown.into()),
+        Err(_) => {
+            return Err(
+                LockError::Unavailable("no first read of a watched lock in time".into()).into(),
+            );
+        }
+    };
+    let name = subject.name().clone();
+    let events = futures_util::stream::unfold(
+        (Some(first), watch, subject, name),
+        |(first, mut watch, subject, name): (Option<Arc<Sequenced>>, Watch, Subject, LockName)| async move {
+            let next = match first {
+                Some(first) => first,
+                None => watch.next().await?,
+            };
+            let event = sse_event(&subject, &name, &next);
+            Some((Ok(event), (None, watch, subject, name)))
+        },
+    );
+    Ok(Sse::new(events).keep_alive(
+        KeepAlive::new()
+            .interval(limits.watch_keepalive)
+            .text("keep-alive"),
+    ))
+}
+
+/// One event as Server-Sent Events: `event`, `id` and JSON `data`.
+fn sse_event(subject: &Subject, name: &LockName, sequenced: &Sequenced) -> Event {
+    let event = &sequenced.event;
+    let id = format!("{}-{}", event.fence(), sequenced.seq);
+    let name = name.to_string();
+    let (kind, data) = match event {
+        WatchEvent::State(snapshot) => ("state", state_json(subject, name, snapshot)),
+        WatchEvent::Acquired(lease) => ("acquired", lease_json(name, lease)),
+        WatchEvent::Extended(lease) => ("extended", lease_json(name, lease)),
+        WatchEvent::Released { fence } => ("released", ended_json(name, *fence)),
+        WatchEvent::Expired { fence } => ("expired", ended_json(name, *fence)),
+    };
+    Event::default().event(kind).id(id).data(data)
+}
+
+/// The time left until `at`, in milliseconds (0 once past).
+fn left_ms(at: SystemTime, now: SystemTime) -> u64 {
+    at.duration_since(now)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
+    let now = SystemTime::now();
+    match subject {
+        Subject::Lock(_) => {
+            let holder = snapshot.leases.first();
+            to_json(&LockState {
+                name,
+                held: holder.is_some(),
+                fence: holder.map(|h| h.fence),
+                ttl_ms: holder.and_then(|h| h.expires_at).map(|at| left_ms(at, now)),
+                expires_at: holder.and_then(|h| h.expires_at).map(rfc3339),
+                owner: holder.and_then(|h| h.owner.clone()),
+                granted_at: holder.and_then(|h| h.granted_at).map(rfc3339),
+            })
+        }
+        Subject::Semaphore(_) => {
+            let permits: Vec<PermitStatus> = snapshot
+                .leases
+                .iter()
+                .map(|p| {
+                    let expires_at = p.expires_at.unwrap_or(now);
+                    PermitStatus {
+                        fence: p.fence,
+                        owner: p.owner.clone(),
+                        ttl_ms: left_ms(expires_at, now),
+                        expires_at: rfc3339(expires_at),
+                        granted_at: p.granted_at.map(rfc3339),
+                    }
+                })
+                .collect();
+            to_json(&SemaphoreState {
+                name,
+                held: !permits.is_empty(),
+                limit: snapshot.limit.map(|l| l.get()),
+                holders: permits.len(),
+                permits,
+            })
+        }
+    }
+}
+
+fn lease_json(name: String, lease: &LeaseView) -> String {
+    let now = SystemTime::now();
+    let expires_at = lease.expires_at.unwrap_or(now);
+    to_json(&LeaseEvent {
+        name,
+        fence: lease.fence,
+        owner: lease.owner.clone(),
+        ttl_ms: left_ms(expires_at, now),
+        expires_at: rfc3339(expires_at),
+        granted_at: lease.granted_at.map(rfc3339),
+    })
+}
+
+fn ended_json(name: String, fence: u64) -> String {
+    to_json(&EndedEvent { name, fence })
+}
+
+/// Serializing these plain structs cannot fail; an empty object stands in
+/// should it ever.
+fn to_json(value: &impl Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "{}".into())
+}
+
+/// The keep-alive interval by default: a comment line after 15 s without
+/// an event.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);

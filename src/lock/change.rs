@@ -1,0 +1,197 @@
+//! [`Change`]: what one message on a lock's (or a semaphore's) change
+//! channel says.
+//!
+//! Every script that changes a lease publishes one message on the channel
+//! of its lock or semaphore (`P{N}:released`, `Psem:{N}:released`; the
+//! names are older than the messages), in the same atomic step as the
+//! change, so the messages of one channel arrive in the order of the
+//! changes. A message is one line of text, its fields separated by single
+//! spaces:
+//!
+//! | message | when |
+//! | --- | --- |
+//! | `acquired FENCE TTL_MS GRANTED_AT_MS OWNER` | a new lease (`OWNER` may be empty, and may hold spaces) |
+//! | `extended FENCE TTL_MS` | a lease reset to `TTL_MS` (an extend, or a holder's renewing acquire) |
+//! | `released FENCE` | a lease ended by its holder |
+//! | `probe MARKER` | no change: a watcher's marker (see [`super::watch`]) |
+//!
+//! An empty message, or one this version does not know, is
+//! [`Change::Unknown`]: something changed (an older lockd publishes empty
+//! messages), and whoever cares must look.
+
+/// One message on a change channel, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A new lease (of a lock, or one permit of a semaphore).
+    Acquired {
+        /// The new lease's fencing token.
+        fence: u64,
+        /// Its TTL in milliseconds, from the moment of the grant.
+        ttl_ms: u64,
+        /// When it was granted, in Unix milliseconds of the granting lockd.
+        granted_at_ms: u64,
+        /// The holder's label, when given.
+        owner: Option<String>,
+    },
+    /// The lease with this fence now lasts `ttl_ms` from now.
+    Extended {
+        /// The lease's fencing token.
+        fence: u64,
+        /// Its new TTL in milliseconds.
+        ttl_ms: u64,
+    },
+    /// The lease with this fence was released by its holder.
+    Released {
+        /// The lease's fencing token.
+        fence: u64,
+    },
+    /// A watcher's marker: every message published before it has arrived.
+    Probe(String),
+    /// Something changed, but the message does not say what.
+    Unknown,
+}
+
+impl Change {
+    /// Parses one message (never fails: what is not understood is
+    /// [`Change::Unknown`]).
+    pub fn parse(message: &[u8]) -> Self {
+        let Ok(text) = std::str::from_utf8(message) else {
+            return Self::Unknown;
+        };
+        let (kind, rest) = text.split_once(' ').unwrap_or((text, ""));
+        let parsed = match kind {
+            "acquired" => {
+                let mut fields = rest.splitn(4, ' ');
+                let mut number = || fields.next().and_then(|f| f.parse::<u64>().ok());
+                match (number(), number(), number()) {
+                    (Some(fence), Some(ttl_ms), Some(granted_at_ms)) => {
+                        let owner = fields.next().filter(|o| !o.is_empty()).map(str::to_owned);
+                        Some(Self::Acquired {
+                            fence,
+                            ttl_ms,
+                            granted_at_ms,
+                            owner,
+                        })
+                    }
+                    _ => None,
+                }
+            }
+            "extended" => rest.split_once(' ').and_then(|(fence, ttl)| {
+                Some(Self::Extended {
+                    fence: fence.parse().ok()?,
+                    ttl_ms: ttl.parse().ok()?,
+                })
+            }),
+            "released" => rest.parse().ok().map(|fence| Self::Released { fence }),
+            "probe" if !rest.is_empty() => Some(Self::Probe(rest.to_owned())),
+            _ => None,
+        };
+        parsed.unwrap_or(Self::Unknown)
+    }
+
+    /// The message text of this change, as the scripts write it.
+    pub fn encode(&self) -> String {
+        match self {
+            Self::Acquired {
+                fence,
+                ttl_ms,
+                granted_at_ms,
+                owner,
+            } => format!(
+                "acquired {fence} {ttl_ms} {granted_at_ms} {}",
+                owner.as_deref().unwrap_or("")
+            ),
+            Self::Extended { fence, ttl_ms } => format!("extended {fence} {ttl_ms}"),
+            Self::Released { fence } => format!("released {fence}"),
+            Self::Probe(marker) => format!("probe {marker}"),
+            Self::Unknown => String::new(),
+        }
+    }
+
+    /// Whether a waiter should try again: a lease ended or changed its end
+    /// (a grant or a marker frees nothing).
+    pub fn wakes_waiters(&self) -> bool {
+        matches!(
+            self,
+            Self::Extended { .. } | Self::Released { .. } | Self::Unknown
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn messages_parse_as_the_scripts_write_them() {
+        assert_eq!(
+            Change::parse(b"acquired 17 1500 1700000000000 host 1:42"),
+            Change::Acquired {
+                fence: 17,
+                ttl_ms: 1500,
+                granted_at_ms: 1_700_000_000_000,
+                owner: Some("host 1:42".into()),
+            }
+        );
+        assert_eq!(
+            Change::parse(b"acquired 17 1500 0 "),
+            Change::Acquired {
+                fence: 17,
+                ttl_ms: 1500,
+                granted_at_ms: 0,
+                owner: None,
+            }
+        );
+        assert_eq!(
+            Change::parse(b"extended 17 900"),
+            Change::Extended {
+                fence: 17,
+                ttl_ms: 900
+            }
+        );
+        assert_eq!(
+            Change::parse(b"released 17"),
+            Change::Released { fence: 17 }
+        );
+        assert_eq!(Change::parse(b"probe a.1"), Change::Probe("a.1".into()));
+    }
+
+    #[test]
+    fn what_is_not_understood_is_unknown() {
+        for bad in [
+            &b""[..],
+            b"released",
+            b"released ",
+            b"released x",
+            b"extended 1",
+            b"acquired 1 2",
+            b"probe",
+            b"probe ",
+            b"other 1",
+            b"\xff",
+        ] {
+            assert_eq!(Change::parse(bad), Change::Unknown, "{bad:?}");
+        }
+        assert!(Change::Unknown.wakes_waiters());
+        assert!(!Change::Probe("x".into()).wakes_waiters());
+    }
+
+    proptest! {
+        #[test]
+        fn encode_then_parse_is_the_same_change(
+            fence in any::<u64>(),
+            ttl_ms in any::<u64>(),
+            granted_at_ms in any::<u64>(),
+            owner in proptest::option::of("[^\\x00-\\x1f]{1,40}"),
+            kind in 0..3u8,
+        ) {
+            let change = match kind {
+                0 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner },
+                1 => Change::Extended { fence, ttl_ms },
+                _ => Change::Released { fence },
+            };
+            prop_assert_eq!(Change::parse(change.encode().as_bytes()), change);
+        }
+    }
+}

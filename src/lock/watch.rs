@@ -1,0 +1,833 @@
+//! Watches: a stream of the changes of one lock (or semaphore), from any
+//! lockd instance on the same Redis, for `GET /locks/{name}/events`.
+//!
+//! Every script that changes a lease publishes what it did on the lock's
+//! change channel ([`super::change`]), in the same atomic step, so one
+//! channel's messages arrive in the order of the changes. An instance
+//! follows each watched lock with one task ([`Follower`]), whatever the
+//! number of its watchers, and sends every event to all of them.
+//!
+//! A lease that runs out publishes nothing: Redis's keyspace notifications
+//! would say so, but they are off by default, node-local and late (field
+//! case C23). The follower knows when each lease ends, and looks then: a
+//! *probe* reads the lock and, in the same script, publishes a marker of
+//! its own on the channel. When the marker comes back, every change made
+//! before the read has arrived too, so the follower can tell a lease that
+//! ran out (gone at the read, with no release before it: `expired`) from
+//! one that was released (`released` came before the marker), exactly
+//! (C22). The first read of a watch is a probe too: the changes that
+//! arrive before its marker are already in what it read.
+//!
+//! When the change stream may have lost messages (the subscription was
+//! lost and is back, a message this version does not understand), the
+//! follower probes and, if what it knew differs from what it reads, sends
+//! a fresh `state` event rather than guess what happened in between.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{broadcast, mpsc};
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use super::queue::semaphore_key;
+use super::semaphore::{Limit, SemaphoreInfo};
+use super::{Change, ChangeListener, LockError, LockInfo, LockName, Store, WaitInterest};
+use crate::backoff::{Backoff, ExponentialBackoff};
+
+/// The default of `--max-watchers`: open watches at once, per instance.
+pub const DEFAULT_MAX_WATCHERS: usize = 10_000;
+
+/// How long a follower waits for its probe's marker to come back before it
+/// trusts the read alone (the change stream is down or late).
+const MARKER_WAIT: Duration = Duration::from_secs(1);
+
+/// How long after a lease's end (by this instance's clock, from when it
+/// heard of the lease) the follower looks: Redis counts expiry in whole
+/// milliseconds.
+const EXPIRY_SLACK: Duration = Duration::from_millis(2);
+
+/// The pauses between probes that failed (the store is down).
+const PROBE_BACKOFF: ExponentialBackoff =
+    ExponentialBackoff::new(Duration::from_millis(100), Duration::from_secs(2));
+
+/// How many events a slow watcher may fall behind before it is sent a fresh
+/// `state` in their place.
+const BACKLOG: usize = 256;
+
+/// What is watched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// A lock.
+    Lock(LockName),
+    /// A semaphore: every permit is a lease.
+    Semaphore(LockName),
+}
+
+impl Subject {
+    /// The name of the lock or semaphore.
+    pub fn name(&self) -> &LockName {
+        match self {
+            Self::Lock(name) | Self::Semaphore(name) => name,
+        }
+    }
+
+    /// Its wait-queue key (see [`super::queue`]): the key its changes are
+    /// told under.
+    fn key(&self) -> String {
+        match self {
+            Self::Lock(name) => name.as_str().to_owned(),
+            Self::Semaphore(name) => semaphore_key(name.as_str()),
+        }
+    }
+}
+
+/// One lease (a lock's holder, or one permit) as a watcher may see it:
+/// never its token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    /// The lease's fencing token (0 for a lock a foreign client set without
+    /// one).
+    pub fence: u64,
+    /// The holder's label, when given.
+    pub owner: Option<String>,
+    /// When the lease ends, by this instance's wall clock; `None` when a
+    /// foreign client set the lock without a TTL.
+    pub expires_at: Option<SystemTime>,
+    /// When the lease was granted, when known.
+    pub granted_at: Option<SystemTime>,
+}
+
+/// What a watched lock or semaphore is: its live leases.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    /// A semaphore's limit, while a permit is held and once known.
+    pub limit: Option<Limit>,
+    /// The live leases, by fence (a lock has at most one).
+    pub leases: Vec<LeaseView>,
+}
+
+impl Snapshot {
+    /// The largest fence held, or 0.
+    pub fn fence(&self) -> u64 {
+        self.leases.iter().map(|l| l.fence).max().unwrap_or(0)
+    }
+}
+
+/// One event of a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// What the lock is now: the first event of every watch, and sent
+    /// again when changes may have been missed.
+    State(Snapshot),
+    /// A new lease.
+    Acquired(LeaseView),
+    /// A lease reset to a new end (an extend, or its holder's renewal).
+    Extended(LeaseView),
+    /// A lease ended by its holder.
+    Released {
+        /// The lease's fence.
+        fence: u64,
+    },
+    /// A lease that ran out without a release.
+    Expired {
+        /// The lease's fence.
+        fence: u64,
+    },
+}
+
+impl WatchEvent {
+    /// The fence the event is about (for a `state`, the largest held, or 0).
+    pub fn fence(&self) -> u64 {
+        match self {
+            Self::State(snapshot) => snapshot.fence(),
+            Self::Acquired(lease) | Self::Extended(lease) => lease.fence,
+            Self::Released { fence } | Self::Expired { fence } => *fence,
+        }
+    }
+}
+
+/// An event with its place in the follower's sequence: the events of one
+/// follower are numbered 1, 2, ... (a `state` for a new watcher carries the
+/// number of the last event before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sequenced {
+    /// The number.
+    pub seq: u64,
+    /// The event.
+    pub event: WatchEvent,
+}
+
+/// The watch cap was reached (`--max-watchers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyWatchers;
+
+/// What a follower is told.
+#[derive(Debug)]
+enum Input {
+    /// A message on the change channel.
+    Change(Change),
+    /// Messages may have been lost (the subscription is back).
+    Resync,
+    /// The subscription to this channel was (re)made.
+    Subscribed,
+}
+
+/// What the follower of one subject shares with its watchers.
+struct Channel {
+    /// The last event's number and the snapshot after it; `None` until the
+    /// first read.
+    now: Mutex<Option<(u64, Snapshot)>>,
+    events: broadcast::Sender<Arc<Sequenced>>,
+}
+
+impl Channel {
+    fn now(&self) -> MutexGuard<'_, Option<(u64, Snapshot)>> {
+        // Every critical section leaves it consistent.
+        self.now.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new receiver, and the state to send first (none before the first
+    /// read: the follower's first event is then that state).
+    fn join(&self) -> (broadcast::Receiver<Arc<Sequenced>>, Option<Arc<Sequenced>>) {
+        let now = self.now();
+        let events = self.events.subscribe();
+        let first = now.as_ref().map(|(seq, snapshot)| {
+            Arc::new(Sequenced {
+                seq: *seq,
+                event: WatchEvent::State(snapshot.clone()),
+            })
+        });
+        (events, first)
+    }
+}
+
+/// One watched subject in [`Watches`].
+struct Entry {
+    inputs: mpsc::UnboundedSender<Input>,
+    channel: Arc<Channel>,
+    watchers: usize,
+}
+
+/// The watches of one lockd instance.
+pub struct Watches {
+    store: Arc<dyn Store>,
+    entries: Mutex<HashMap<String, Entry>>,
+    /// Open watches, over every subject.
+    watching: AtomicUsize,
+    max_watchers: AtomicUsize,
+    /// The store's, when it subscribes lock by lock (a Redis Cluster).
+    interest: OnceLock<Arc<dyn WaitInterest>>,
+    shutdown: CancellationToken,
+}
+
+impl Watches {
+    /// No watches yet, over `store`; every watch ends when `shutdown` is
+    /// cancelled.
+    pub fn new(store: Arc<dyn Store>, shutdown: CancellationToken) -> Self {
+        Self {
+            store,
+            entries: Mutex::new(HashMap::new()),
+            watching: AtomicUsize::new(0),
+            max_watchers: AtomicUsize::new(DEFAULT_MAX_WATCHERS),
+            interest: OnceLock::new(),
+            shutdown,
+        }
+    }
+
+    /// Tells `interest` from now on which subjects are watched (see
+    /// [`WaitInterest`]). Set once; a second call is ignored.
+    pub fn tell(&self, interest: Arc<dyn WaitInterest>) {
+        let _ = self.interest.set(interest);
+    }
+
+    /// Allows at most `max` watches open at once.
+    pub fn set_max_watchers(&self, max: usize) {
+        self.max_watchers.store(max, Ordering::Relaxed);
+    }
+
+    /// How many watches are open now.
+    pub fn watching(&self) -> usize {
+        self.watching.load(Ordering::Acquire)
+    }
+
+    fn entries(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        // Every critical section leaves the map consistent.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens a watch of `subject`. Its first event is a
+    /// [`WatchEvent::State`]; it ends when the service shuts down.
+    ///
+    /// # Errors
+    /// [`TooManyWatchers`] when `--max-watchers` watches are open.
+    pub fn watch(self: &Arc<Self>, subject: &Subject) -> Result<Watch, TooManyWatchers> {
+        let max = self.max_watchers.load(Ordering::Relaxed);
+        self.watching
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|_| TooManyWatchers)?;
+        let key = subject.key();
+        let mut entries = self.entries();
+        let entry = entries.entry(key.clone()).or_insert_with(|| {
+            let (inputs, received) = mpsc::unbounded_channel();
+            let (events, _) = broadcast::channel(BACKLOG);
+            let channel = Arc::new(Channel {
+                now: Mutex::new(None),
+                events,
+            });
+            let follower = Follower::new(subject.clone(), channel.clone(), self.store.clone());
+            let stop = self.shutdown.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = follower.run(received) => {}
+                    () = stop.cancelled() => {}
+                }
+            });
+            if let Some(interest) = self.interest.get() {
+                interest.waiting(&key);
+            }
+            Entry {
+                inputs,
+                channel,
+                watchers: 0,
+            }
+        });
+        entry.watchers += 1;
+        let channel = entry.channel.clone();
+        drop(entries);
+        let (events, first) = channel.join();
+        Ok(Watch {
+            watches: self.clone(),
+            key,
+            channel,
+            events,
+            first,
+        })
+    }
+
+    /// Sends `input` to the follower of `key`, if it is watched.
+    fn send(&self, key: &str, input: Input) {
+        if self.watching() == 0 {
+            return;
+        }
+        if let Some(entry) = self.entries().get(key) {
+            let _ = entry.inputs.send(input);
+        }
+    }
+
+    fn leave(&self, key: &str) {
+        let mut entries = self.entries();
+        if let Some(entry) = entries.get_mut(key) {
+            entry.watchers -= 1;
+            if entry.watchers == 0 {
+                // Dropping its sender ends the follower.
+                entries.remove(key);
+                if let Some(interest) = self.interest.get() {
+                    interest.idle(key);
+                }
+            }
+        }
+        drop(entries);
+        self.watching.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl ChangeListener for Watches {
+    fn changed(&self, key: &str, change: &Change) {
+        self.send(key, Input::Change(change.clone()));
+    }
+
+    fn resync(&self) {
+        if self.watching() == 0 {
+            return;
+        }
+        for entry in self.entries().values() {
+            let _ = entry.inputs.send(Input::Resync);
+        }
+    }
+
+    fn subscribed(&self, key: &str) {
+        self.send(key, Input::Subscribed);
+    }
+}
+
+/// One open watch: its events, in order.
+pub struct Watch {
+    watches: Arc<Watches>,
+    key: String,
+    channel: Arc<Channel>,
+    events: broadcast::Receiver<Arc<Sequenced>>,
+    first: Option<Arc<Sequenced>>,
+}
+
+impl Watch {
+    /// The next event, or `None` when the watch is over (shutdown).
+    pub async fn next(&mut self) -> Option<Arc<Sequenced>> {
+        if let Some(first) = self.first.take() {
+            return Some(first);
+        }
+        let next = tokio::select! {
+            () = self.watches.shutdown.cancelled() => return None,
+            next = self.events.recv() => next,
+        };
+        match next {
+            Ok(event) => Some(event),
+            // Fell behind: start again from what is now.
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                let (events, first) = self.channel.join();
+                self.events = events;
+                match first {
+                    Some(first) => Some(first),
+                    None => Box::pin(self.next()).await,
+                }
+            }
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.watches.leave(&self.key);
+    }
+}
+
+/// A lease the follower knows of.
+#[derive(Debug, Clone)]
+struct Tracked {
+    view: LeaseView,
+    /// When it ends by this instance's monotonic clock (`None`: no TTL).
+    ends: Option<Instant>,
+}
+
+impl Tracked {
+    fn new(
+        fence: u64,
+        owner: Option<String>,
+        granted_at: Option<SystemTime>,
+        ttl: Option<Duration>,
+    ) -> Self {
+        Self {
+            view: LeaseView {
+                fence,
+                owner,
+                expires_at: ttl.map(|ttl| SystemTime::now() + ttl),
+                granted_at,
+            },
+            ends: ttl.map(|ttl| Instant::now() + ttl),
+        }
+    }
+
+    fn reset(&mut self, ttl: Duration) {
+        self.view.expires_at = Some(SystemTime::now() + ttl);
+        self.ends = Some(Instant::now() + ttl);
+    }
+}
+
+/// What a probe read, as the follower keeps it.
+#[derive(Debug, Clone, Default)]
+struct Read {
+    limit: Option<Limit>,
+    leases: BTreeMap<u64, Tracked>,
+}
+
+impl Read {
+    fn of_lock(info: Option<LockInfo>) -> Self {
+        let leases = info
+            .map(|info| {
+                let fence = info.fence.unwrap_or(0);
+                let tracked = Tracked::new(fence, info.owner, info.granted_at, info.remaining);
+                BTreeMap::from([(fence, tracked)])
+            })
+            .unwrap_or_default();
+        Self {
+            limit: None,
+            leases,
+        }
+    }
+
+    fn of_semaphore(info: Option<SemaphoreInfo>) -> Self {
+        let Some(info) = info else {
+            return Self::default();
+        };
+        let leases = info
+            .permits
+            .into_iter()
+            .map(|p| {
+                let tracked = Tracked::new(p.fence, p.owner, p.granted_at, Some(p.remaining));
+                (p.fence, tracked)
+            })
+            .collect();
+        Self {
+            limit: Some(info.limit),
+            leases,
+        }
+    }
+}
+
+/// Why a probe was made: what its marker settles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// The first read: the changes before the marker are in it.
+    First,
+    /// A lease's end came: the changes before the marker are applied, then
+    /// a lease the read does not have ran out.
+    Expiry,
+    /// Changes may have been missed: what differs from the read is sent as
+    /// a fresh `state`.
+    Resync,
+}
+
+/// A probe whose marker has not come back yet.
+struct Pending {
+    marker: String,
+    purpose: Purpose,
+    read: Read,
+    /// Past this, the read is trusted alone.
+    until: Instant,
+}
+
+/// The markers of this process: a random part, so that two instances never
+/// make the same, and a count.
+static MARKER_BASE: LazyLock<String> = LazyLock::new(|| format!("{:016x}", rand::random::<u64>()));
+static MARKERS: AtomicU64 = AtomicU64::new(0);
+
+fn new_marker() -> String {
+    format!(
+        "{}.{}",
+        *MARKER_BASE,
+        MARKERS.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Follows one subject: applies its changes in order, probes at each
+/// lease's end, and sends the events.
+struct Follower {
+    subject: Subject,
+    channel: Arc<Channel>,
+    store: Arc<dyn Store>,
+    limit: Option<Limit>,
+    leases: BTreeMap<u64, Tracked>,
+    seq: u64,
+    pending: Option<Pending>,
+    /// A probe to make once the store answers again.
+    retry: Option<(Instant, Purpose)>,
+    backoff: Backoff,
+    /// Whether the first read was made.
+    read_once: bool,
+}
+
+impl Follower {
+    fn new(subject: Subject, channel: Arc<Channel>, store: Arc<dyn Store>) -> Self {
+        Self {
+            subject,
+            channel,
+            store,
+            limit: None,
+            leases: BTreeMap::new(),
+            seq: 0,
+            pending: None,
+            retry: None,
+            backoff: PROBE_BACKOFF.pauses(),
+            read_once: false,
+        }
+    }
+
+    /// Runs until the last watcher leaves (the inputs end).
+    async fn run(mut self, mut inputs: mpsc::UnboundedReceiver<Input>) {
+        self.probe(Purpose::First).await;
+        loop {
+            let wake = self.next_wake();
+            let sleep = async move {
+                match wake {
+                    Some(at) => sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                input = inputs.recv() => match input {
+                    None => return,
+                    Some(input) => self.input(input).await,
+                },
+                () = sleep => self.timer().await,
+            }
+        }
+    }
+
+    /// When the follower must act without an input: the probe to retry,
+    /// the marker given up on, or the earliest lease's end.
+    fn next_wake(&self) -> Option<Instant> {
+        if let Some((at, _)) = self.retry {
+            return Some(at);
+        }
+        if let Some(pending) = &self.pending {
+            return Some(pending.until);
+        }
+        self.leases
+            .values()
+            .filter_map(|l| l.ends)
+            .min()
+            .map(|end| end + EXPIRY_SLACK)
+    }
+
+    async fn timer(&mut self) {
+        if let Some((_, purpose)) = self.retry.take() {
+            self.probe(purpose).await;
+        } else if let Some(pending) = self.pending.take() {
+            // The marker did not come back: trust the read alone.
+            self.settle(pending, false);
+        } else {
+            self.probe(Purpose::Expiry).await;
+        }
+    }
+
+    async fn input(&mut self, input: Input) {
+        match input {
+            Input::Change(Change::Probe(marker)) => {
+                if self.pending.as_ref().is_some_and(|p| p.marker == marker)
+                    && let Some(pending) = self.pending.take()
+                {
+                    self.settle(pending, true);
+                }
+            }
+            // Before the first read's marker: already in the read.
+            Input::Change(_)
+                if self
+                    .pending
+                    .as_ref()
+                    .is_some_and(|p| p.purpose == Purpose::First) => {}
+            Input::Change(change) => self.apply(change).await,
+            Input::Resync | Input::Subscribed => self.probe(Purpose::Resync).await,
+        }
+    }
+
+    /// Reads the subject with a marker. A failed read is tried again after
+    /// a pause.
+    async fn probe(&mut self, purpose: Purpose) {
+        // Before the first read, every probe is the first.
+        let purpose = if self.read_once {
+            purpose
+        } else {
+            Purpose::First
+        };
+        let marker = new_marker();
+        let name = self.subject.name();
+        let read = match &self.subject {
+            Subject::Lock(_) => self.store.probe(name, &marker).await.map(Read::of_lock),
+            Subject::Semaphore(_) => self
+                .store
+                .probe_semaphore(name, &marker)
+                .await
+                .map(Read::of_semaphore),
+        };
+        let read = match read {
+            Ok(read) => read,
+            Err(e) => {
+                if !matches!(e, LockError::Unsupported(_)) {
+                    tracing::debug!(error = %e, lock = %name, "a watch could not read the lock; trying again");
+                    self.retry = Some((Instant::now() + self.backoff.next_pause(), purpose));
+                }
+                return;
+            }
+        };
+        self.backoff.reset();
+        self.retry = None;
+        if purpose == Purpose::First {
+            self.read_once = true;
+            self.limit = read.limit;
+            self.leases = read.leases.clone();
+            let snapshot = self.snapshot();
+            self.emit(WatchEvent::State(snapshot));
+        }
+        self.pending = Some(Pending {
+            marker,
+            purpose,
+            read,
+            until: Instant::now() + MARKER_WAIT,
+        });
+    }
+
+    /// What the marker of `pending` settles; `heard` is whether it came
+    /// back (every change before the read was applied).
+    fn settle(&mut self, pending: Pending, heard: bool) {
+        let read = pending.read;
+        match pending.purpose {
+            Purpose::First => {}
+            Purpose::Expiry | Purpose::Resync => {
+                let gone: Vec<u64> = self
+                    .leases
+                    .keys()
+                    .filter(|f| !read.leases.contains_key(f))
+                    .copied()
+                    .collect();
+                let new = read.leases.keys().any(|f| !self.leases.contains_key(f));
+                let sure = heard && pending.purpose == Purpose::Expiry;
+                if read.limit.is_some() {
+                    self.limit = read.limit;
+                }
+                if !new && (gone.is_empty() || sure) {
+                    // The leases both know take the read's ends.
+                    for (fence, tracked) in read.leases {
+                        if let Some(known) = self.leases.get_mut(&fence) {
+                            known.ends = tracked.ends;
+                            known.view.expires_at = tracked.view.expires_at;
+                        }
+                    }
+                    // What watchers to come are told, with no event.
+                    self.refresh();
+                    for fence in gone {
+                        self.leases.remove(&fence);
+                        self.emptied();
+                        self.emit(WatchEvent::Expired { fence });
+                    }
+                } else {
+                    self.limit = read.limit;
+                    self.leases = read.leases;
+                    let snapshot = self.snapshot();
+                    self.emit(WatchEvent::State(snapshot));
+                }
+            }
+        }
+    }
+
+    /// Applies one change, in order.
+    async fn apply(&mut self, change: Change) {
+        match change {
+            Change::Acquired {
+                fence,
+                ttl_ms,
+                granted_at_ms,
+                owner,
+            } => {
+                if self.leases.contains_key(&fence) {
+                    return;
+                }
+                if matches!(self.subject, Subject::Lock(_)) {
+                    if self.leases.keys().any(|&f| f > fence) {
+                        // Older than what is known.
+                        return;
+                    }
+                    // A lock has one holder: the one before ended, and no
+                    // release came, so its lease ran out.
+                    let ended: Vec<u64> = self.leases.keys().copied().collect();
+                    for ended in ended {
+                        self.leases.remove(&ended);
+                        self.emit(WatchEvent::Expired { fence: ended });
+                    }
+                }
+                let granted_at = (granted_at_ms > 0)
+                    .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms));
+                let tracked = Tracked::new(
+                    fence,
+                    owner,
+                    granted_at,
+                    Some(Duration::from_millis(ttl_ms)),
+                );
+                let view = tracked.view.clone();
+                self.leases.insert(fence, tracked);
+                self.emit(WatchEvent::Acquired(view));
+                if matches!(self.subject, Subject::Semaphore(_)) && self.limit.is_none() {
+                    // The limit is not in the message: read it.
+                    self.probe(Purpose::Resync).await;
+                }
+            }
+            Change::Extended { fence, ttl_ms } => match self.leases.get_mut(&fence) {
+                Some(tracked) => {
+                    tracked.reset(Duration::from_millis(ttl_ms));
+                    let view = tracked.view.clone();
+                    self.emit(WatchEvent::Extended(view));
+                }
+                // A lease never heard of: a message was missed.
+                None => self.probe(Purpose::Resync).await,
+            },
+            Change::Released { fence } => {
+                if self.leases.remove(&fence).is_some() {
+                    self.emptied();
+                    self.emit(WatchEvent::Released { fence });
+                }
+            }
+            Change::Unknown => self.probe(Purpose::Resync).await,
+            // Not this follower's marker (another instance's, or given up).
+            Change::Probe(_) => {}
+        }
+    }
+
+    /// A semaphore with no permit left has no limit.
+    fn emptied(&mut self) {
+        if self.leases.is_empty() {
+            self.limit = None;
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            limit: self.limit,
+            leases: self.leases.values().map(|t| t.view.clone()).collect(),
+        }
+    }
+
+    /// Keeps the state as it is now for the watchers to come.
+    fn refresh(&self) {
+        let snapshot = self.snapshot();
+        *self.channel.now() = Some((self.seq, snapshot));
+    }
+
+    /// Sends `event` to every watcher, and keeps the state after it for
+    /// the watchers to come.
+    fn emit(&mut self, event: WatchEvent) {
+        self.seq += 1;
+        let snapshot = self.snapshot();
+        let mut now = self.channel.now();
+        *now = Some((self.seq, snapshot));
+        // No receiver is not an error: the watchers may all be between
+        // two events.
+        let _ = self.channel.events.send(Arc::new(Sequenced {
+            seq: self.seq,
+            event,
+        }));
+    }
+}
+
+/// A [`WaitInterest`] shared by the wait queues and the watches: the store
+/// is told that a subject is wanted when the first of either wants it, and
+/// idle when the last of both leaves.
+pub struct SharedInterest {
+    inner: Arc<dyn WaitInterest>,
+    counts: Mutex<HashMap<String, usize>>,
+}
+
+impl SharedInterest {
+    /// Counts the wants of `inner`'s subjects.
+    pub fn new(inner: Arc<dyn WaitInterest>) -> Self {
+        Self {
+            inner,
+            counts: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl WaitInterest for SharedInterest {
+    fn waiting(&self, name: &str) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let count = counts.entry(name.to_owned()).or_insert(0);
+        *count += 1;
+        if *count == 1 {
+            self.inner.waiting(name);
+        }
+    }
+
+    fn idle(&self, name: &str) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = counts.get_mut(name) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(name);
+                self.inner.idle(name);
+            }
+        }
+    }
+}
