@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 
-use crate::client::args::{AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, StatusArgs};
+use crate::client::args::{AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, StatusArgs, WatchArgs};
 
 /// `lockd`: a distributed lock service over HTTP, with locks held in Redis.
 #[derive(Debug, Parser)]
@@ -37,6 +37,10 @@ pub enum Command {
     Release(ReleaseArgs),
     /// Show who holds a lock (exit 1 when it is free).
     Status(StatusArgs),
+    /// Print a lock's changes as JSON lines, as they happen (`state` first,
+    /// then `acquired`, `extended`, `released`, `expired`), reconnecting
+    /// with backoff when the stream is lost.
+    Watch(WatchArgs),
     /// Mint an API key: prints the secret (once) and adds the key's SHA-256
     /// to the keys file given by --keys-file.
     Keygen(crate::keygen::KeygenArgs),

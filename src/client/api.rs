@@ -3,6 +3,7 @@
 //! header, never in a URL.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -21,6 +22,11 @@ pub struct LockClient {
     /// in it hidden).
     server: String,
 }
+
+/// An open Server-Sent Events stream (see [`LockClient::open_events`]),
+/// taken once by its reader. Cloning shares it.
+#[derive(Debug, Clone, Default)]
+pub struct EventStream(pub Arc<tokio::sync::Mutex<Option<reqwest::Response>>>);
 
 /// A successful answer: what it says, with its status and body as sent
 /// (the shell commands print the body; `lockd-bench` counts the status).
@@ -603,6 +609,53 @@ impl LockClient {
             .send(self.http.get(self.lock_url(target.into())), timeout)
             .await?;
         Ok(lenient(status, body))
+    }
+
+    /// `GET /locks/{name}/events` (or a semaphore's): the open stream,
+    /// once its status and headers came within `timeout` (the stream
+    /// itself has no time limit).
+    ///
+    /// # Errors
+    /// [`ClientError`]: a refusal (503 `too-many-watchers`, 501 in Redlock
+    /// mode, ...), or `Unreachable` when no answer came within `timeout`.
+    pub async fn open_events(
+        &self,
+        target: Target<'_>,
+        timeout: Duration,
+    ) -> Result<Reply<EventStream>, ClientError> {
+        let mut url = self.lock_url(target);
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.push("events");
+        }
+        let request = self
+            .http
+            .get(url)
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        let failed = |e: reqwest::Error| call_error(&self.server, &e);
+        let response = match tokio::time::timeout(timeout, request.send()).await {
+            Ok(sent) => sent.map_err(failed)?,
+            Err(_) => {
+                return Err(ClientError::Unreachable(CallError::Unreachable {
+                    server: self.server.clone(),
+                    why: "timed out".to_owned(),
+                }));
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Ok(Reply {
+                value: EventStream(Arc::new(tokio::sync::Mutex::new(Some(response)))),
+                status,
+                body: String::new(),
+            });
+        }
+        let body = response.text().await.map_err(failed)?;
+        let problem = serde_json::from_str(&body).unwrap_or_default();
+        Err(ClientError::from_refusal(Refusal {
+            status,
+            body,
+            problem,
+        }))
     }
 
     /// `GET /metrics`: the server's metrics, in the Prometheus text format.

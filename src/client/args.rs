@@ -224,6 +224,23 @@ pub struct StatusArgs {
     pub semaphore: SemaphoreFlag,
 }
 
+/// `lockd watch NAME`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The lock (or, with --semaphore, the semaphore) to watch.
+    #[arg(env = "LOCKD_NAME")]
+    pub name: String,
+    #[command(flatten)]
+    pub semaphore: SemaphoreFlag,
+    /// Exit (0) as soon as the lock is free (an event says nobody holds
+    /// it: a `state` with `held: false`, `released` or `expired`; for a
+    /// semaphore, once no permit is held), rather than watch for ever.
+    #[arg(long)]
+    pub until_free: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;

@@ -13,3 +13,4 @@ pub mod exec;
 pub mod exit;
 pub mod servers;
 pub mod shell;
+pub mod watch;

@@ -21,8 +21,8 @@ use reqwest::StatusCode;
 use tokio::time::Instant;
 
 use super::api::{
-    AcquireParams, BadServer, CallError, ClientError, Extended, Lease, LockClient, LockStatus,
-    Reply, Target,
+    AcquireParams, BadServer, CallError, ClientError, EventStream, Extended, Lease, LockClient,
+    LockStatus, Reply, Target,
 };
 use crate::lock::Token;
 
@@ -362,6 +362,25 @@ impl Servers {
         self.call(
             Budget::new(Duration::ZERO, within),
             |client, this| async move { client.status(target, this.timeout).await },
+        )
+        .await
+    }
+
+    /// Opens the watch of `target` on the first server that answers it
+    /// (see [`LockClient::open_events`]), each try's answer (status and
+    /// headers) within what is left of `within`.
+    ///
+    /// # Errors
+    /// [`Failure`], as for [`Self::status`].
+    pub async fn open_events<'a>(
+        &self,
+        target: impl Into<Target<'a>>,
+        within: Duration,
+    ) -> Result<Answered<EventStream>, Failure> {
+        let target = target.into();
+        self.call(
+            Budget::new(Duration::ZERO, within),
+            |client, this| async move { client.open_events(target, this.timeout).await },
         )
         .await
     }

@@ -101,6 +101,10 @@ pub struct EndedEvent {
     pub name: String,
     /// The ended lease's fencing token.
     pub fence: u64,
+    /// A semaphore's permits still held after this one ended (absent for a
+    /// lock, which is then free).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holders: Option<usize>,
 }
 
 /// The events of a lock's watch, by their `event:` field; each `data:`
@@ -245,8 +249,10 @@ fn sse_event(subject: &Subject, name: &LockName, sequenced: &Sequenced) -> Event
         WatchEvent::State(snapshot) => ("state", state_json(subject, name, snapshot)),
         WatchEvent::Acquired(lease) => ("acquired", lease_json(name, lease)),
         WatchEvent::Extended(lease) => ("extended", lease_json(name, lease)),
-        WatchEvent::Released { fence } => ("released", ended_json(name, *fence)),
-        WatchEvent::Expired { fence } => ("expired", ended_json(name, *fence)),
+        WatchEvent::Released { fence } => {
+            ("released", ended_json(subject, name, *fence, sequenced))
+        }
+        WatchEvent::Expired { fence } => ("expired", ended_json(subject, name, *fence, sequenced)),
     };
     Event::default().event(kind).id(id).data(data)
 }
@@ -312,8 +318,13 @@ fn lease_json(name: String, lease: &LeaseView) -> String {
     })
 }
 
-fn ended_json(name: String, fence: u64) -> String {
-    to_json(&EndedEvent { name, fence })
+fn ended_json(subject: &Subject, name: String, fence: u64, sequenced: &Sequenced) -> String {
+    let holders = matches!(subject, Subject::Semaphore(_)).then_some(sequenced.holders);
+    to_json(&EndedEvent {
+        name,
+        fence,
+        holders,
+    })
 }
 
 /// Serializing these plain structs cannot fail; an empty object stands in

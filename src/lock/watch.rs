@@ -158,6 +158,8 @@ pub struct Sequenced {
     pub seq: u64,
     /// The event.
     pub event: WatchEvent,
+    /// How many leases are live after it (a lock: 0 or 1).
+    pub holders: usize,
 }
 
 /// The watch cap was reached (`--max-watchers`).
@@ -197,6 +199,7 @@ impl Channel {
         let first = now.as_ref().map(|(seq, snapshot)| {
             Arc::new(Sequenced {
                 seq: *seq,
+                holders: snapshot.leases.len(),
                 event: WatchEvent::State(snapshot.clone()),
             })
         });
@@ -788,6 +791,7 @@ impl Follower {
         let _ = self.channel.events.send(Arc::new(Sequenced {
             seq: self.seq,
             event,
+            holders: self.leases.len(),
         }));
     }
 }

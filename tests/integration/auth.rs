@@ -399,3 +399,40 @@ async fn semaphores_use_the_same_prefixes_and_permissions_as_locks() {
         .expect_status(204);
     assert_eq!(app.lock_key_count().await, 0, "the refusals wrote nothing");
 }
+
+/// A watch (`GET .../events`) needs the `read` permission and a name under
+/// the key's prefixes, as `GET` does; without a key, 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_need_read_and_a_name_under_the_keys_prefixes() {
+    let reader = TestKey::new("reader", &["a:"], &[Permission::Read]);
+    let writer = TestKey::new("writer", &["a:"], &[Permission::Acquire]);
+    let (app, _dir) = app_with_keys(&[&reader, &writer], |_| {}).await;
+    for path in ["/locks/a:job/events", "/semaphores/a:pool/events"] {
+        let auth = reader.bearer();
+        let mut stream =
+            crate::support::EventStream::open(&app, path, &[("Authorization", &auth)]).await;
+        stream.expect("state").await;
+    }
+    let refused = |path: &'static str, auth: Option<String>| {
+        let app = &app;
+        async move {
+            let mut headers = Vec::new();
+            if let Some(auth) = &auth {
+                headers.push(("Authorization", auth.as_str()));
+            }
+            app.send(Method::GET, path, &headers, None).await
+        }
+    };
+    refused("/locks/b:job/events", Some(reader.bearer()))
+        .await
+        .expect_problem(403, "forbidden");
+    refused("/semaphores/b:pool/events", Some(reader.bearer()))
+        .await
+        .expect_problem(403, "forbidden");
+    refused("/locks/a:job/events", Some(writer.bearer()))
+        .await
+        .expect_problem(403, "forbidden");
+    refused("/locks/a:job/events", None)
+        .await
+        .expect_problem(401, "unauthorized");
+}

@@ -499,3 +499,96 @@ async fn a_watch_on_a_redis_cluster_hears_changes_from_another_instance() {
     other.release(&name, &token).await.expect_status(204);
     assert_eq!(stream.expect("released").await.fence(), fence);
 }
+
+/// The JSON lines `lockd watch` printed so far.
+fn printed(watcher: &crate::support::Lockd) -> Vec<Value> {
+    watcher
+        .stdout()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect()
+}
+
+/// `lockd watch` prints each event as a JSON line (`event` first), says on
+/// stderr when its stream is lost, connects again (to the next server)
+/// and starts again with a fresh `state`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockd_watch_prints_json_lines_and_reconnects_when_the_stream_is_lost() {
+    let app = TestApp::redis().await;
+    let other = app.sibling(|_| {}).await;
+    let servers = format!("{},{}", app.url(""), other.url(""));
+    let mut cmd = crate::support::lockd();
+    cmd.args(["watch", "--server", &servers, "job"]);
+    let watcher = crate::support::Lockd::spawn(cmd);
+    let seen = |n: usize| {
+        let watcher = &watcher;
+        async move { eventually(WAIT, || async { printed(watcher).len() >= n }).await }
+    };
+    assert!(seen(1).await, "the first state: {}", watcher.stderr());
+    let (token, fence) = take(&other, "job", 30_000, "A").await;
+    assert!(seen(2).await);
+    app.shut_down();
+    assert!(
+        eventually(WAIT, || async {
+            watcher.stderr().contains("connecting again")
+        })
+        .await,
+        "{}",
+        watcher.stderr()
+    );
+    assert!(seen(3).await, "a fresh state from the other server");
+    other.release("job", &token).await.expect_status(204);
+    assert!(seen(4).await);
+    let lines = printed(&watcher);
+    let kinds: Vec<&str> = lines.iter().map(|l| l["event"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["state", "acquired", "state", "released"],
+        "{lines:?}"
+    );
+    assert_eq!(lines[1]["fence"], json!(fence));
+    assert_eq!(
+        (lines[2]["held"].clone(), lines[2]["fence"].clone()),
+        (json!(true), json!(fence))
+    );
+    let first_line = watcher.stdout().lines().next().unwrap().to_owned();
+    assert!(
+        first_line.starts_with(r#"{"event":"state","id":"#),
+        "{first_line}"
+    );
+    assert!(!watcher.stdout().contains(&token));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockd_watch_until_free_exits_when_the_lock_is_freed_and_refusals_end_it() {
+    let app = TestApp::redis().await;
+    let (token, _) = take(&app, "job", 30_000, "A").await;
+    let mut cmd = crate::support::lockd();
+    cmd.args(["watch", "--server", &app.url(""), "--until-free", "job"]);
+    let mut watcher = crate::support::Lockd::spawn(cmd);
+    assert!(eventually(WAIT, || async { printed(&watcher).len() == 1 }).await);
+    assert!(watcher.exited().is_none(), "held: still watching");
+    app.release("job", &token).await.expect_status(204);
+    let exit = watcher.wait(WAIT).await;
+    exit.expect(0);
+    assert!(
+        exit.stdout
+            .lines()
+            .last()
+            .unwrap()
+            .contains(r#""event":"released""#)
+    );
+
+    let mut bad = crate::support::lockd();
+    bad.args(["watch", "--server", &app.url(""), "a b"]);
+    let exit = crate::support::run(bad).await;
+    exit.expect(64);
+    assert!(exit.stderr.contains("400"), "{}", exit.stderr);
+
+    let redlock = TestApp::redlock(3, |_| {}).await;
+    let mut refused = crate::support::lockd();
+    refused.args(["watch", "--server", &redlock.url(""), "job"]);
+    let exit = crate::support::run(refused).await;
+    exit.expect(69);
+    assert!(exit.stderr.contains("Redlock"), "{}", exit.stderr);
+}
