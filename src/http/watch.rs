@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::extract::State;
+use axum::http::HeaderName;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use serde::Serialize;
@@ -174,7 +175,7 @@ pub async fn lock_events(
     State(limits): State<Limits>,
     LockPath(name): LockPath,
     StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
+) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
     stream(&locks, &limits, Subject::Lock(name)).await
 }
 
@@ -199,9 +200,15 @@ pub async fn semaphore_events(
     State(limits): State<Limits>,
     LockPath(name): LockPath,
     StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
+) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
     stream(&locks, &limits, Subject::Semaphore(name)).await
 }
+
+/// Asks nginx-style proxies not to buffer the stream.
+const NO_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
+
+/// A watch's answer: the stream, with [`NO_BUFFERING`].
+type Streamed<S> = ([(HeaderName, &'static str); 1], Sse<S>);
 
 /// Opens the watch and waits for its first event (the `state`) within the
 /// request timeout, so that a store that does not answer is a 503 rather
@@ -210,7 +217,7 @@ async fn stream(
     locks: &Locks,
     limits: &Limits,
     subject: Subject,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
+) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
     let mut watch = locks.watch(&subject)?;
     let first = match tokio::time::timeout(limits.request_timeout, watch.next()).await {
         Ok(Some(first)) => first,
@@ -233,11 +240,12 @@ async fn stream(
             Some((Ok(event), (None, watch, subject, name)))
         },
     );
-    Ok(Sse::new(events).keep_alive(
+    let sse = Sse::new(events).keep_alive(
         KeepAlive::new()
             .interval(limits.watch_keepalive)
             .text("keep-alive"),
-    ))
+    );
+    Ok(([(NO_BUFFERING, "no")], sse))
 }
 
 /// One event as Server-Sent Events: `event`, `id` and JSON `data`.
