@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
+use crate::lock::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use crate::lock::{
     AcquireRequest, Acquired, ExtendTtl, Lease, LockError, LockInfo, LockName, Node,
@@ -27,6 +28,9 @@ const BACKEND_OPS: &[&str] = &[
     "give_back_permit",
     "extend_permit",
     "inspect_semaphore",
+    "scan",
+    "inspect_many",
+    "inspect_semaphores",
 ];
 
 /// A [`Node`] that times every call in
@@ -158,6 +162,32 @@ impl Node for Instrumented {
 
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
         self.time("inspect_semaphore", self.inner.inspect_semaphore(name))
+            .await
+    }
+
+    async fn scan(
+        &self,
+        listed: Listed,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<ScanPage, LockError> {
+        self.time("scan", self.inner.scan(listed, prefix, at, limit))
+            .await
+    }
+
+    async fn holders(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
+        self.time("inspect_many", self.inner.holders(names)).await
+    }
+
+    async fn semaphores(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
+        self.time("inspect_semaphores", self.inner.semaphores(names))
             .await
     }
 
