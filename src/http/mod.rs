@@ -91,6 +91,7 @@ pub mod auth;
 pub mod deadline;
 pub mod extract;
 pub mod limits;
+pub mod listing;
 pub mod locks;
 pub mod openapi;
 pub mod ops;

@@ -198,6 +198,17 @@ pub struct Page<T> {
     pub next: Option<Position>,
 }
 
+/// One page of a walk over several prefixes, one after another (see
+/// [`super::Locks::list_locks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Walked<T> {
+    /// The items, at most the page size.
+    pub items: Vec<T>,
+    /// Where the walk continues: the index of the prefix, and the store's
+    /// position in it; `None` when it is over.
+    pub next: Option<(usize, Position)>,
+}
+
 /// A held lock in a listing. Never its token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockEntry {
