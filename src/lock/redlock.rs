@@ -15,6 +15,9 @@
 //! - **Extend** succeeds when a quorum extended within the new validity; a
 //!   partial extend is not rolled back, it runs out with its TTL.
 //! - **Release** goes to every node, whether or not it granted.
+//! - **Listing** walks the nodes one after another; a lock is listed when a
+//!   quorum agrees on its holder (as an inspect), once, during the walk of
+//!   the lowest-index agreeing node (see `listing`).
 //!
 //! # Fencing tokens
 //! Each node keeps its own counter. A grant reports the largest counter among
@@ -294,7 +297,8 @@ impl Store for Redlock {
         Ok(agreed(&holders, self.quorum).map(|(info, _)| info))
     }
 
-    /// A walk of the nodes one after another (see [`listing`]).
+    /// A walk of the nodes one after another: a lock is listed once, when
+    /// a quorum of nodes agrees on its holder.
     async fn list_locks(
         &self,
         prefix: &NamePrefix,

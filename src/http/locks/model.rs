@@ -103,7 +103,7 @@ impl ToSchema for OwnerLabelSchema {
 }
 
 /// The OpenAPI schema of `prefix` (component `NamePrefix`): what
-/// [`NamePrefix::parse`] accepts.
+/// [`crate::lock::listing::NamePrefix::parse`] accepts.
 pub struct NamePrefixSchema;
 
 impl PartialSchema for NamePrefixSchema {
@@ -383,7 +383,7 @@ pub struct LockList {
     /// `next_cursor` set: follow it until it is `null`.
     pub locks: Vec<ListedLock>,
     /// The `cursor` of the next page (opaque); `null` on the last page.
-    #[schema(value_type = Option<CursorSchema>)]
+    #[schema(required = true, value_type = Option<CursorSchema>)]
     pub next_cursor: Option<String>,
 }
 

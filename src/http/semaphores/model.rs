@@ -251,6 +251,6 @@ pub struct SemaphoreList {
     /// even none, with `next_cursor` set: follow it until it is `null`.
     pub semaphores: Vec<SemaphoreStatus>,
     /// The `cursor` of the next page (opaque); `null` on the last page.
-    #[schema(value_type = Option<crate::http::locks::model::CursorSchema>)]
+    #[schema(required = true, value_type = Option<crate::http::locks::model::CursorSchema>)]
     pub next_cursor: Option<String>,
 }

@@ -409,7 +409,7 @@ impl RedisBackend {
     /// As [`crate::lock::Node::semaphores`]: read together.
     ///
     /// # Errors
-    /// As for [`Self::run_together`].
+    /// As for [`Self::scan`]: the first failure.
     pub async fn semaphores(
         &self,
         names: &[LockName],
