@@ -42,7 +42,8 @@ pub enum Permission {
     Extend,
     /// `DELETE /locks/{name}`: release a lock.
     Release,
-    /// `GET /locks/{name}`: see who holds a lock.
+    /// `GET /locks/{name}` and `GET /semaphores/{name}`: see who holds a
+    /// lock or permits; `GET /locks` and `GET /semaphores`: list them.
     Read,
     /// `GET /metrics` on the main listener.
     Metrics,
@@ -148,6 +149,62 @@ impl Key {
         self.prefixes
             .iter()
             .any(|p| p == "*" || name.starts_with(p.as_str()))
+    }
+
+    /// The names this key may list: every name with the prefix `*`, else
+    /// those under its prefixes.
+    pub fn list_scope(&self) -> ListScope {
+        if self.prefixes.iter().any(|p| p == "*") {
+            ListScope::Every
+        } else {
+            ListScope::Under(self.prefixes.clone())
+        }
+    }
+}
+
+/// The names a caller may list (`GET /locks`, `GET /semaphores`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListScope {
+    /// Every name: API keys are off, or the key has the prefix `*`.
+    Every,
+    /// Only names under these prefixes (a key's).
+    Under(Vec<String>),
+}
+
+/// A listing asked for a prefix outside the caller's (403).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("this API key may not list this prefix: it is outside the key's prefixes")]
+pub struct OutsideScope;
+
+impl ListScope {
+    /// The prefixes a listing that asks for `asked` (empty: no prefix)
+    /// walks, one after another. [`ListScope::Every`]: `asked` alone.
+    /// [`ListScope::Under`]: `asked` alone when it lies under one of the
+    /// prefixes (it starts with one), or with no prefix asked, the
+    /// prefixes themselves, sorted, without those under another (so that
+    /// no name is listed twice).
+    ///
+    /// # Errors
+    /// [`OutsideScope`] when `asked` lies under none of the prefixes.
+    pub fn prefixes(&self, asked: &str) -> Result<Vec<String>, OutsideScope> {
+        let ListScope::Under(mine) = self else {
+            return Ok(vec![asked.to_owned()]);
+        };
+        if !asked.is_empty() {
+            return if mine.iter().any(|p| asked.starts_with(p.as_str())) {
+                Ok(vec![asked.to_owned()])
+            } else {
+                Err(OutsideScope)
+            };
+        }
+        let mut walk: Vec<String> = mine
+            .iter()
+            .filter(|p| !mine.iter().any(|q| q != *p && p.starts_with(q.as_str())))
+            .cloned()
+            .collect();
+        walk.sort();
+        walk.dedup();
+        Ok(walk)
     }
 }
 
@@ -385,6 +442,37 @@ mod tests {
             "[[keys]]\nid = \"{id}\"\nsecret_sha256 = \"{}\"\nprefixes = {prefixes:?}\npermissions = [{perms}]\n",
             secret_sha256(secret)
         )
+    }
+
+    #[test]
+    fn a_key_lists_under_its_own_prefixes_only() {
+        let under = |ps: &[&str]| ListScope::Under(ps.iter().map(|p| (*p).to_owned()).collect());
+        let scope = under(&["b:", "a:", "a:x:", "b:"]);
+        assert_eq!(
+            scope.prefixes(""),
+            Ok(vec!["a:".to_owned(), "b:".to_owned()])
+        );
+        assert_eq!(scope.prefixes("a:x:1"), Ok(vec!["a:x:1".to_owned()]));
+        assert_eq!(scope.prefixes("a:"), Ok(vec!["a:".to_owned()]));
+        assert_eq!(
+            scope.prefixes("a"),
+            Err(OutsideScope),
+            "wider than the key's"
+        );
+        assert_eq!(scope.prefixes("c:"), Err(OutsideScope));
+        assert_eq!(ListScope::Every.prefixes(""), Ok(vec![String::new()]));
+        assert_eq!(ListScope::Every.prefixes("z"), Ok(vec!["z".to_owned()]));
+        let text = entry("a", "secret-a", &["billing:"], "\"read\"")
+            + &entry("b", "secret-b", &["x:", "*"], "\"read\"");
+        let ring = KeyRing::parse(&text, Path::new("k.toml")).expect("valid");
+        assert_eq!(
+            ring.find("secret-a").map(Key::list_scope),
+            Some(under(&["billing:"]))
+        );
+        assert_eq!(
+            ring.find("secret-b").map(Key::list_scope),
+            Some(ListScope::Every)
+        );
     }
 
     #[test]

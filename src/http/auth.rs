@@ -8,7 +8,9 @@
 //! - A secret no key has: 401 with `error="invalid_token"`.
 //! - A known key over its `requests_per_second`: 429 with `Retry-After`.
 //! - A known key without the permission the method needs, or a lock name
-//!   outside the key's prefixes: 403.
+//!   outside the key's prefixes: 403. A listing (`GET /locks`,
+//!   `GET /semaphores`) needs `read`; its handler gets the key's
+//!   [`ListScope`] and refuses a `prefix` outside it (403).
 //!
 //! All are problem documents; none says which keys exist. The check runs
 //! before the body is read, so a refused request writes nothing. The key's
@@ -17,14 +19,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Span;
 
 use super::problem::{ApiError, Kind};
-use crate::auth::{Auth, Permission};
+use crate::auth::{Auth, ListScope, Permission};
 
 const NO_KEY: &str = r#"Bearer realm="lockd""#;
 const BAD_REQUEST: &str = r#"Bearer realm="lockd", error="invalid_request""#;
@@ -44,18 +46,39 @@ pub async fn guard_locks(auth: Option<&Auth>, request: Request) -> Result<Reques
         _ => Permission::Read,
     };
     let (mut parts, body) = request.into_parts();
+    // A listing has no name in its path: the key's prefixes go to the
+    // handler, which checks the `prefix` asked for against them.
+    let listing = parts
+        .extensions
+        .get::<MatchedPath>()
+        .is_some_and(|route| LISTINGS.contains(&route.as_str()));
     // The name as the handler sees it (percent-decoded). One that cannot be
     // decoded is no one's: the handler would refuse it with 400 anyway.
-    let name = axum::RequestPartsExt::extract::<Path<String>>(&mut parts)
-        .await
-        .map(|Path(name)| name)
-        .unwrap_or_default();
-    let request = Request::from_parts(parts, body);
-    match check(auth, &request, permission, Some(&name)) {
-        Ok(()) => Ok(request),
+    let name = if listing {
+        None
+    } else {
+        Some(
+            axum::RequestPartsExt::extract::<Path<String>>(&mut parts)
+                .await
+                .map(|Path(name)| name)
+                .unwrap_or_default(),
+        )
+    };
+    let mut request = Request::from_parts(parts, body);
+    match check(auth, &request, permission, name.as_deref()) {
+        Ok(scope) => {
+            if listing {
+                request.extensions_mut().insert(scope);
+            }
+            Ok(request)
+        }
         Err(refusal) => Err(refusal.into_response()),
     }
 }
+
+/// The listing routes, which [`guard_locks`] guards too: a key needs
+/// `read`, and the handler gets its [`ListScope`].
+const LISTINGS: [&str; 2] = ["/locks", "/semaphores"];
 
 /// Guards `/metrics` on the main listener: the key needs `metrics`.
 pub async fn guard_metrics(
@@ -64,19 +87,20 @@ pub async fn guard_metrics(
     next: Next,
 ) -> Response {
     match check(auth.as_deref(), &request, Permission::Metrics, None) {
-        Ok(()) => next.run(request).await,
+        Ok(_) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
     }
 }
 
+/// The key check; with it passed, the names the caller may list.
 fn check(
     auth: Option<&Auth>,
     request: &Request,
     permission: Permission,
     name: Option<&str>,
-) -> Result<(), ApiError> {
+) -> Result<ListScope, ApiError> {
     let Some(auth) = auth else {
-        return Ok(());
+        return Ok(ListScope::Every);
     };
     let secret = bearer_secret(request)?;
     let keys = auth.keys();
@@ -109,7 +133,7 @@ fn check(
             "this API key may not use this lock name: it is outside the key's prefixes",
         ));
     }
-    Ok(())
+    Ok(key.list_scope())
 }
 
 /// The secret of the request's one `Authorization: Bearer` header.

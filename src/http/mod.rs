@@ -27,13 +27,15 @@
 //!    more).
 //! 4. An unknown path ends here, at the fallback: 404.
 //!
-//! On `/locks/{name}`, then, in one layer (`routes::gate_locks`):
+//! On `/locks/{name}` and `/semaphores/{name}`, and the listings `/locks`
+//! and `/semaphores`, then, in one layer (`routes::gate_locks`):
 //!
 //! 5. [`admission`]: a slot in the request's room (acquires and inspects,
 //!    or extends and releases), else 503 `overloaded` at once.
 //! 6. [`auth`]: with API keys on, the key must be known, within its rate
-//!    and allowed this method on this name (401, 429, 403). Nothing has
-//!    read the body yet.
+//!    and allowed this method on this name (401, 429, 403); a listing
+//!    needs `read`, and its handler gets the key's prefixes to check the
+//!    `prefix` asked for. Nothing has read the body yet.
 //! 7. [`deadline`]: the request's [`deadline::Deadline`] (the request
 //!    timeout from its arrival) is set, and the whole body is read before
 //!    it (413, or 503 `timeout`).
@@ -71,6 +73,7 @@
 //!      +-- openapi   ApiDoc (all but the paths); fit to the limits
 //!      |
 //!  handlers     locks::{acquire, extend, inspect, release} -> locks::input
+//!      |        locks::list, semaphores::list -> listing
 //!      |        ops
 //!      |
 //!  middleware   telemetry  auth  admission  deadline  target
@@ -84,13 +87,15 @@
 //! `limits`, `locks::model` and `problem`; the lock handlers those and
 //! `deadline` and `extract`; `ops` imports `problem`; `state` imports
 //! `admission` and `limits`; `openapi` imports `ops`, `locks::model`,
-//! `limits` and `problem`; `routes` imports the rest.
+//! `limits` and `problem`; `listing` imports `problem`; `routes` imports
+//! the rest.
 
 pub mod admission;
 pub mod auth;
 pub mod deadline;
 pub mod extract;
 pub mod limits;
+pub mod listing;
 pub mod locks;
 pub mod openapi;
 pub mod ops;

@@ -515,6 +515,7 @@ impl From<LockError> for ApiError {
                 .retry_after(UNAVAILABLE_RETRY)
             }
             LockError::Unsupported(why) => Self::new(Kind::NotImplemented, why),
+            LockError::BadCursor => InvalidInput::Cursor.into(),
             LockError::Backend(why) => {
                 tracing::error!(error = %why, "lock backend error");
                 Self::new(

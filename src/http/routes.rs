@@ -23,7 +23,7 @@ use utoipa_scalar::{Scalar, Servable as _};
 
 use super::extract::BODY_LIMIT;
 use super::limits::Limits;
-use super::locks::{acquire, extend, inspect, release};
+use super::locks::{acquire, extend, inspect, list, release};
 use super::openapi::{self, ApiDoc};
 use super::semaphores;
 use super::state::AppState;
@@ -39,7 +39,8 @@ const DOCS_HTML: &str = include_str!("docs.html");
 /// Every route of the API, grouped by the layers they get. A group is an
 /// [`OpenApiRouter`]: the handlers and their OpenAPI operations together.
 struct Routes {
-    /// `/locks/{name}`; its handlers keep their time limits themselves
+    /// `/locks/{name}`, `/semaphores/{name}` and the listings `/locks` and
+    /// `/semaphores`; their handlers keep their time limits themselves
     /// ([`deadline`]).
     locks: OpenApiRouter<AppState>,
     /// `/locks/{name}/events` and `/semaphores/{name}/events`: streams
@@ -62,6 +63,8 @@ impl Routes {
             locks: OpenApiRouter::new()
                 .routes(routes!(acquire::acquire))
                 .routes(routes!(inspect::inspect, extend::extend, release::release))
+                .routes(routes!(list::list))
+                .routes(routes!(semaphores::list::list))
                 .routes(routes!(semaphores::take::take))
                 .routes(routes!(
                     semaphores::inspect::inspect,

@@ -76,6 +76,11 @@ pub enum LockError {
     /// text is safe to show the caller.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// A listing's cursor holds a position this store cannot continue
+    /// from (one written by another kind of store, or out of its range).
+    /// Answered 400, as a malformed cursor is.
+    #[error("the cursor does not fit this store")]
+    BadCursor,
     /// The backend answered with an error that retrying will not cure (a key
     /// of the wrong type written by a foreign client, a wrong password, a bad
     /// URL). The text is for logs only; it never reaches a client.

@@ -35,6 +35,7 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 
 use super::connect::{ConnectReport, PushHandler, RedisTls};
+use super::listing::glob_escape;
 use super::pool::{ClusterTarget, KnownNodes};
 use super::queue::{Waited, semaphore_key};
 use super::sentinel::Sentinels;
@@ -174,18 +175,6 @@ impl PatternEvents {
             Err(_) => Err("timed out".into()),
         }
     }
-}
-
-/// Escapes the glob characters of Redis patterns (`*?[]\`).
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// A change in what this instance waits for.
@@ -504,11 +493,5 @@ mod tests {
             Some(pool.as_str())
         );
         assert_eq!(queue_key("lockd:", "lockd:sem:{pool}:permits"), None);
-    }
-
-    #[test]
-    fn glob_characters_in_the_prefix_are_escaped() {
-        assert_eq!(glob_escape("lockd:"), "lockd:");
-        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }
 }

@@ -5,7 +5,7 @@
 //! A std [`Mutex`] is right here (as in mini-redis's `db.rs`): the critical
 //! sections are short, never await, and a tokio mutex would only add cost.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::fence::{self, DEFAULT_RETENTION, unix_micros};
 
+mod listing;
 mod semaphores;
+use super::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
@@ -40,7 +42,8 @@ struct Counter {
 
 #[derive(Default)]
 struct State {
-    holders: HashMap<String, Holder>,
+    /// Ordered by name, so that a listing walks them in order.
+    holders: BTreeMap<String, Holder>,
     /// Grants made, to sweep every [`SWEEP_EVERY`] of them.
     grants: u64,
     /// Fencing counters. Like Redis's `:fence` keys they are kept for the
@@ -48,7 +51,7 @@ struct State {
     /// keeps fences growing after that (see [`fence`]).
     fences: HashMap<String, Counter>,
     /// Semaphores (see [`super::semaphore`]), and their fencing counters.
-    semaphores: HashMap<String, super::semaphore::Permits>,
+    semaphores: BTreeMap<String, super::semaphore::Permits>,
     semaphore_fences: HashMap<String, Counter>,
 }
 
@@ -387,6 +390,16 @@ impl Node for MemoryBackend {
 
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
         MemoryBackend::inspect_semaphore(self, name)
+    }
+
+    async fn scan(
+        &self,
+        listed: Listed,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<ScanPage, LockError> {
+        MemoryBackend::scan(self, listed, prefix, at, limit)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -30,6 +30,8 @@
 //! - [`semaphore`]: permits (at most `limit` holders, each a lease), taken
 //!   through the same layers as locks; Redlock has none (see
 //!   [`redlock`]).
+//! - [`listing`]: walking the held locks and semaphores page by page
+//!   (`SCAN` on Redis), and the opaque cursor between pages.
 //! - [`store`]: the [`Store`] trait and [`Single`], the store of one node.
 //! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
 //!   a store; [`queue`] holds the per-instance wait queues.
@@ -39,6 +41,7 @@ pub mod connect;
 pub mod error;
 pub mod events;
 pub mod fence;
+pub mod listing;
 pub mod memory;
 pub mod pool;
 pub mod queue;
@@ -64,6 +67,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use change::Change;
 pub use error::LockError;
+use listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
 use semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 
 /// Why a node or store without semaphores refuses them.
@@ -71,6 +75,8 @@ pub const NO_SEMAPHORES: &str = "this store has no semaphores";
 
 /// Why a node or store without watches refuses them.
 pub const NO_WATCH: &str = "this store cannot be watched";
+/// Why a node that cannot list refuses to.
+pub const NO_LISTING: &str = "this store cannot list its locks";
 pub use service::Locks;
 pub use store::{Single, Store};
 pub use types::{InvalidInput, LockName, Owner, Token, Ttl};
@@ -343,6 +349,61 @@ pub trait Node: Send + Sync + 'static {
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
         let _ = name;
         Err(LockError::Unsupported(NO_SEMAPHORES))
+    }
+
+    /// One step of a walk of this node's held locks (or semaphores) whose
+    /// names start with `prefix`, from `at` (see [`listing`]): at most
+    /// `limit` names that may be held, and where the walk goes on. Its cost
+    /// is bounded by `limit`, not by the number of keys: the names may be
+    /// fewer, even none, with the walk not over.
+    ///
+    /// # Errors
+    /// [`LockError::BadCursor`] when `at` is not a position of this node;
+    /// [`LockError::Unavailable`] or [`LockError::Backend`] when the node
+    /// fails; [`LockError::Unsupported`] from a node that cannot list (the
+    /// default).
+    async fn scan(
+        &self,
+        listed: Listed,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<ScanPage, LockError> {
+        let _ = (listed, prefix, at, limit);
+        Err(LockError::Unsupported(NO_LISTING))
+    }
+
+    /// The holders of `names`, in their order (`None` for a free one), read
+    /// together: by default one [`Node::holder`] after another.
+    ///
+    /// # Errors
+    /// As for [`Node::holder`].
+    async fn holders(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
+        let mut found = Vec::with_capacity(names.len());
+        for name in names {
+            found.push(self.holder(name).await?);
+        }
+        Ok(found)
+    }
+
+    /// The semaphores `names`, in their order (`None` for one with no
+    /// permit held), read together: by default one
+    /// [`Node::inspect_semaphore`] after another.
+    ///
+    /// # Errors
+    /// As for [`Node::inspect_semaphore`].
+    async fn semaphores(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
+        let mut found = Vec::with_capacity(names.len());
+        for name in names {
+            found.push(self.inspect_semaphore(name).await?);
+        }
+        Ok(found)
     }
 
     /// Whether this node's grants may count toward a Redlock quorum now:

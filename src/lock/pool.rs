@@ -116,6 +116,13 @@ impl ClusterView {
         lock(&self.masters).clone()
     }
 
+    /// The masters serving slots, each with the first slot it serves, in
+    /// the order of those slots, as last seen: the order in which a
+    /// listing walks them (see [`crate::lock::listing`]).
+    pub fn shards(&self) -> Vec<(u16, String)> {
+        lock(&self.topology).shards()
+    }
+
     /// The generation of the set of masters (see [`ClusterView`]).
     pub fn generation(&self) -> u64 {
         *self.generation.borrow()
@@ -202,6 +209,15 @@ impl Topology {
     /// to the master that claims it with the highest epoch, and a master
     /// left with none (its slots were taken over) serves none.
     fn serving(&self) -> Vec<String> {
+        let mut serving: Vec<String> = self.shards().into_iter().map(|(_, addr)| addr).collect();
+        serving.sort();
+        serving.dedup();
+        serving
+    }
+
+    /// The masters that serve slots, as [`Self::serving`] finds them, each
+    /// with the first slot it serves, ordered by that slot.
+    fn shards(&self) -> Vec<(u16, String)> {
         let mut claimants: Vec<&NodeView> = self
             .nodes
             .values()
@@ -209,26 +225,25 @@ impl Topology {
             .collect();
         claimants.sort_by(|a, b| b.epoch.cmp(&a.epoch).then_with(|| a.addr.cmp(&b.addr)));
         let mut taken = vec![false; 16_384];
-        let mut serving: Vec<String> = Vec::new();
+        let mut shards: Vec<(u16, String)> = Vec::new();
         for node in claimants {
-            let mut got = false;
+            let mut first: Option<u16> = None;
             for &(from, to) in &node.slots {
                 for slot in from..=to.min(16_383) {
                     if let Some(t) = taken.get_mut(usize::from(slot))
                         && !*t
                     {
                         *t = true;
-                        got = true;
+                        first = Some(first.map_or(slot, |f| f.min(slot)));
                     }
                 }
             }
-            if got {
-                serving.push(node.addr.clone());
+            if let Some(first) = first {
+                shards.push((first, node.addr.clone()));
             }
         }
-        serving.sort();
-        serving.dedup();
-        serving
+        shards.sort();
+        shards
     }
 }
 
@@ -592,6 +607,14 @@ b5 127.0.0.1:7007@17007 master - 0 0 0 connected
         assert_eq!(
             masters,
             ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7006"]
+        );
+        assert_eq!(
+            view.shards(),
+            [
+                (0, "127.0.0.1:7000".to_owned()),
+                (5461, "127.0.0.1:7001".to_owned()),
+                (10923, "127.0.0.1:7006".to_owned())
+            ]
         );
     }
 

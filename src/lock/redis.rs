@@ -50,6 +50,7 @@ use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
 use super::reaper::{Attempt, Reap, Reaped};
 use super::restart::RestartWatch;
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
@@ -61,6 +62,7 @@ use super::{
 use crate::backoff::ExponentialBackoff;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
+mod listing;
 mod semaphores;
 
 /// The fencing rule (`next_fence`), put in front of the scripts that give
@@ -570,35 +572,12 @@ impl RedisBackend {
         }
     }
 
-    /// Runs `call`, an inspect (or probe) script, and reads its answer:
-    /// the holder's token and description, or `None` when the lock is free.
-    async fn read_holder(
-        &self,
-        call: &ScriptInvocation<'_>,
-    ) -> Result<Option<(Token, LockInfo)>, LockError> {
-        let read_at = Instant::now();
-        let (pttl, token, fence, owner, granted_at): (i64, String, String, String, String) =
-            self.run(call).await?;
-        if pttl == -2 {
-            return Ok(None);
-        }
-        // A foreign client may have stored any value: kept as it is, so that
-        // Redlock can still find the holder a majority of nodes agrees on.
-        let token = Token::from_stored(token);
-        // The PTTL was read somewhere during the round trip; count the time
-        // since the request was sent against it, so the answer errs early.
-        let remaining = u64::try_from(pttl)
-            .ok()
-            .map(|ms| Duration::from_millis(ms).saturating_sub(read_at.elapsed()));
-        Ok(Some((
-            token,
-            LockInfo {
-                fence: fence.parse().ok(),
-                remaining,
-                owner: Some(owner).filter(|o| !o.is_empty()),
-                granted_at: parse_unix_millis(&granted_at),
-            },
-        )))
+    /// The inspect script of lock `name`.
+    fn inspect_call(&self, name: &LockName) -> ScriptInvocation<'static> {
+        let keys = Keys::new(&self.prefix, name);
+        let mut call = INSPECT.prepare_invoke();
+        call.key(&keys.lock).key(&keys.meta);
+        call
     }
 
     /// The release script for `token` on `name`.
@@ -907,10 +886,9 @@ impl Node for RedisBackend {
     }
 
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
-        let keys = Keys::new(&self.prefix, name);
-        let mut call = INSPECT.prepare_invoke();
-        call.key(&keys.lock).key(&keys.meta);
-        self.read_holder(&call).await
+        let read_at = Instant::now();
+        let answer = self.run(&self.inspect_call(name)).await?;
+        Ok(holder_of(answer, read_at))
     }
 
     async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
@@ -921,7 +899,9 @@ impl Node for RedisBackend {
             .arg(&keys.released)
             .arg(self.events.publish())
             .arg(marker);
-        Ok(self.read_holder(&call).await?.map(|(_, info)| info))
+        let read_at = Instant::now();
+        let answer = self.run(&call).await?;
+        Ok(holder_of(answer, read_at).map(|(_, info)| info))
     }
 
     async fn probe_semaphore(
@@ -979,6 +959,36 @@ impl Node for RedisBackend {
 
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
         RedisBackend::inspect_semaphore(self, name).await
+    }
+
+    async fn scan(
+        &self,
+        listed: Listed,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<ScanPage, LockError> {
+        RedisBackend::scan(self, listed, prefix, at, limit).await
+    }
+
+    async fn holders(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
+        let read_at = Instant::now();
+        let calls: Vec<_> = names.iter().map(|n| self.inspect_call(n)).collect();
+        let answers: Vec<InspectAnswer> = self.run_together(&calls).await?;
+        Ok(answers
+            .into_iter()
+            .map(|answer| holder_of(answer, read_at))
+            .collect())
+    }
+
+    async fn semaphores(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
+        RedisBackend::semaphores(self, names).await
     }
 
     async fn ping(&self) -> Result<(), LockError> {
@@ -1107,6 +1117,35 @@ async fn follow_cluster(pool: Pool, view: KnownNodes, timeout: Duration) {
             tracing::debug!("could not read the cluster's nodes");
         }
     }
+}
+
+/// What `inspect.lua` answers: `{pttl, token, fence, owner, granted_at_ms}`.
+type InspectAnswer = (i64, String, String, String, String);
+
+/// The holder an `inspect.lua` answer tells of, read from a request sent at
+/// `read_at`; `None` when the lock is free.
+fn holder_of(answer: InspectAnswer, read_at: Instant) -> Option<(Token, LockInfo)> {
+    let (pttl, token, fence, owner, granted_at) = answer;
+    if pttl == -2 {
+        return None;
+    }
+    // A foreign client may have stored any value: kept as it is, so that
+    // Redlock can still find the holder a majority of nodes agrees on.
+    let token = Token::from_stored(token);
+    // The PTTL was read somewhere during the round trip; count the time
+    // since the request was sent against it, so the answer errs early.
+    let remaining = u64::try_from(pttl)
+        .ok()
+        .map(|ms| Duration::from_millis(ms).saturating_sub(read_at.elapsed()));
+    Some((
+        token,
+        LockInfo {
+            fence: fence.parse().ok(),
+            remaining,
+            owner: Some(owner).filter(|o| !o.is_empty()),
+            granted_at: parse_unix_millis(&granted_at),
+        },
+    ))
 }
 
 /// A wall-clock time stored as Unix milliseconds; `None` when empty or

@@ -15,6 +15,9 @@
 //! - **Extend** succeeds when a quorum extended within the new validity; a
 //!   partial extend is not rolled back, it runs out with its TTL.
 //! - **Release** goes to every node, whether or not it granted.
+//! - **Listing** walks the nodes one after another; a lock is listed when a
+//!   quorum agrees on its holder (as an inspect), once, during the walk of
+//!   the lowest-index agreeing node (see `listing`).
 //!
 //! # Fencing tokens
 //! Each node keeps its own counter. A grant reports the largest counter among
@@ -33,7 +36,6 @@
 //! delayed restarts (a restarted node stays out for a TTL) or
 //! `appendfsync always` to avoid it.
 
-use std::cmp::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -46,12 +48,14 @@ use super::{
     Node, Released, Store, Token, Ttl, WaitInterest,
 };
 
+mod listing;
 mod tally;
 
+use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
 use super::reaper::{Attempt, Reap, Reaper};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::watch::Subject;
-use tally::{Counting, Tally, fan_out};
+use tally::{Counting, Tally, agreed, fan_out};
 
 /// The clock drift allowance added to every validity computation, on top
 /// of `ttl × drift_factor` (the Redis page's "2 milliseconds").
@@ -292,32 +296,33 @@ impl Store for Redlock {
         answers.told(self.quorum)?;
         // The holder is the token a quorum of nodes agrees on; its fence is
         // the largest reported, its lease the shortest.
-        let holders: Vec<&(Token, LockInfo)> = answers.oks().filter_map(Option::as_ref).collect();
-        for (token, _) in &holders {
-            let agreeing: Vec<&LockInfo> = holders
-                .iter()
-                .filter(|(t, _)| t == token)
-                .map(|(_, info)| info)
-                .collect();
-            if agreeing.len() >= self.quorum {
-                let info = LockInfo {
-                    fence: agreeing.iter().filter_map(|i| i.fence).max(),
-                    remaining: agreeing
-                        .iter()
-                        .map(|i| i.remaining)
-                        .min_by(|a, b| match (a, b) {
-                            (Some(a), Some(b)) => a.cmp(b),
-                            (None, _) => Ordering::Greater,
-                            (_, None) => Ordering::Less,
-                        })
-                        .flatten(),
-                    owner: agreeing.iter().find_map(|i| i.owner.clone()),
-                    granted_at: agreeing.iter().filter_map(|i| i.granted_at).min(),
-                };
-                return Ok(Some(info));
-            }
-        }
-        Ok(None)
+        let holders: Vec<Option<&(Token, LockInfo)>> = answers
+            .by_node()
+            .into_iter()
+            .map(|h| h.and_then(Option::as_ref))
+            .collect();
+        Ok(agreed(&holders, self.quorum).map(|(info, _)| info))
+    }
+
+    /// A walk of the nodes one after another: a lock is listed once, when
+    /// a quorum of nodes agrees on its holder.
+    async fn list_locks(
+        &self,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<Page<LockEntry>, LockError> {
+        listing::list_locks(self, prefix, at, limit).await
+    }
+
+    /// Refused: see [`NO_REDLOCK_SEMAPHORES`].
+    async fn list_semaphores(
+        &self,
+        _prefix: &NamePrefix,
+        _at: &Position,
+        _limit: PageSize,
+    ) -> Result<Page<SemaphoreEntry>, LockError> {
+        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
     }
 
     /// Refused: see [`NO_REDLOCK_SEMAPHORES`].

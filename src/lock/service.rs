@@ -15,6 +15,7 @@
 //! (see [`super::redis`]). A client-chosen token is left alone: the client
 //! may retry with it, and its retry must not be undone.
 
+mod listing;
 mod permits;
 
 use std::sync::Arc;

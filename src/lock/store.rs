@@ -12,6 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
+use super::listing::{Listed, LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::watch::Subject;
 use super::{
@@ -127,6 +128,32 @@ pub trait Store: Send + Sync + 'static {
         let _ = subject;
         Ok(())
     }
+    /// One page of the held locks whose names start with `prefix`, from
+    /// `at` (see [`super::listing`]): at most `limit` of them, never a
+    /// token, and where the walk goes on.
+    ///
+    /// # Errors
+    /// [`LockError::BadCursor`] when `at` is not a position of this store;
+    /// a store failure as for [`Store::acquire`].
+    async fn list_locks(
+        &self,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<Page<LockEntry>, LockError>;
+
+    /// One page of the semaphores with a permit held, as
+    /// [`Store::list_locks`].
+    ///
+    /// # Errors
+    /// As for [`Store::list_locks`]; [`LockError::Unsupported`] from a
+    /// store without semaphores (Redlock).
+    async fn list_semaphores(
+        &self,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<Page<SemaphoreEntry>, LockError>;
 
     /// Checks that the store answers, for `/readyz`.
     ///
@@ -219,6 +246,50 @@ impl Store for Single {
         marker: &str,
     ) -> Result<Option<SemaphoreInfo>, LockError> {
         self.node.probe_semaphore(name, marker).await
+    }
+
+    async fn list_locks(
+        &self,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<Page<LockEntry>, LockError> {
+        let found = self.node.scan(Listed::Locks, prefix, at, limit).await?;
+        let holders = self.node.holders(&found.names).await?;
+        // A name freed between the walk and the read is left out.
+        let items = found
+            .names
+            .into_iter()
+            .zip(holders)
+            .filter_map(|(name, holder)| holder.map(|(_, info)| LockEntry { name, info }))
+            .collect();
+        Ok(Page {
+            items,
+            next: found.next,
+        })
+    }
+
+    async fn list_semaphores(
+        &self,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<Page<SemaphoreEntry>, LockError> {
+        let found = self
+            .node
+            .scan(Listed::Semaphores, prefix, at, limit)
+            .await?;
+        let infos = self.node.semaphores(&found.names).await?;
+        let items = found
+            .names
+            .into_iter()
+            .zip(infos)
+            .filter_map(|(name, info)| info.map(|info| SemaphoreEntry { name, info }))
+            .collect();
+        Ok(Page {
+            items,
+            next: found.next,
+        })
     }
 
     async fn ping(&self) -> Result<(), LockError> {

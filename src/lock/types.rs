@@ -41,6 +41,24 @@ pub enum InvalidInput {
         max = Owner::MAX_LEN
     )]
     Owner,
+    /// A listing's `prefix` is too long or has a character no name can
+    /// hold.
+    #[error(
+        "prefix must be at most {max} characters of ASCII letters, digits and `._-:@`",
+        max = LockName::MAX_LEN
+    )]
+    Prefix,
+    /// A listing's `limit` is not a decimal integer in `1..=1000`.
+    #[error(
+        "limit must be an integer from 1 to {max}",
+        max = super::listing::PageSize::MAX
+    )]
+    PageSize,
+    /// A listing's `cursor` is not one lockd gave for this listing.
+    #[error(
+        "cursor is not one this listing gave: pass `next_cursor` from the previous page as it is, with the same prefix"
+    )]
+    Cursor,
 }
 
 /// The name of a lock: 1 to 200 characters of ASCII letters, digits and

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
+use crate::lock::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use crate::lock::{
     AcquireRequest, Acquired, ChangeListener, ExtendTtl, Lease, LockError, LockInfo, LockName,
@@ -29,6 +30,9 @@ const BACKEND_OPS: &[&str] = &[
     "inspect_semaphore",
     "probe",
     "probe_semaphore",
+    "scan",
+    "inspect_many",
+    "inspect_semaphores",
 ];
 
 /// A [`Node`] that times every call in
@@ -173,6 +177,32 @@ impl Node for Instrumented {
         marker: &str,
     ) -> Result<Option<SemaphoreInfo>, LockError> {
         self.time("probe_semaphore", self.inner.probe_semaphore(name, marker))
+            .await
+    }
+
+    async fn scan(
+        &self,
+        listed: Listed,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<ScanPage, LockError> {
+        self.time("scan", self.inner.scan(listed, prefix, at, limit))
+            .await
+    }
+
+    async fn holders(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
+        self.time("inspect_many", self.inner.holders(names)).await
+    }
+
+    async fn semaphores(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
+        self.time("inspect_semaphores", self.inner.semaphores(names))
             .await
     }
 

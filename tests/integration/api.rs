@@ -261,7 +261,8 @@ async fn oversized_bodies_are_413_problems_and_write_nothing(app: &TestApp) {
 async fn unknown_routes_and_methods_are_problems(app: &TestApp) {
     let refusals = vec![
         Refusal::new(Method::GET, "/nope", 404, "route-not-found"),
-        Refusal::new(Method::GET, "/locks", 404, "route-not-found"),
+        Refusal::new(Method::POST, "/locks", 405, "method-not-allowed"),
+        Refusal::new(Method::DELETE, "/semaphores", 405, "method-not-allowed"),
         Refusal::new(Method::GET, "/locks/", 404, "route-not-found"),
         Refusal::new(Method::POST, "/locks/a/b", 404, "route-not-found"),
         Refusal::new(Method::PUT, "/locks/k", 405, "method-not-allowed"),
@@ -729,6 +730,8 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
         "/locks/{name}/events",
         "/semaphores/{name}",
         "/semaphores/{name}/events",
+        "/locks",
+        "/semaphores",
         "/healthz",
         "/readyz",
         "/metrics",

@@ -14,6 +14,7 @@ mod fences;
 mod haproxy;
 mod in_process;
 mod limits;
+mod listing;
 mod observability;
 mod openapi;
 mod parsers;

@@ -1,4 +1,4 @@
-//! The `/locks/{name}` routes: one file per action, each a thin handler
+//! The `/locks/{name}` routes and `GET /locks`: one file per action, each a thin handler
 //! that parses input ([`input`]), calls the lock core and shapes the answer
 //! ([`model`]).
 
@@ -6,5 +6,6 @@ pub mod acquire;
 pub mod extend;
 pub mod input;
 pub mod inspect;
+pub mod list;
 pub mod model;
 pub mod release;

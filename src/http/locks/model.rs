@@ -10,6 +10,7 @@ use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
+use crate::lock::listing::{MAX_CURSOR_LEN, PageSize};
 use crate::lock::{Lease, LockInfo, LockName, Owner, Token};
 
 /// The OpenAPI schema of a lock name (component `LockName`), as
@@ -98,6 +99,84 @@ impl PartialSchema for OwnerLabelSchema {
 impl ToSchema for OwnerLabelSchema {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("OwnerLabel")
+    }
+}
+
+/// The OpenAPI schema of `prefix` (component `NamePrefix`): what
+/// [`crate::lock::listing::NamePrefix::parse`] accepts.
+pub struct NamePrefixSchema;
+
+impl PartialSchema for NamePrefixSchema {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(format!(
+                "The start of the names to list: up to {} characters of ASCII letters, digits and `._-:@`; empty or absent lists every name (every name of the API key's prefixes)",
+                LockName::MAX_LEN
+            )))
+            .max_length(Some(LockName::MAX_LEN))
+            .pattern(Some(format!(
+                r"^[A-Za-z0-9._:@-]{{0,{}}}$",
+                LockName::MAX_LEN
+            )))
+            .examples([json!("billing:")])
+            .into()
+    }
+}
+
+impl ToSchema for NamePrefixSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("NamePrefix")
+    }
+}
+
+/// The OpenAPI schema of `limit` (component `PageLimit`).
+pub struct PageLimitSchema;
+
+impl PartialSchema for PageLimitSchema {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .description(Some(format!(
+                "The most items of the page, from 1 to {}; default {}",
+                PageSize::MAX,
+                PageSize::DEFAULT.get()
+            )))
+            .minimum(Some(1))
+            .maximum(Some(PageSize::MAX))
+            .default(Some(json!(PageSize::DEFAULT.get())))
+            .examples([json!(100)])
+            .into()
+    }
+}
+
+impl ToSchema for PageLimitSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("PageLimit")
+    }
+}
+
+/// The OpenAPI schema of `cursor` (component `ListCursor`): base64url
+/// without padding, and opaque.
+pub struct CursorSchema;
+
+impl PartialSchema for CursorSchema {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(
+                "An opaque cursor: the `next_cursor` of the previous page, passed as it is, with the same `prefix`. Its content is not part of the API",
+            ))
+            .min_length(Some(1))
+            .max_length(Some(MAX_CURSOR_LEN))
+            .pattern(Some(format!("^[A-Za-z0-9_-]{{1,{MAX_CURSOR_LEN}}}$")))
+            .into()
+    }
+}
+
+impl ToSchema for CursorSchema {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("ListCursor")
     }
 }
 
@@ -252,6 +331,60 @@ pub struct Status {
     pub owner: Option<String>,
     /// When the holder was granted the lock (RFC 3339, UTC).
     pub granted_at: Option<String>,
+}
+
+/// A held lock in a listing: what `GET /locks/{name}` shows, never the
+/// token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ListedLock {
+    /// The lock's name.
+    #[schema(value_type = LockNameSchema)]
+    pub name: String,
+    /// The holder's fencing token.
+    pub fence: Option<u64>,
+    /// The holder's remaining lease in milliseconds; `null` when a foreign
+    /// client set the key without a TTL.
+    pub ttl_ms: Option<u64>,
+    /// When the lease ends (RFC 3339, UTC); `null` as for `ttl_ms`.
+    pub expires_at: Option<String>,
+    /// The holder's label, if it gave one.
+    pub owner: Option<String>,
+    /// When the holder was granted the lock (RFC 3339, UTC).
+    pub granted_at: Option<String>,
+}
+
+impl ListedLock {
+    /// The item of a held lock.
+    pub fn new(name: &LockName, info: LockInfo) -> Self {
+        let Status {
+            name,
+            fence,
+            ttl_ms,
+            expires_at,
+            owner,
+            granted_at,
+            ..
+        } = Status::new(name, info);
+        Self {
+            name,
+            fence,
+            ttl_ms,
+            expires_at,
+            owner,
+            granted_at,
+        }
+    }
+}
+
+/// One page of `GET /locks`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LockList {
+    /// Held locks, at most `limit`; possibly fewer, even none, with
+    /// `next_cursor` set: follow it until it is `null`.
+    pub locks: Vec<ListedLock>,
+    /// The `cursor` of the next page (opaque); `null` on the last page.
+    #[schema(required = true, value_type = Option<CursorSchema>)]
+    pub next_cursor: Option<String>,
 }
 
 /// A time as RFC 3339 UTC with milliseconds. Times past the end of year

@@ -1,4 +1,4 @@
-//! The `/semaphores/{name}` routes: one file per action, as for
+//! The `/semaphores/{name}` routes and `GET /semaphores`: one file per action, as for
 //! `/locks/{name}`, each a thin handler that parses input ([`input`]),
 //! calls the lock core's permits and shapes the answer ([`model`]).
 
@@ -6,5 +6,6 @@ pub mod extend;
 pub mod give_back;
 pub mod input;
 pub mod inspect;
+pub mod list;
 pub mod model;
 pub mod take;

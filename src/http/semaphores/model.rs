@@ -242,3 +242,15 @@ impl SemaphoreStatus {
         }
     }
 }
+
+/// One page of `GET /semaphores`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SemaphoreList {
+    /// Semaphores with at least one permit held, each as
+    /// `GET /semaphores/{name}` shows it, at most `limit`; possibly fewer,
+    /// even none, with `next_cursor` set: follow it until it is `null`.
+    pub semaphores: Vec<SemaphoreStatus>,
+    /// The `cursor` of the next page (opaque); `null` on the last page.
+    #[schema(required = true, value_type = Option<crate::http::locks::model::CursorSchema>)]
+    pub next_cursor: Option<String>,
+}

@@ -239,10 +239,9 @@ impl RedisBackend {
         &self,
         name: &LockName,
     ) -> Result<Option<SemaphoreInfo>, LockError> {
-        let keys = SemKeys::new(&self.prefix, name);
-        let mut call = INSPECT.prepare_invoke();
-        call.key(&keys.permits).key(&keys.holders);
-        self.read_semaphore(&call).await
+        let read_at = Instant::now();
+        let answer: Vec<redis::Value> = self.run(&self.inspect_semaphore_call(name)).await?;
+        semaphore_of(answer, read_at)
     }
 
     /// As [`Self::inspect_semaphore`], and a watcher's `marker` published
@@ -263,47 +262,58 @@ impl RedisBackend {
             .arg(&keys.released)
             .arg(self.events.publish())
             .arg(marker);
-        self.read_semaphore(&call).await
+        let read_at = Instant::now();
+        let answer: Vec<redis::Value> = self.run(&call).await?;
+        semaphore_of(answer, read_at)
     }
 
-    /// Runs `call`, an inspect (or probe) script of a semaphore, and reads
-    /// its answer.
-    async fn read_semaphore(
-        &self,
-        call: &ScriptInvocation<'_>,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
-        let read_at = Instant::now();
-        let answer: Vec<redis::Value> = self.run(call).await?;
-        let mut answer = answer.into_iter();
-        let limit: i64 = match answer.next() {
-            Some(value) => {
-                redis::from_redis_value(value).map_err(|e| LockError::Backend(e.to_string()))?
-            }
-            None => 0,
-        };
-        let Ok(limit) = Limit::new(u64::try_from(limit).unwrap_or(0), u32::MAX) else {
-            return Ok(None);
-        };
-        let mut permits = Vec::new();
-        while let (Some(left), Some(record)) = (answer.next(), answer.next()) {
-            let left: i64 =
-                redis::from_redis_value(left).map_err(|e| LockError::Backend(e.to_string()))?;
-            let record: String =
-                redis::from_redis_value(record).map_err(|e| LockError::Backend(e.to_string()))?;
-            let record: Record = serde_json::from_str(&record)
-                .map_err(|e| LockError::Backend(format!("semaphore permit record: {e}")))?;
-            permits.push(PermitInfo {
-                fence: record.fence.parse().unwrap_or(0),
-                owner: Some(record.owner).filter(|o| !o.is_empty()),
-                remaining: Duration::from_millis(u64::try_from(left).unwrap_or(0))
-                    .saturating_sub(read_at.elapsed()),
-                granted_at: record
-                    .granted_at_ms
-                    .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
-            });
-        }
-        Ok(Some(SemaphoreInfo { limit, permits }))
+    /// The inspect script of semaphore `name`.
+    pub(super) fn inspect_semaphore_call(&self, name: &LockName) -> ScriptInvocation<'static> {
+        let keys = SemKeys::new(&self.prefix, name);
+        let mut call = INSPECT.prepare_invoke();
+        call.key(&keys.permits).key(&keys.holders);
+        call
     }
+}
+
+/// The semaphore a `sem_inspect.lua` answer tells of, read from a request
+/// sent at `read_at`; `None` when no permit is held.
+///
+/// # Errors
+/// [`LockError::Backend`] when the answer is not of that shape.
+pub(super) fn semaphore_of(
+    answer: Vec<redis::Value>,
+    read_at: Instant,
+) -> Result<Option<SemaphoreInfo>, LockError> {
+    let mut answer = answer.into_iter();
+    let limit: i64 = match answer.next() {
+        Some(value) => {
+            redis::from_redis_value(value).map_err(|e| LockError::Backend(e.to_string()))?
+        }
+        None => 0,
+    };
+    let Ok(limit) = Limit::new(u64::try_from(limit).unwrap_or(0), u32::MAX) else {
+        return Ok(None);
+    };
+    let mut permits = Vec::new();
+    while let (Some(left), Some(record)) = (answer.next(), answer.next()) {
+        let left: i64 =
+            redis::from_redis_value(left).map_err(|e| LockError::Backend(e.to_string()))?;
+        let record: String =
+            redis::from_redis_value(record).map_err(|e| LockError::Backend(e.to_string()))?;
+        let record: Record = serde_json::from_str(&record)
+            .map_err(|e| LockError::Backend(format!("semaphore permit record: {e}")))?;
+        permits.push(PermitInfo {
+            fence: record.fence.parse().unwrap_or(0),
+            owner: Some(record.owner).filter(|o| !o.is_empty()),
+            remaining: Duration::from_millis(u64::try_from(left).unwrap_or(0))
+                .saturating_sub(read_at.elapsed()),
+            granted_at: record
+                .granted_at_ms
+                .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+        });
+    }
+    Ok(Some(SemaphoreInfo { limit, permits }))
 }
 
 /// A number a semaphore script answered as a string (a fence, a wait).

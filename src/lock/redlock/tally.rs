@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 
-use crate::lock::{LockError, Node};
+use std::cmp::Ordering;
+
+use crate::lock::{LockError, LockInfo, Node, Token};
 
 /// Which nodes' answers count toward a quorum.
 #[derive(Debug, Clone)]
@@ -94,6 +96,15 @@ impl<T> Tally<T> {
             .filter_map(|a| a.as_ref().and_then(|a| a.as_ref().ok()))
     }
 
+    /// Each node's successful answer, by node (`None` for a node that
+    /// failed or was not asked), whether it counts or not.
+    pub(super) fn by_node(&self) -> Vec<Option<&T>> {
+        self.answers
+            .iter()
+            .map(|a| a.as_ref().and_then(|a| a.as_ref().ok()))
+            .collect()
+    }
+
     /// The successful answers of the nodes that count.
     pub(super) fn counted_oks(&self) -> impl Iterator<Item = &T> {
         self.counted().filter_map(|(_, a)| a.as_ref().ok())
@@ -172,6 +183,49 @@ impl<T> Tally<T> {
     }
 }
 
+/// The holder of a lock by Redlock's rule, from each node's holder (by
+/// node; `None` for a node that found the lock free or did not answer):
+/// the token a quorum of nodes agrees on. Its description takes the largest
+/// fence reported, the shortest lease, the owner label and the earliest
+/// grant time of the agreeing nodes; the second part tells which nodes
+/// agree. `None` when no token has a quorum.
+pub(super) fn agreed(
+    holders: &[Option<&(Token, LockInfo)>],
+    quorum: usize,
+) -> Option<(LockInfo, Vec<bool>)> {
+    for (token, _) in holders.iter().flatten() {
+        let agreeing: Vec<bool> = holders
+            .iter()
+            .map(|h| h.is_some_and(|(t, _)| t == token))
+            .collect();
+        if agreeing.iter().filter(|a| **a).count() < quorum {
+            continue;
+        }
+        let infos: Vec<&LockInfo> = holders
+            .iter()
+            .flatten()
+            .filter(|(t, _)| t == token)
+            .map(|(_, info)| info)
+            .collect();
+        let info = LockInfo {
+            fence: infos.iter().filter_map(|i| i.fence).max(),
+            remaining: infos
+                .iter()
+                .map(|i| i.remaining)
+                .min_by(|a, b| match (a, b) {
+                    (Some(a), Some(b)) => a.cmp(b),
+                    (None, _) => Ordering::Greater,
+                    (_, None) => Ordering::Less,
+                })
+                .flatten(),
+            owner: infos.iter().find_map(|i| i.owner.clone()),
+            granted_at: infos.iter().filter_map(|i| i.granted_at).min(),
+        };
+        return Some((info, agreeing));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +262,30 @@ mod tests {
                 needed: 3
             })
         ));
+    }
+
+    #[test]
+    fn the_holder_is_the_token_a_quorum_agrees_on() {
+        let info = |fence: u64, ms: u64| LockInfo {
+            fence: Some(fence),
+            remaining: Some(Duration::from_millis(ms)),
+            owner: None,
+            granted_at: None,
+        };
+        let (a, b) = (Token::generate(), Token::generate());
+        let (a1, a2, b3) = (
+            (a.clone(), info(5, 900)),
+            (a.clone(), info(7, 800)),
+            (b, info(9, 100)),
+        );
+        let (held, agreeing) = agreed(&[Some(&a1), None, Some(&a2), Some(&b3)], 2).expect("quorum");
+        assert_eq!(
+            (held.fence, held.remaining),
+            (Some(7), Some(Duration::from_millis(800)))
+        );
+        assert_eq!(agreeing, [true, false, true, false]);
+        assert!(agreed(&[Some(&a1), None, Some(&b3)], 2).is_none());
+        assert!(agreed(&[None, None, None], 2).is_none());
     }
 
     #[test]
