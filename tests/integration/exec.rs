@@ -702,8 +702,15 @@ async fn a_paused_server_means_a_lost_lease() {
     served.signal(Signal::SIGCONT);
     exit.expect(70);
     assert_eq!(dir.lines("trap"), ["TERM"]);
-    assert!(exit.stderr.contains("lease ran out"), "{}", exit.stderr);
+    assert!(exit.stderr.contains("with no renewal"), "{}", exit.stderr);
     eprintln!("command stopped {signalled:?} and lockd exited {exited:?} after the pause");
+    // The lease ended at most a TTL after the pause (the last renewal came
+    // before it), and the command was told --kill-grace-ms before that: it
+    // is gone by the time another holder can have the lock.
+    assert!(
+        signalled < Duration::from_millis(1500),
+        "SIGTERM came {signalled:?} after the pause: not before the lease's end"
+    );
     assert_free_within(&app, name, Duration::from_secs(10)).await;
 }
 
@@ -775,7 +782,7 @@ async fn a_store_outage_means_a_lost_lease() {
         "lockd exec exited {exited:?} after Redis paused"
     );
     assert!(exit.stderr.contains("503"), "{}", exit.stderr);
-    assert!(exit.stderr.contains("lease ran out"), "{}", exit.stderr);
+    assert!(exit.stderr.contains("with no renewal"), "{}", exit.stderr);
     assert_free_within(&app, name, Duration::from_secs(10)).await;
 }
 
@@ -1873,4 +1880,133 @@ async fn shell_subcommands_take_extend_list_and_give_back_permits() {
     run(shell(&dir, &server, &["acquire", "--semaphore", name]))
         .await
         .expect(2);
+}
+
+// ---------------------------------------------------------------------------
+// Leader election (docs/watch.md)
+// ---------------------------------------------------------------------------
+
+/// One term of a leader, as its command logged it: (fence, start, end) in
+/// nanoseconds of this host's clock.
+fn terms(dir: &Scratch) -> Vec<(String, u64, u64, u64)> {
+    let mut starts = std::collections::HashMap::new();
+    let mut terms = Vec::new();
+    for line in dir.lines("log") {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [kind, id, fence, at] = fields[..] else {
+            panic!("log line {line:?}")
+        };
+        let (fence, at): (u64, u64) = (fence.parse().unwrap(), at.parse().unwrap());
+        match kind {
+            "start" => {
+                starts.insert(fence, (id.to_owned(), at));
+            }
+            _ => {
+                let (id, start) = starts.remove(&fence).expect("a start before the end");
+                terms.push((id, fence, start, at));
+            }
+        }
+    }
+    assert!(starts.is_empty(), "terms that never ended: {starts:?}");
+    terms.sort_by_key(|t| t.2);
+    terms
+}
+
+/// The documented leader election: candidates run their work under
+/// `lockd exec --wait-ms`, a follower runs `lockd watch`. The leader's
+/// lockd instance is frozen (SIGSTOP) mid-term while the other candidates
+/// wait on another instance: the frozen leader cannot renew, so `lockd
+/// exec` stops its command --kill-grace-ms before the lease ends, and the
+/// next leader starts only after. No two terms overlap, terms (fences)
+/// grow, and the follower saw every term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_election_with_lockd_exec_never_has_two_leaders_at_once() {
+    let app = TestApp::redis().await;
+    let redis = app.redis_server().url();
+    let first = Lockd::serve(&["--redis-url", &redis], &[("LOCKD_LOG", "warn")]).await;
+    let second = Lockd::serve(&["--redis-url", &redis], &[("LOCKD_LOG", "warn")]).await;
+    let dir = Scratch::new();
+    let mut follow = lockd(&dir);
+    follow.args(["watch", "--server", &second.url(""), "leader"]);
+    let follower = Lockd::spawn(follow);
+    let work = r#"
+        trap 'sleep 0.15; echo "end $ID $LOCKD_FENCE $(date +%s%N)" >> "$DIR/log"; exit 0' TERM
+        echo "start $ID $LOCKD_FENCE $(date +%s%N)" >> "$DIR/log"
+        sleep 1.5 & wait
+        echo "end $ID $LOCKD_FENCE $(date +%s%N)" >> "$DIR/log"
+    "#;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let candidate = |id: &'static str, server: String| {
+        let (stop, root) = (stop.clone(), dir.root().to_owned());
+        let work = sh(work);
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut cmd = support::lockd();
+                cmd.env("DIR", &root)
+                    .env("ID", id)
+                    .args(["exec", "--server", &server])
+                    .args([
+                        "--wait-ms",
+                        "3000",
+                        "--ttl-ms",
+                        "900",
+                        "--kill-grace-ms",
+                        "200",
+                    ])
+                    .args(["leader", "--"])
+                    .args(&work);
+                let _ = support::run(cmd).await;
+            }
+        })
+    };
+    let mut candidates = vec![candidate("c1", first.url(""))];
+    assert!(
+        eventually(STARTUP, || async { dir.read("log").contains("start c1") }).await,
+        "c1 leads first"
+    );
+    candidates.push(candidate("c2", second.url("")));
+    candidates.push(candidate("c3", second.url("")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.signal(Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    first.signal(Signal::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in candidates {
+        tokio::time::timeout(LIMIT, c)
+            .await
+            .expect("candidates stop")
+            .unwrap();
+    }
+
+    let terms = terms(&dir);
+    assert!(terms.len() >= 3, "{terms:?}");
+    for pair in terms.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(
+            a.3 < b.2,
+            "two leaders at once: {a:?} still ran when {b:?} began"
+        );
+        assert!(a.1 < b.1, "terms grow: {a:?} then {b:?}");
+    }
+    assert_eq!(terms[0].0, "c1");
+    assert!(
+        terms.iter().any(|t| t.0 != "c1"),
+        "another candidate took over: {terms:?}"
+    );
+    // The follower saw every term begin, in order.
+    let seen: Vec<u64> = follower
+        .stdout()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["event"] == "acquired" || e["held"] == true)
+        .filter_map(|e| e["fence"].as_u64())
+        .collect();
+    let fences: Vec<u64> = terms.iter().map(|t| t.1).collect();
+    for fence in &fences {
+        assert!(
+            seen.contains(fence),
+            "the follower missed term {fence}: {seen:?}"
+        );
+    }
 }

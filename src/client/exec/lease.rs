@@ -135,35 +135,50 @@ pub(super) fn lease_end(sent: Instant, received: Instant, ttl: Duration) -> Inst
     (sent + ttl).max((received + ttl).checked_sub(ttl / 10).unwrap_or(received))
 }
 
+/// How long before the lease's end the command is stopped when no renewal
+/// has succeeded: `kill_grace` (the time the command gets between SIGTERM
+/// and SIGKILL), so that it is gone by the end, but at most half the TTL.
+pub(super) fn stop_lead(ttl: Duration, kill_grace: Duration) -> Duration {
+    kill_grace.min(ttl / 2)
+}
+
 /// Renews the lease when a third of it has passed, until aborted, through
 /// the server that answered last (moving on to the next ones, within the
 /// renewal's time, when it is unusable; saying so when another server
 /// renewed). A renewal that fails for a while (5xx, no answer from any
-/// server) is retried sooner; when the lease is lost for good, or runs out
-/// before a renewal succeeds, says why on `lost` and stops.
+/// server) is retried sooner. When the lease is lost for good, or no
+/// renewal has succeeded by [`stop_lead`] before its end (so that the
+/// command, stopped now, is gone by the time another holder can have the
+/// lock), says why on `lost` and stops.
 pub(super) async fn keep_renewing(
     holder: Holder,
     ttl: Duration,
     mut lease_end: Instant,
+    kill_grace: Duration,
     lost: oneshot::Sender<String>,
 ) {
+    let lead = stop_lead(ttl, kill_grace);
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let retry = (ttl / 10).max(Duration::from_millis(50));
     let mut next = lease_end.checked_sub(ttl * 2 / 3).unwrap_or(lease_end);
     // The reason of the failures since the last renewal that worked.
     let mut failing: Option<String> = None;
     loop {
-        sleep_until(next.min(lease_end)).await;
+        let stop_at = lease_end.checked_sub(lead).unwrap_or(lease_end);
+        sleep_until(next.min(stop_at)).await;
         let sent = Instant::now();
-        if sent >= lease_end {
+        if sent >= stop_at {
             let why = failing.map_or_else(
                 || "no renewal could be sent in time".to_owned(),
                 |f| format!("the renewals failed: {f}"),
             );
-            let _ = lost.send(format!("the lease ran out; {why}"));
+            let _ = lost.send(format!(
+                "the lease runs out in {} ms with no renewal (stopping the command now, so that it is gone before the lease runs out); {why}",
+                lease_end.saturating_duration_since(sent).as_millis()
+            ));
             return;
         }
-        let timeout = (lease_end - sent).min(CALL_LIMIT);
+        let timeout = (stop_at - sent).min(CALL_LIMIT);
         let answer = holder
             .servers
             .extend(
@@ -240,4 +255,17 @@ pub(super) fn default_owner() -> String {
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "unknown-host".into());
     format!("{host}:{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_is_stopped_its_grace_before_the_lease_ends_at_most_half_a_ttl() {
+        let s = Duration::from_secs;
+        assert_eq!(stop_lead(s(30), s(5)), s(5));
+        assert_eq!(stop_lead(s(4), s(5)), s(2));
+        assert_eq!(stop_lead(s(30), Duration::ZERO), Duration::ZERO);
+    }
 }

@@ -15,9 +15,11 @@
 //!    while it runs, through the server that answered last, moving on to
 //!    the next when it stops answering; forward SIGINT, SIGTERM, SIGHUP,
 //!    SIGQUIT, SIGUSR1 and SIGUSR2 to it.
-//! 3. If the lease is lost for good (a renewal answered 404 or 409, or the
-//!    lease ran out while no server could renew it), send the command
-//!    SIGTERM, then SIGKILL after `--kill-grace-ms`, and exit 70.
+//! 3. If the lease is lost for good (a renewal answered 404 or 409, or no
+//!    server renewed it by `--kill-grace-ms` before its end, at most half
+//!    the TTL), send the command SIGTERM, then SIGKILL after
+//!    `--kill-grace-ms` (so that, stopped for want of a renewal, it is
+//!    gone by the lease's end), and exit 70.
 //! 4. When the command ends, however it ends, release the lock, and exit
 //!    with its status (128 + N when signal N killed it).
 //!
@@ -91,13 +93,20 @@ pub async fn run(args: ExecArgs) -> u8 {
     let ttl = Duration::from_millis(grant.ttl_ms.max(1));
     let lease_end = lease_end(sent, received, ttl);
     let (lost_tx, lost_rx) = oneshot::channel();
-    let renewer = tokio::spawn(keep_renewing(holder.clone(), ttl, lease_end, lost_tx));
+    let kill_grace = Duration::from_millis(args.kill_grace_ms);
+    let renewer = tokio::spawn(keep_renewing(
+        holder.clone(),
+        ttl,
+        lease_end,
+        kill_grace,
+        lost_tx,
+    ));
     let (status, lost) = supervise(
         &mut child,
         !args.foreground,
         &mut signals,
         lost_rx,
-        Duration::from_millis(args.kill_grace_ms),
+        kill_grace,
     )
     .await;
     renewer.abort();
