@@ -4,7 +4,7 @@
 //! Every script that changes a lease publishes what it did on the lock's
 //! change channel ([`super::change`]), in the same atomic step, so one
 //! channel's messages arrive in the order of the changes. An instance
-//! follows each watched lock with one task ([`Follower`]), whatever the
+//! follows each watched lock with one task (a `Follower`), whatever the
 //! number of its watchers, and sends every event to all of them.
 //!
 //! A lease that runs out publishes nothing: Redis's keyspace notifications
