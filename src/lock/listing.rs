@@ -47,11 +47,7 @@ impl NamePrefix {
     /// [`InvalidInput::Prefix`] when it is longer than a name may be or has
     /// a character no name can hold.
     pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
-        let ok = raw.len() <= LockName::MAX_LEN
-            && raw
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-:@".contains(&b));
-        if ok {
+        if LockName::fits(raw) {
             Ok(Self(raw.to_owned()))
         } else {
             Err(InvalidInput::Prefix)

@@ -81,18 +81,22 @@ impl LockName {
     /// [`Self::MAX_LEN`] or has a character outside the alphabet.
     pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
         // `.` and `..` are refused: HTTP clients rewrite such path segments.
-        let ok = !raw.is_empty()
-            && raw != "."
-            && raw != ".."
-            && raw.len() <= Self::MAX_LEN
-            && raw
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-:@".contains(&b));
+        let ok = !raw.is_empty() && raw != "." && raw != ".." && Self::fits(raw);
         if ok {
             Ok(Self(raw.to_owned()))
         } else {
             Err(InvalidInput::Name)
         }
+    }
+
+    /// Whether `raw` is at most [`Self::MAX_LEN`] characters of the names'
+    /// alphabet (ASCII letters, digits and `._-:@`): the rule a name and
+    /// the prefix of a listing share.
+    pub(crate) fn fits(raw: &str) -> bool {
+        raw.len() <= Self::MAX_LEN
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-:@".contains(&b))
     }
 
     /// The name as given.
