@@ -155,6 +155,9 @@ async fn c15_failover_wakeup_waiters_still_wake_after_a_failover() {
             .timeout(Duration::from_secs(40));
         tokio::spawn(async move { crate::support::Reply::read(request.send().await?).await })
     };
+    // And a watch of the lock on B, open across the failover.
+    let mut watch = crate::support::EventStream::open(&b, "/locks/k/events", &[]).await;
+    assert_eq!(watch.expect("state").await.fence(), held.fence());
     let new = set.fail_over().await;
     // Both instances write to the new master, and it has A's lock.
     let moved = eventually(Duration::from_secs(10), || async {
@@ -183,6 +186,15 @@ async fn c15_failover_wakeup_waiters_still_wake_after_a_failover() {
         woke < Duration::from_secs(3),
         "B woke {woke:?} after the release"
     );
+    // The watch followed the master: its last event is B's grant, as GET
+    // says (a `state` stands for what a lost subscription may have missed).
+    let mut last = None;
+    while let Some(event) = watch.next(Duration::from_secs(2)).await {
+        last = Some(event);
+    }
+    let last = last.expect("the watch heard the release and B's grant");
+    assert!(matches!(last.event.as_str(), "acquired" | "state"), "{last:?}");
+    assert_eq!(Some(last.fence()), Some(b.inspect("k").await.fence()));
     // The permit's waiter too: its channel moved with the master.
     let given_back_at = Instant::now();
     let token = permit.token();
