@@ -224,6 +224,18 @@ pub struct StatusArgs {
     pub semaphore: SemaphoreFlag,
 }
 
+/// Checks a NAME argument as the server would, so that a name no lock can
+/// have is refused here (exit 64) rather than sent: `.` and `..` would
+/// even reach another route once the URL is normalised.
+///
+/// # Errors
+/// The rule the name breaks, to show.
+pub fn check_name(name: &str) -> Result<(), String> {
+    crate::lock::LockName::parse(name)
+        .map(drop)
+        .map_err(|e| format!("{name:?} is not a usable name: {e}"))
+}
+
 /// `lockd watch NAME`.
 #[derive(Debug, Args)]
 pub struct WatchArgs {

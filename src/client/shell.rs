@@ -9,7 +9,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use super::api::{AcquireParams, ClientError, ProblemInfo, Refusal, Target};
-use super::args::{AcquireArgs, ExtendArgs, ReleaseArgs, ServerArg, StatusArgs};
+use super::args::{AcquireArgs, ExtendArgs, ReleaseArgs, ServerArg, StatusArgs, check_name};
 use super::exit;
 use super::servers::{Answered, Failure, Servers};
 
@@ -56,6 +56,10 @@ fn error_code(error: &ClientError) -> u8 {
 /// an acquire tried again on the next server renews a grant whose answer
 /// was lost.
 pub async fn acquire(args: AcquireArgs) -> u8 {
+    if let Err(e) = check_name(&args.name) {
+        eprintln!("lockd: {e}");
+        return exit::USAGE;
+    }
     let params = AcquireParams {
         token: args.token.as_deref(),
         ttl_ms: args.ttl_ms,
@@ -72,6 +76,10 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
 
 /// `lockd extend`.
 pub async fn extend(args: ExtendArgs) -> u8 {
+    if let Err(e) = check_name(&args.name) {
+        eprintln!("lockd: {e}");
+        return exit::USAGE;
+    }
     call(&args.server, |s| async move {
         let target = Target::new(&args.name, args.semaphore.semaphore);
         s.extend(target, &args.token.token, args.ttl_ms, CALL_TIMEOUT)
@@ -82,6 +90,10 @@ pub async fn extend(args: ExtendArgs) -> u8 {
 
 /// `lockd release`.
 pub async fn release(args: ReleaseArgs) -> u8 {
+    if let Err(e) = check_name(&args.name) {
+        eprintln!("lockd: {e}");
+        return exit::USAGE;
+    }
     call(&args.server, |s| async move {
         let target = Target::new(&args.name, args.semaphore.semaphore);
         s.release(target, &args.token.token, CALL_TIMEOUT).await
@@ -91,6 +103,10 @@ pub async fn release(args: ReleaseArgs) -> u8 {
 
 /// `lockd status`.
 pub async fn status(args: StatusArgs) -> u8 {
+    if let Err(e) = check_name(&args.name) {
+        eprintln!("lockd: {e}");
+        return exit::USAGE;
+    }
     call(&args.server, |s| async move {
         s.status(
             Target::new(&args.name, args.semaphore.semaphore),

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::api::{ClientError, Target};
-use super::args::WatchArgs;
+use super::args::{WatchArgs, check_name};
 use super::exit;
 use super::servers::Failure;
 use crate::backoff::ExponentialBackoff;
@@ -31,6 +31,10 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// `lockd watch`.
 pub async fn watch(args: WatchArgs) -> u8 {
+    if let Err(e) = check_name(&args.name) {
+        eprintln!("lockd: {e}");
+        return exit::USAGE;
+    }
     let servers = match args.server.servers() {
         Ok(s) => s,
         Err(e) => {
@@ -44,16 +48,34 @@ pub async fn watch(args: WatchArgs) -> u8 {
     loop {
         let why = match servers.open_events(target, OPEN_TIMEOUT).await {
             Ok(answered) => {
-                if connected_before {
-                    eprintln!("lockd: watching {} again", args.name);
-                }
-                connected_before = true;
-                pauses.reset();
                 let stream = answered.reply.value.0.lock().await.take();
                 let Some(response) = stream else { continue };
+                if !is_event_stream(&response) {
+                    eprintln!(
+                        "lockd: {} answered {} without an event stream: is it a lockd with watches (GET /locks/{{name}}/events)?",
+                        servers.current(),
+                        response.status()
+                    );
+                    return exit::USAGE;
+                }
+                if connected_before {
+                    eprintln!(
+                        "lockd: watching {} again, through {}",
+                        args.name,
+                        servers.current()
+                    );
+                }
+                connected_before = true;
                 match follow(response, args.until_free).await {
                     Ended::Free => return 0,
-                    Ended::Lost(why) => why,
+                    // The pauses start again only after a stream that gave
+                    // events: one that ends at once backs off as a refusal.
+                    Ended::Lost { why, events } => {
+                        if events > 0 {
+                            pauses.reset();
+                        }
+                        why
+                    }
                 }
             }
             Err(failure) => match give_up(&failure) {
@@ -68,8 +90,13 @@ pub async fn watch(args: WatchArgs) -> u8 {
             },
         };
         let pause = pauses.next_pause();
+        let what = if connected_before {
+            "was lost"
+        } else {
+            "could not be opened"
+        };
         eprintln!(
-            "lockd: the watch of {} was lost ({why}); connecting again in {} ms",
+            "lockd: the watch of {} {what} ({why}); connecting again in {} ms",
             args.name,
             pause.as_millis()
         );
@@ -98,20 +125,44 @@ fn give_up(failure: &Failure) -> Option<u8> {
 enum Ended {
     /// `--until-free`, and an event said the lock is free.
     Free,
-    /// The stream was lost: why.
-    Lost(String),
+    /// The stream was lost: why, and how many events it gave.
+    Lost {
+        /// Why.
+        why: String,
+        /// Events printed from it.
+        events: usize,
+    },
+}
+
+/// Whether `response` is a Server-Sent Events stream.
+fn is_event_stream(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// Prints the events of `response` as JSON lines until it ends.
 async fn follow(mut response: reqwest::Response, until_free: bool) -> Ended {
     let mut parser = Parser::default();
+    let mut events = 0;
     loop {
         let chunk = match response.chunk().await {
             Ok(Some(chunk)) => chunk,
-            Ok(None) => return Ended::Lost("the server ended the stream".into()),
-            Err(e) => return Ended::Lost(e.to_string()),
+            Ok(None) => {
+                let why = "the server ended the stream".into();
+                return Ended::Lost { why, events };
+            }
+            Err(e) => {
+                // reqwest says "error decoding response body" of a
+                // connection cut mid-stream.
+                let why = format!("the connection broke: {e}");
+                return Ended::Lost { why, events };
+            }
         };
         for event in parser.push(&String::from_utf8_lossy(&chunk)) {
+            events += 1;
             println!("{}", event.line());
             if until_free && event.says_free() {
                 return Ended::Free;

@@ -46,12 +46,16 @@ pub struct LockState {
     /// When the lease ends (RFC 3339, UTC).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<String>,
-    /// The holder's label, if it gave one.
+    /// The holder's label (`null` when it gave none, as `GET` shows it);
+    /// absent when free.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-    /// When the holder was granted the lock (RFC 3339, UTC).
+    #[schema(value_type = Option<String>)]
+    pub owner: Option<Option<String>>,
+    /// When the holder was granted the lock (RFC 3339, UTC; `null` when not
+    /// recorded); absent when free.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub granted_at: Option<String>,
+    #[schema(value_type = Option<String>)]
+    pub granted_at: Option<Option<String>>,
 }
 
 /// `data` of a semaphore's `state` event: what `GET /semaphores/{name}`
@@ -81,15 +85,13 @@ pub struct LeaseEvent {
     pub name: String,
     /// The lease's fencing token.
     pub fence: u64,
-    /// The holder's label, if it gave one.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The holder's label, `null` when it gave none.
     pub owner: Option<String>,
-    /// The lease's length in milliseconds, from the change.
+    /// The lease left in milliseconds when the event was sent.
     pub ttl_ms: u64,
     /// When the lease ends (RFC 3339, UTC).
     pub expires_at: String,
-    /// When the lease was granted (RFC 3339, UTC), when known.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// When the lease was granted (RFC 3339, UTC), `null` when not known.
     pub granted_at: Option<String>,
 }
 
@@ -283,8 +285,8 @@ fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
                 fence: holder.map(|h| h.fence),
                 ttl_ms: holder.and_then(|h| h.expires_at).map(|at| left_ms(at, now)),
                 expires_at: holder.and_then(|h| h.expires_at).map(rfc3339),
-                owner: holder.and_then(|h| h.owner.clone()),
-                granted_at: holder.and_then(|h| h.granted_at).map(rfc3339),
+                owner: holder.map(|h| h.owner.clone()),
+                granted_at: holder.map(|h| h.granted_at.map(rfc3339)),
             })
         }
         Subject::Semaphore(_) => {

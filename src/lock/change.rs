@@ -13,6 +13,7 @@
 //! | `acquired FENCE TTL_MS GRANTED_AT_MS OWNER` | a new lease (`OWNER` may be empty, and may hold spaces) |
 //! | `extended FENCE TTL_MS` | a lease reset to `TTL_MS` (an extend, or a holder's renewing acquire) |
 //! | `released FENCE` | a lease ended by its holder |
+//! | `expired FENCE` | a semaphore's permit that ran out, forgotten by the script that found it so (before that script's own change) |
 //! | `probe MARKER` | no change: a watcher's marker (see [`super::watch`]) |
 //!
 //! An empty message, or one this version does not know, is
@@ -42,6 +43,12 @@ pub enum Change {
     },
     /// The lease with this fence was released by its holder.
     Released {
+        /// The lease's fencing token.
+        fence: u64,
+    },
+    /// The lease with this fence ran out, and a script that found it so
+    /// forgot it (a semaphore's permits; a lock's key just expires).
+    Expired {
         /// The lease's fencing token.
         fence: u64,
     },
@@ -83,6 +90,7 @@ impl Change {
                 })
             }),
             "released" => rest.parse().ok().map(|fence| Self::Released { fence }),
+            "expired" => rest.parse().ok().map(|fence| Self::Expired { fence }),
             "probe" if !rest.is_empty() => Some(Self::Probe(rest.to_owned())),
             _ => None,
         };
@@ -103,6 +111,7 @@ impl Change {
             ),
             Self::Extended { fence, ttl_ms } => format!("extended {fence} {ttl_ms}"),
             Self::Released { fence } => format!("released {fence}"),
+            Self::Expired { fence } => format!("expired {fence}"),
             Self::Probe(marker) => format!("probe {marker}"),
             Self::Unknown => String::new(),
         }
@@ -113,7 +122,7 @@ impl Change {
     pub fn wakes_waiters(&self) -> bool {
         matches!(
             self,
-            Self::Extended { .. } | Self::Released { .. } | Self::Unknown
+            Self::Extended { .. } | Self::Released { .. } | Self::Expired { .. } | Self::Unknown
         )
     }
 }
@@ -184,11 +193,12 @@ mod tests {
             ttl_ms in any::<u64>(),
             granted_at_ms in any::<u64>(),
             owner in proptest::option::of("[^\\x00-\\x1f]{1,40}"),
-            kind in 0..3u8,
+            kind in 0..4u8,
         ) {
             let change = match kind {
                 0 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner },
                 1 => Change::Extended { fence, ttl_ms },
+                2 => Change::Expired { fence },
                 _ => Change::Released { fence },
             };
             prop_assert_eq!(Change::parse(change.encode().as_bytes()), change);

@@ -131,6 +131,9 @@ pub struct Permits {
     /// Set by the first permit; `None` when none is held.
     limit: Option<Limit>,
     held: Vec<Held>,
+    /// The fences of the permits forgotten because they ran out, not yet
+    /// taken by [`Permits::take_ended`].
+    ended: Vec<u64>,
 }
 
 /// One live permit in [`Permits`].
@@ -159,10 +162,23 @@ pub enum Taken {
 
 impl Permits {
     fn prune(&mut self, now: u64) {
-        self.held.retain(|p| p.until > now);
+        let ended = &mut self.ended;
+        self.held.retain(|p| {
+            let live = p.until > now;
+            if !live {
+                ended.push(p.fence);
+            }
+            live
+        });
         if self.held.is_empty() {
             self.limit = None;
         }
+    }
+
+    /// The fences of the permits that ran out since the last call, as the
+    /// scripts publish them (`expired FENCE`).
+    pub fn take_ended(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.ended)
     }
 
     /// Takes a permit for `token` until `now + ttl_ms`, or renews the one

@@ -480,9 +480,14 @@ enum Purpose {
     /// A lease's end came: the changes before the marker are applied, then
     /// a lease the read does not have ran out.
     Expiry,
-    /// Changes may have been missed: what differs from the read is sent as
-    /// a fresh `state`.
+    /// Changes may have been missed: the changes before the marker are in
+    /// the read, and, if it differs from what was known, it is sent as a
+    /// fresh `state`.
     Resync,
+    /// A semaphore's limit, which the change messages do not carry: the
+    /// changes before the marker are applied, and the read gives the limit
+    /// alone.
+    Limit,
 }
 
 /// A probe whose marker has not come back yet.
@@ -597,12 +602,15 @@ impl Follower {
                     self.settle(pending, true);
                 }
             }
-            // Before the first read's marker: already in the read.
+            // Before the marker of a first read, or of a read after changes
+            // may have been missed: already in the read (and not to be
+            // trusted one by one: a lost message, a Redis that lost its
+            // data, would make them lie).
             Input::Change(_)
                 if self
                     .pending
                     .as_ref()
-                    .is_some_and(|p| p.purpose == Purpose::First) => {}
+                    .is_some_and(|p| matches!(p.purpose, Purpose::First | Purpose::Resync)) => {}
             Input::Change(change) => self.apply(change).await,
             Input::Resync | Input::Subscribed => self.probe(Purpose::Resync).await,
         }
@@ -660,6 +668,12 @@ impl Follower {
         let read = pending.read;
         match pending.purpose {
             Purpose::First => {}
+            Purpose::Limit => {
+                if !self.leases.is_empty() && read.limit.is_some() {
+                    self.limit = read.limit;
+                    self.refresh();
+                }
+            }
             Purpose::Expiry | Purpose::Resync => {
                 let gone: Vec<u64> = self
                     .leases
@@ -733,9 +747,12 @@ impl Follower {
                 let view = tracked.view.clone();
                 self.leases.insert(fence, tracked);
                 self.emit(WatchEvent::Acquired(view));
-                if matches!(self.subject, Subject::Semaphore(_)) && self.limit.is_none() {
+                if matches!(self.subject, Subject::Semaphore(_))
+                    && self.limit.is_none()
+                    && self.pending.is_none()
+                {
                     // The limit is not in the message: read it.
-                    self.probe(Purpose::Resync).await;
+                    self.probe(Purpose::Limit).await;
                 }
             }
             Change::Extended { fence, ttl_ms } => match self.leases.get_mut(&fence) {
@@ -751,6 +768,12 @@ impl Follower {
                 if self.leases.remove(&fence).is_some() {
                     self.emptied();
                     self.emit(WatchEvent::Released { fence });
+                }
+            }
+            Change::Expired { fence } => {
+                if self.leases.remove(&fence).is_some() {
+                    self.emptied();
+                    self.emit(WatchEvent::Expired { fence });
                 }
             }
             Change::Unknown => self.probe(Purpose::Resync).await,

@@ -1012,8 +1012,14 @@ async fn a_refused_request_exits_64() {
     let dir = Scratch::new();
     let server = app.url("");
     let command = sh(r#"touch "$DIR/ran""#);
+    // A name no lock can have is refused before any request.
+    for name in ["bad name", "..", "."] {
+        let exit = run(exec(&dir, &server, &[], name, &command)).await;
+        exit.expect(64);
+        assert!(exit.stderr.contains("not a usable name"), "{}", exit.stderr);
+        assert!(!dir.exists("ran"), "{name:?}: the command ran");
+    }
     for (flags, name) in [
-        (&[][..], "bad name"),
         (&["--ttl-ms", "0"][..], "exec:ttl0"),
         (&["--wait-ms", "99999999"][..], "exec:long-wait"),
     ] {
@@ -1176,9 +1182,14 @@ async fn shell_subcommands_print_json_and_exit_by_status() {
         .expect(0);
     assert_free(&app, name).await;
 
-    let bad = run(shell(&dir, &server, &["status", "bad name"])).await;
-    bad.expect(64);
-    assert!(bad.stderr.contains("400"), "{}", bad.stderr);
+    // A name no lock can have is refused before any request (`..` would
+    // reach GET /locks once the URL is normalised).
+    for name in ["bad name", "..", "."] {
+        let bad = run(shell(&dir, &server, &["status", name])).await;
+        bad.expect(64);
+        assert!(bad.stderr.contains("not a usable name"), "{}", bad.stderr);
+        assert_eq!(bad.stdout, "");
+    }
     let bad_ttl = run(shell(&dir, &server, &["acquire", name, "--ttl-ms", "0"])).await;
     bad_ttl.expect(64);
     assert_free(&app, name).await;

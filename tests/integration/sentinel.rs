@@ -193,7 +193,10 @@ async fn c15_failover_wakeup_waiters_still_wake_after_a_failover() {
         last = Some(event);
     }
     let last = last.expect("the watch heard the release and B's grant");
-    assert!(matches!(last.event.as_str(), "acquired" | "state"), "{last:?}");
+    assert!(
+        matches!(last.event.as_str(), "acquired" | "state"),
+        "{last:?}"
+    );
     assert_eq!(Some(last.fence()), Some(b.inspect("k").await.fence()));
     // The permit's waiter too: its channel moved with the master.
     let given_back_at = Instant::now();

@@ -53,6 +53,7 @@ watch_tests!(
     a_reconnecting_watcher_gets_a_fresh_state_first,
     a_semaphore_watch_reports_each_permit_with_its_fence,
     no_event_ever_carries_a_token,
+    a_permit_that_ran_out_is_expired_before_the_next_one_is_acquired,
 );
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -579,11 +580,15 @@ async fn lockd_watch_until_free_exits_when_the_lock_is_freed_and_refusals_end_it
             .contains(r#""event":"released""#)
     );
 
-    let mut bad = crate::support::lockd();
-    bad.args(["watch", "--server", &app.url(""), "a b"]);
-    let exit = crate::support::run(bad).await;
-    exit.expect(64);
-    assert!(exit.stderr.contains("400"), "{}", exit.stderr);
+    // A name no lock can have is refused before any request: `..` would
+    // otherwise reach another route once the URL is normalised.
+    for name in ["a b", "..", "."] {
+        let mut bad = crate::support::lockd();
+        bad.args(["watch", "--server", &app.url(""), name]);
+        let exit = crate::support::run(bad).await;
+        exit.expect(64);
+        assert!(exit.stderr.contains("not a usable name"), "{}", exit.stderr);
+    }
 
     let redlock = TestApp::redlock(3, |_| {}).await;
     let mut refused = crate::support::lockd();
@@ -591,4 +596,86 @@ async fn lockd_watch_until_free_exits_when_the_lock_is_freed_and_refusals_end_it
     let exit = crate::support::run(refused).await;
     exit.expect(69);
     assert!(exit.stderr.contains("Redlock"), "{}", exit.stderr);
+}
+
+/// A permit that ran out is reported `expired` before the permit that took
+/// its place is `acquired`, and a watch never shows more permits than the
+/// limit, even when the next permit is taken (through another instance)
+/// the moment the first runs out: the script that forgets an expired
+/// permit says so first.
+async fn a_permit_that_ran_out_is_expired_before_the_next_one_is_acquired(
+    app: &TestApp,
+    other: &TestApp,
+) {
+    let mut stream = EventStream::open(app, "/semaphores/pool/events", &[]).await;
+    stream.expect("state").await;
+    let take = |ttl_ms: u64| {
+        other.send_json(
+            Method::POST,
+            "/semaphores/pool",
+            &[],
+            Some(json!({"limit": 1, "ttl_ms": ttl_ms})),
+        )
+    };
+    let mut expected = Vec::new();
+    for _ in 0..8 {
+        let first = take(100).await;
+        first.expect_status(201);
+        expected.push(("acquired", first.fence()));
+        // Fail fast until the permit ran out and the next is granted.
+        let next = loop {
+            let reply = take(100).await;
+            if reply.status == 201 {
+                break reply;
+            }
+            reply.expect_problem(409, "semaphore-full");
+        };
+        expected.push(("expired", first.fence()));
+        expected.push(("acquired", next.fence()));
+        expected.push(("expired", next.fence()));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let mut seen = Vec::new();
+    while seen.len() < expected.len() {
+        let event = stream.next(WAIT).await.expect("an event");
+        if let Some(holders) = event.data["holders"].as_u64() {
+            assert!(holders <= 1, "more holders than the limit: {event:?}");
+        }
+        seen.push((event.event.clone(), event.fence()));
+    }
+    let seen: Vec<(&str, u64)> = seen.iter().map(|(k, f)| (k.as_str(), *f)).collect();
+    assert_eq!(seen, expected);
+}
+
+/// Redis restarts without persistence while a lock is held and a waiter
+/// queued: the lease did not run out (Redis lost it), so the watch says
+/// what is now with a `state`, never `expired`, and ends where `GET` ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_loses_its_data_a_watch_sends_a_state_not_an_expiry() {
+    let app = TestApp::redis().await;
+    let other = app.sibling(|_| {}).await;
+    let (_, held) = take(&other, "job", 15_000, "A").await;
+    let waiter = other.spawn_wait("job", 5_000, 20_000);
+    let mut stream = watch(&app, "job").await;
+    assert_eq!(stream.expect("state").await.fence(), held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    app.redis_server().stop();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    app.redis_server().start().await;
+    let granted = waiter.await.unwrap().unwrap();
+    granted.expect_status(201);
+    let mut events = Vec::new();
+    while let Some(event) = stream.next(Duration::from_secs(3)).await {
+        events.push(event);
+    }
+    assert!(
+        events
+            .iter()
+            .all(|e| e.event != "expired" && e.event != "released"),
+        "{events:?}"
+    );
+    assert!(events.iter().any(|e| e.event == "state"), "{events:?}");
+    let last = events.last().expect("events after the restart");
+    assert_eq!(last.fence(), granted.fence(), "{events:?}");
+    assert_eq!(fence_of(&app, "job").await, Some(granted.fence()));
 }

@@ -49,6 +49,10 @@ use {lease::default_owner, std::process::ExitStatus};
 
 /// Runs `lockd exec` and returns its exit code.
 pub async fn run(args: ExecArgs) -> u8 {
+    if let Err(e) = super::args::check_name(&args.name) {
+        say(&e);
+        return exit::USAGE;
+    }
     let servers = match args.server.servers() {
         Ok(s) => s,
         Err(e) => {

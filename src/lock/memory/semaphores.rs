@@ -7,7 +7,9 @@ use tokio::time::Instant;
 
 use super::{MemoryBackend, SWEEP_EVERY, lease, next_fence_in};
 use crate::lock::queue::semaphore_key;
-use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo, Taken};
+use crate::lock::semaphore::{
+    Permit, PermitOutcome, PermitRequest, Permits, Refusal, SemaphoreInfo, Taken,
+};
 use crate::lock::{Change, ExtendTtl, LockError, LockName, Released, Token, Ttl, unix_millis};
 
 impl MemoryBackend {
@@ -38,6 +40,8 @@ impl MemoryBackend {
         let taken = permits.take(at, req, granted_at, || {
             next_fence_in(fences, &req.name, now, retention)
         });
+        let key = semaphore_key(req.name.as_str());
+        self.tell_ended(&key, permits);
         let ttl_ms = req.ttl.as_millis();
         let change = match taken {
             Taken::Granted(fence) => Some(Change::Acquired {
@@ -51,7 +55,7 @@ impl MemoryBackend {
         };
         if let Some(change) = change {
             // Told under the state's lock, so that changes are told in order.
-            self.tell(&semaphore_key(req.name.as_str()), &change);
+            self.tell(&key, &change);
         }
         if matches!(taken, Taken::Granted(_)) {
             state.grants += 1;
@@ -86,6 +90,7 @@ impl MemoryBackend {
             return Ok(None);
         };
         let gone = permits.give_back(at, token);
+        self.tell_ended(&semaphore_key(name.as_str()), permits);
         if permits.live(at) == 0 {
             state.semaphores.remove(name.as_str());
         }
@@ -118,6 +123,7 @@ impl MemoryBackend {
             ExtendTtl::Own { .. } => None,
         };
         let extended = permits.extend(at, token, given);
+        self.tell_ended(&semaphore_key(name.as_str()), permits);
         if let Some((fence, _, ttl_ms)) = extended {
             // As the script publishes: a shorter lease frees it sooner.
             self.tell(
@@ -152,10 +158,21 @@ impl MemoryBackend {
     pub fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
         let at = self.now_us();
         let mut state = self.state();
-        Ok(state
-            .semaphores
-            .get_mut(name.as_str())
-            .and_then(|permits| permits.inspect(at)))
+        let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
+            return Ok(None);
+        };
+        let info = permits.inspect(at);
+        self.tell_ended(&semaphore_key(name.as_str()), permits);
+        Ok(info)
+    }
+
+    /// Tells the listener of the permits of `permits` (semaphore queue key
+    /// `key`) that ran out, as the scripts publish them: `expired FENCE`,
+    /// before the change that found them so.
+    fn tell_ended(&self, key: &str, permits: &mut Permits) {
+        for fence in permits.take_ended() {
+            self.tell(key, &Change::Expired { fence });
+        }
     }
 
     /// As [`crate::lock::redis::RedisBackend::probe_semaphore`]: an inspect,
@@ -170,10 +187,14 @@ impl MemoryBackend {
     ) -> Result<Option<SemaphoreInfo>, LockError> {
         let at = self.now_us();
         let mut state = self.state();
-        let info = state
-            .semaphores
-            .get_mut(name.as_str())
-            .and_then(|permits| permits.inspect(at));
+        let info = match state.semaphores.get_mut(name.as_str()) {
+            Some(permits) => {
+                let info = permits.inspect(at);
+                self.tell_ended(&semaphore_key(name.as_str()), permits);
+                info
+            }
+            None => None,
+        };
         self.tell(
             &semaphore_key(name.as_str()),
             &Change::Probe(marker.to_owned()),

@@ -18,7 +18,7 @@
 local permits, holders = KEYS[1], KEYS[2]
 local token, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_us()
-local held = prune(permits, holders, now)
+local held = prune(permits, holders, now, ARGV[7], ARGV[8])
 local set = tonumber(redis.call('HGET', holders, 'limit'))
 if set and set ~= limit then
   return {3, '', set}

@@ -11,7 +11,7 @@
 local permits, holders = KEYS[1], KEYS[2]
 local token = ARGV[1]
 local now = now_us()
-prune(permits, holders, now)
+prune(permits, holders, now, ARGV[3], ARGV[4])
 local mine = redis.call('HGET', holders, holder_field(token))
 if not (mine and redis.call('ZSCORE', permits, token)) then
   return {0, '', 0, 0}

@@ -8,7 +8,7 @@
 -- nothing is changed then).
 local permits, holders = KEYS[1], KEYS[2]
 local now = now_us()
-prune(permits, holders, now)
+prune(permits, holders, now, ARGV[2], ARGV[3])
 local field = holder_field(ARGV[1])
 local mine = redis.call('HGET', holders, field)
 if redis.call('ZREM', permits, ARGV[1]) == 0 then

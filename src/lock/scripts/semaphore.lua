@@ -23,8 +23,11 @@ local function us(ms)
   return ms * 1000
 end
 
--- Forgets the permits that ran out by `now`; returns how many are held.
-local function prune(permits, holders, now)
+-- Forgets the permits that ran out by `now`, publishing `expired FENCE`
+-- for each on `channel` with `publish` (PUBLISH or SPUBLISH), before the
+-- calling script's own change (src/lock/change.rs); returns how many are
+-- held.
+local function prune(permits, holders, now, channel, publish)
   local gone = redis.call('ZRANGEBYSCORE', permits, '-inf', now)
   if #gone > 0 then
     redis.call('ZREMRANGEBYSCORE', permits, '-inf', now)
@@ -33,6 +36,17 @@ local function prune(permits, holders, now)
       local fields = {}
       for i = first, math.min(first + 499, #gone) do
         fields[#fields + 1] = 't:' .. gone[i]
+      end
+      local records = redis.call('HMGET', holders, unpack(fields))
+      for i = 1, #fields do
+        local record = records[i]
+        if record then
+          local ok, decoded = pcall(cjson.decode, record)
+          if ok and type(decoded) == 'table' and decoded.fence then
+            -- pcall: a server without SPUBLISH (Redis 6) still prunes.
+            redis.pcall(publish, channel, 'expired ' .. tostring(decoded.fence))
+          end
+        end
       end
       redis.call('HDEL', holders, unpack(fields))
     end
