@@ -43,7 +43,8 @@ pub enum Permission {
     /// `DELETE /locks/{name}`: release a lock.
     Release,
     /// `GET /locks/{name}` and `GET /semaphores/{name}`: see who holds a
-    /// lock or permits; `GET /locks` and `GET /semaphores`: list them.
+    /// lock or permits; `GET /locks` and `GET /semaphores`: list them;
+    /// `GET .../events`: watch them.
     Read,
     /// `GET /metrics` on the main listener.
     Metrics,
