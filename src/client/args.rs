@@ -251,6 +251,11 @@ pub struct WatchArgs {
     /// semaphore, once no permit is held), rather than watch for ever.
     #[arg(long)]
     pub until_free: bool,
+    /// A stream silent this long, in ms (no event, not even the server's
+    /// keep-alive comment, sent after 15 s of silence by default), counts
+    /// as lost: connect again, to the next server when several are given.
+    #[arg(long, default_value_t = 45_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: u64,
 }
 
 #[cfg(test)]

@@ -273,6 +273,14 @@ impl Servers {
         self.current.load(Ordering::Relaxed) % self.clients.len()
     }
 
+    /// Makes the next call ask the server after the current one first
+    /// (after a stream from the current one was lost: it is going away, or
+    /// hangs).
+    pub fn pass_over_current(&self) {
+        let next = (self.first() + 1) % self.clients.len();
+        self.current.store(next, Ordering::Relaxed);
+    }
+
     /// `POST /locks/{name}` ([`LockClient::acquire`]) through the first
     /// usable server. The token is `params.token`, or one chosen here
     /// when `None` (as the server would choose one), so that the acquire

@@ -66,7 +66,8 @@ pub async fn watch(args: WatchArgs) -> u8 {
                     );
                 }
                 connected_before = true;
-                match follow(response, args.until_free).await {
+                let idle = Duration::from_millis(args.idle_timeout_ms);
+                match follow(response, args.until_free, idle).await {
                     Ended::Free => return 0,
                     // The pauses start again only after a stream that gave
                     // events: one that ends at once backs off as a refusal.
@@ -74,6 +75,9 @@ pub async fn watch(args: WatchArgs) -> u8 {
                         if events > 0 {
                             pauses.reset();
                         }
+                        // That server is going away, or hangs: the next
+                        // one is asked first.
+                        servers.pass_over_current();
                         why
                     }
                 }
@@ -143,12 +147,20 @@ fn is_event_stream(response: &reqwest::Response) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-/// Prints the events of `response` as JSON lines until it ends.
-async fn follow(mut response: reqwest::Response, until_free: bool) -> Ended {
+/// Prints the events of `response` as JSON lines until it ends, or stays
+/// silent for `idle` (a server or a link that hangs).
+async fn follow(mut response: reqwest::Response, until_free: bool, idle: Duration) -> Ended {
     let mut parser = Parser::default();
     let mut events = 0;
     loop {
-        let chunk = match response.chunk().await {
+        let Ok(chunk) = tokio::time::timeout(idle, response.chunk()).await else {
+            let why = format!(
+                "nothing came for {} ms, not even a keep-alive",
+                idle.as_millis()
+            );
+            return Ended::Lost { why, events };
+        };
+        let chunk = match chunk {
             Ok(Some(chunk)) => chunk,
             Ok(None) => {
                 let why = "the server ended the stream".into();

@@ -11,7 +11,7 @@
 //! | message | when |
 //! | --- | --- |
 //! | `acquired FENCE TTL_MS GRANTED_AT_MS OWNER` | a new lease (`OWNER` may be empty, and may hold spaces) |
-//! | `extended FENCE TTL_MS` | a lease reset to `TTL_MS` (an extend, or a holder's renewing acquire) |
+//! | `extended FENCE TTL_MS AT_MS` | a lease reset to `TTL_MS` from `AT_MS` (Unix ms of the lockd that sent it): an extend, or a holder's renewing acquire |
 //! | `released FENCE` | a lease ended by its holder |
 //! | `expired FENCE` | a semaphore's permit that ran out, forgotten by the script that found it so (before that script's own change) |
 //! | `probe MARKER` | no change: a watcher's marker (see [`super::watch`]) |
@@ -34,12 +34,15 @@ pub enum Change {
         /// The holder's label, when given.
         owner: Option<String>,
     },
-    /// The lease with this fence now lasts `ttl_ms` from now.
+    /// The lease with this fence now lasts `ttl_ms` from `at_ms`.
     Extended {
         /// The lease's fencing token.
         fence: u64,
         /// Its new TTL in milliseconds.
         ttl_ms: u64,
+        /// When the extend was sent, in Unix milliseconds of the lockd that
+        /// sent it (`None` in a message of a lockd that did not say).
+        at_ms: Option<u64>,
     },
     /// The lease with this fence was released by its holder.
     Released {
@@ -83,12 +86,26 @@ impl Change {
                     _ => None,
                 }
             }
-            "extended" => rest.split_once(' ').and_then(|(fence, ttl)| {
-                Some(Self::Extended {
-                    fence: fence.parse().ok()?,
-                    ttl_ms: ttl.parse().ok()?,
-                })
-            }),
+            "extended" => {
+                let mut fields = rest.split(' ');
+                let mut number = || fields.next().map(|f| f.parse::<u64>().ok());
+                match (number(), number(), number(), number()) {
+                    (Some(Some(fence)), Some(Some(ttl_ms)), at, None) => match at {
+                        None => Some(Self::Extended {
+                            fence,
+                            ttl_ms,
+                            at_ms: None,
+                        }),
+                        Some(Some(at_ms)) => Some(Self::Extended {
+                            fence,
+                            ttl_ms,
+                            at_ms: Some(at_ms),
+                        }),
+                        Some(None) => None,
+                    },
+                    _ => None,
+                }
+            }
             "released" => rest.parse().ok().map(|fence| Self::Released { fence }),
             "expired" => rest.parse().ok().map(|fence| Self::Expired { fence }),
             "probe" if !rest.is_empty() => Some(Self::Probe(rest.to_owned())),
@@ -109,7 +126,16 @@ impl Change {
                 "acquired {fence} {ttl_ms} {granted_at_ms} {}",
                 owner.as_deref().unwrap_or("")
             ),
-            Self::Extended { fence, ttl_ms } => format!("extended {fence} {ttl_ms}"),
+            Self::Extended {
+                fence,
+                ttl_ms,
+                at_ms: Some(at_ms),
+            } => format!("extended {fence} {ttl_ms} {at_ms}"),
+            Self::Extended {
+                fence,
+                ttl_ms,
+                at_ms: None,
+            } => format!("extended {fence} {ttl_ms}"),
             Self::Released { fence } => format!("released {fence}"),
             Self::Expired { fence } => format!("expired {fence}"),
             Self::Probe(marker) => format!("probe {marker}"),
@@ -153,10 +179,20 @@ mod tests {
             }
         );
         assert_eq!(
+            Change::parse(b"extended 17 900 1700000000000"),
+            Change::Extended {
+                fence: 17,
+                ttl_ms: 900,
+                at_ms: Some(1_700_000_000_000),
+            }
+        );
+        // An older lockd's, without the time.
+        assert_eq!(
             Change::parse(b"extended 17 900"),
             Change::Extended {
                 fence: 17,
-                ttl_ms: 900
+                ttl_ms: 900,
+                at_ms: None,
             }
         );
         assert_eq!(
@@ -174,6 +210,8 @@ mod tests {
             b"released ",
             b"released x",
             b"extended 1",
+            b"extended 1 2 x",
+            b"extended 1 2 3 4",
             b"acquired 1 2",
             b"probe",
             b"probe ",
@@ -197,7 +235,7 @@ mod tests {
         ) {
             let change = match kind {
                 0 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner },
-                1 => Change::Extended { fence, ttl_ms },
+                1 => Change::Extended { fence, ttl_ms, at_ms: Some(granted_at_ms) },
                 2 => Change::Expired { fence },
                 _ => Change::Released { fence },
             };

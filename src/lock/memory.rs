@@ -226,7 +226,13 @@ impl Node for MemoryBackend {
             }
             let fence = holder.fence;
             let ttl_ms = req.ttl.as_millis();
-            self.tell(req.name.as_str(), &Change::Extended { fence, ttl_ms });
+            let at_ms = Some(unix_millis(SystemTime::now()));
+            let change = Change::Extended {
+                fence,
+                ttl_ms,
+                at_ms,
+            };
+            self.tell(req.name.as_str(), &change);
             return Ok(Acquired::Renewed(lease(fence, req.ttl)));
         }
         let fence = state.next_fence(&req.name, now, self.fence_retention);
@@ -279,7 +285,13 @@ impl Node for MemoryBackend {
         let fence = holder.fence;
         // Waiters learn the new lease end (an extend may shorten it).
         let ttl_ms = ttl.as_millis();
-        self.tell(name.as_str(), &Change::Extended { fence, ttl_ms });
+        let at_ms = Some(unix_millis(SystemTime::now()));
+        let change = Change::Extended {
+            fence,
+            ttl_ms,
+            at_ms,
+        };
+        self.tell(name.as_str(), &change);
         drop(state);
         Ok(lease(fence, ttl))
     }

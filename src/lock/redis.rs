@@ -849,7 +849,8 @@ impl Node for RedisBackend {
             .arg(&keys.released)
             .arg(fallback.as_millis())
             .arg(self.fence_retention_ms)
-            .arg(self.events.publish());
+            .arg(self.events.publish())
+            .arg(unix_millis(sent_wall));
         let mut sent_on = None;
         let (status, fence, ttl_ms): (i64, i64, i64) = self.run_on(&call, &mut sent_on).await?;
         match status {

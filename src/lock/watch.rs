@@ -425,9 +425,15 @@ impl Tracked {
         }
     }
 
-    fn reset(&mut self, ttl: Duration) {
-        self.view.expires_at = Some(SystemTime::now() + ttl);
-        self.ends = Some(Instant::now() + ttl);
+    /// Resets the lease to end `ttl` after `at` (when the change was
+    /// sent, by the clock of the lockd that sent it), or after now if that
+    /// is sooner or unknown: an event heard late (this instance was
+    /// stalled) says the lease it describes, not one from its hearing.
+    fn reset(&mut self, ttl: Duration, at: Option<SystemTime>) {
+        let now = SystemTime::now();
+        let expires_at = at.map_or(now, |at| at.min(now)) + ttl;
+        self.view.expires_at = Some(expires_at);
+        self.ends = Some(Instant::now() + expires_at.duration_since(now).unwrap_or_default());
     }
 }
 
@@ -738,12 +744,9 @@ impl Follower {
                 }
                 let granted_at = (granted_at_ms > 0)
                     .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms));
-                let tracked = Tracked::new(
-                    fence,
-                    owner,
-                    granted_at,
-                    Some(Duration::from_millis(ttl_ms)),
-                );
+                let ttl = Duration::from_millis(ttl_ms);
+                let mut tracked = Tracked::new(fence, owner, granted_at, Some(ttl));
+                tracked.reset(ttl, granted_at);
                 let view = tracked.view.clone();
                 self.leases.insert(fence, tracked);
                 self.emit(WatchEvent::Acquired(view));
@@ -755,9 +758,14 @@ impl Follower {
                     self.probe(Purpose::Limit).await;
                 }
             }
-            Change::Extended { fence, ttl_ms } => match self.leases.get_mut(&fence) {
+            Change::Extended {
+                fence,
+                ttl_ms,
+                at_ms,
+            } => match self.leases.get_mut(&fence) {
                 Some(tracked) => {
-                    tracked.reset(Duration::from_millis(ttl_ms));
+                    let at = at_ms.map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms));
+                    tracked.reset(Duration::from_millis(ttl_ms), at);
                     let view = tracked.view.clone();
                     self.emit(WatchEvent::Extended(view));
                 }
@@ -856,5 +864,35 @@ impl WaitInterest for SharedInterest {
                 self.inner.idle(name);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_heard_late_keeps_the_end_it_was_sent_with() {
+        let mut lease = Tracked::new(7, None, None, Some(Duration::from_secs(60)));
+        let sent = SystemTime::now() - Duration::from_secs(80);
+        lease.reset(Duration::from_secs(6), Some(sent));
+        // Sent 80 s ago for 6 s: it ended 74 s ago, and the follower looks
+        // at once.
+        assert_eq!(lease.view.expires_at, Some(sent + Duration::from_secs(6)));
+        assert!(lease.ends.is_some_and(|end| end <= Instant::now()));
+        // A clock ahead of this one's counts from now instead.
+        let ahead = SystemTime::now() + Duration::from_secs(30);
+        lease.reset(Duration::from_secs(6), Some(ahead));
+        let left = lease
+            .view
+            .expires_at
+            .and_then(|at| at.duration_since(SystemTime::now()).ok());
+        assert!(
+            left.is_some_and(|left| left <= Duration::from_secs(6)),
+            "{left:?}"
+        );
+        // Unknown: from now.
+        lease.reset(Duration::from_secs(6), None);
+        assert!(lease.ends.is_some_and(|end| end > Instant::now()));
     }
 }

@@ -172,10 +172,19 @@ pub(super) async fn keep_renewing(
                 || "no renewal could be sent in time".to_owned(),
                 |f| format!("the renewals failed: {f}"),
             );
-            let _ = lost.send(format!(
-                "the lease runs out in {} ms with no renewal (stopping the command now, so that it is gone before the lease runs out); {why}",
-                lease_end.saturating_duration_since(sent).as_millis()
-            ));
+            let message = if sent >= lease_end {
+                // This process was stopped or starved past the lease's end.
+                format!(
+                    "the lease ran out {} ms ago with no renewal (was lockd exec paused?); {why}",
+                    sent.duration_since(lease_end).as_millis()
+                )
+            } else {
+                format!(
+                    "the lease runs out in {} ms with no renewal (stopping the command now, so that it is gone before the lease runs out); {why}",
+                    lease_end.duration_since(sent).as_millis()
+                )
+            };
+            let _ = lost.send(message);
             return;
         }
         let timeout = (stop_at - sent).min(CALL_LIMIT);

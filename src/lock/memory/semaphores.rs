@@ -50,7 +50,11 @@ impl MemoryBackend {
                 granted_at_ms: unix_millis(granted_at),
                 owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
             }),
-            Taken::Renewed(fence) => Some(Change::Extended { fence, ttl_ms }),
+            Taken::Renewed(fence) => Some(Change::Extended {
+                fence,
+                ttl_ms,
+                at_ms: Some(unix_millis(granted_at)),
+            }),
             Taken::Refused(_) => None,
         };
         if let Some(change) = change {
@@ -128,7 +132,11 @@ impl MemoryBackend {
             // As the script publishes: a shorter lease frees it sooner.
             self.tell(
                 &semaphore_key(name.as_str()),
-                &Change::Extended { fence, ttl_ms },
+                &Change::Extended {
+                    fence,
+                    ttl_ms,
+                    at_ms: Some(unix_millis(SystemTime::now())),
+                },
             );
         }
         drop(state);

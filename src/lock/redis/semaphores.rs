@@ -212,7 +212,8 @@ impl RedisBackend {
             .arg(given)
             .arg(&keys.released)
             .arg(self.events.publish())
-            .arg(fallback.as_millis());
+            .arg(fallback.as_millis())
+            .arg(unix_millis(sent_wall));
         let mut sent_on = None;
         let (status, fence, limit, ttl_ms): (i64, String, i64, u64) =
             self.run_on(&call, &mut sent_on).await?;

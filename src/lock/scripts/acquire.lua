@@ -10,7 +10,8 @@
 -- owner label replaced when one is given), {0, pttl} when another token
 -- holds it.
 -- Publishes the change (src/lock/change.rs): `acquired FENCE TTL GRANTED
--- OWNER` for a new grant, `extended FENCE TTL` for a renewal.
+-- OWNER` for a new grant, `extended FENCE TTL AT` for a renewal (AT: the
+-- grant time of this request, ARGV[4]).
 --
 -- The fence comes from next_fence (fence.lua, put in front of this
 -- script): max(counter + 1, this server's clock in microseconds), the
@@ -68,7 +69,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   end
   redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  redis.pcall(ARGV[7], ARGV[6], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2])
+  redis.pcall(ARGV[7], ARGV[6], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2]
+    .. ' ' .. ARGV[4])
   return {2, fence}
 end
 return {0, redis.call('PTTL', KEYS[1])}

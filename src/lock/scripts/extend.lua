@@ -1,5 +1,5 @@
 -- Extend a lock: compare the token, then PEXPIRE. Never creates a lock.
--- Publishes `extended FENCE TTL` on the change channel too
+-- Publishes `extended FENCE TTL AT` on the change channel too
 -- (src/lock/change.rs), so that waiters learn the new lease end (an extend
 -- may shorten the lease) and watchers hear it.
 -- KEYS[1] lock key, KEYS[2] holder metadata hash, KEYS[3] fencing counter
@@ -8,7 +8,7 @@
 -- (KEYS[1] .. ':released'), ARGV[4] the TTL in ms when ARGV[2] is '' and
 -- the hash records none (a lock granted by an older lockd), ARGV[5] fence
 -- retention in ms, ARGV[6] the command to publish with: PUBLISH, or SPUBLISH
--- on a Redis Cluster
+-- on a Redis Cluster, ARGV[7] when the extend was sent, in Unix ms
 -- Returns {1, fence, ttl_ms} when extended, {0, 0, 0} when nobody holds the
 -- lock, {-1, 0, 0} when another token holds it. A lock that a foreign
 -- client set without a fence gets one (next_fence, from fence.lua in front
@@ -44,5 +44,5 @@ redis.call('HSET', KEYS[2], 'ttl_ms', ttl)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
 -- pcall: a server without SPUBLISH (Redis 6) still extends.
-redis.pcall(ARGV[6], ARGV[3], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ttl)
+redis.pcall(ARGV[6], ARGV[3], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ttl .. ' ' .. ARGV[7])
 return {1, fence, tonumber(ttl)}

@@ -14,7 +14,8 @@
 --   {3, '', limit}       permits are held under another limit (`limit`).
 -- The fence is a string (it may pass 2^31).
 -- Publishes the change (src/lock/change.rs): `acquired FENCE TTL GRANTED
--- OWNER` for a new permit, `extended FENCE TTL` for a renewal.
+-- OWNER` for a new permit, `extended FENCE TTL AT` for a renewal (AT:
+-- this request's grant time, ARGV[5]).
 local permits, holders = KEYS[1], KEYS[2]
 local token, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_us()
@@ -33,7 +34,8 @@ if mine and redis.call('ZSCORE', permits, token) then
   redis.call('ZADD', permits, 'XX', now + us(ttl), token)
   redis.call('HSET', holders, holder_field(token), cjson.encode(record))
   expire_with_last(permits, holders, now)
-  redis.pcall(ARGV[8], ARGV[7], 'extended ' .. tostring(record.fence or '') .. ' ' .. ARGV[3])
+  redis.pcall(ARGV[8], ARGV[7], 'extended ' .. tostring(record.fence or '') .. ' ' .. ARGV[3]
+    .. ' ' .. ARGV[5])
   return {2, record.fence, limit}
 end
 if held >= limit then

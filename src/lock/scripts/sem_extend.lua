@@ -1,11 +1,12 @@
 -- Extend the permit `token` holds to a new TTL; never recreates one.
--- Publishes `extended FENCE TTL` on the change channel (a shorter lease
+-- Publishes `extended FENCE TTL AT` on the change channel (a shorter lease
 -- frees the permit sooner), so that waiters look again and watchers hear it.
 -- KEYS[1] permits, KEYS[2] holders
 -- ARGV[1] token, ARGV[2] TTL in ms ('' = the permit's own TTL: the one it
 -- was granted with or last extended to), ARGV[3] release channel,
 -- ARGV[4] PUBLISH or SPUBLISH, ARGV[5] the TTL in ms when neither is
--- known (a record written without one)
+-- known (a record written without one), ARGV[6] when the extend was sent,
+-- in Unix ms
 -- Returns {1, fence, limit, ttl_ms} when extended, {0, '', 0, 0} when
 -- `token` holds no permit (given back or run out).
 local permits, holders = KEYS[1], KEYS[2]
@@ -22,5 +23,6 @@ record.ttl_ms = ttl
 redis.call('ZADD', permits, 'XX', now + us(ttl), token)
 redis.call('HSET', holders, holder_field(token), cjson.encode(record))
 expire_with_last(permits, holders, now)
-redis.pcall(ARGV[4], ARGV[3], 'extended ' .. tostring(record.fence or '') .. ' ' .. string.format('%.0f', ttl))
+redis.pcall(ARGV[4], ARGV[3], 'extended ' .. tostring(record.fence or '') .. ' ' .. string.format('%.0f', ttl)
+  .. ' ' .. ARGV[6])
 return {1, record.fence, tonumber(redis.call('HGET', holders, 'limit')), ttl}

@@ -10,7 +10,7 @@
 --            JSON encoding).
 -- Every script first forgets the permits that ran out (prune), so that an
 -- expired permit is free at once for every instance, with no cleanup job,
--- and both keys expire with the last permit.
+-- and both keys expire a second after the last permit.
 
 -- This server's clock, in µs.
 local function now_us()
@@ -58,12 +58,16 @@ local function prune(permits, holders, now, channel, publish)
   return held
 end
 
--- Makes both keys live as long as the longest permit, and no longer.
+-- Makes both keys live as long as the longest permit and one second more:
+-- a script that runs in that second still finds the permits that ran out,
+-- and forgets them saying so (`expired FENCE`, before its own change),
+-- where keys that Redis expired would vanish without a word, and a watcher
+-- could hear the next permit granted before the last one ran out.
 local function expire_with_last(permits, holders, now)
   local last = redis.call('ZRANGE', permits, -1, -1, 'WITHSCORES')
   if #last == 2 then
-    -- In whole ms, rounded up: the keys outlive the last permit.
-    local left = math.floor((tonumber(last[2]) - now) / 1000) + 1
+    -- In whole ms, rounded up, and the second after the last permit.
+    local left = math.floor((tonumber(last[2]) - now) / 1000) + 1001
     redis.call('PEXPIRE', permits, left)
     redis.call('PEXPIRE', holders, left)
   end
