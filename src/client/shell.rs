@@ -37,7 +37,7 @@ pub fn exit_code(status: StatusCode, slug: &str) -> u8 {
 }
 
 /// The exit code for a call that did not succeed (see [`exit_code`]).
-fn error_code(error: &ClientError) -> u8 {
+pub(super) fn error_code(error: &ClientError) -> u8 {
     match error {
         ClientError::NotHeld { .. } => exit::NOT_FOUND,
         ClientError::Held { .. }

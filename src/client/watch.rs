@@ -20,6 +20,7 @@ use super::api::{ClientError, Target};
 use super::args::{WatchArgs, check_name};
 use super::exit;
 use super::servers::Failure;
+use super::shell::error_code;
 use crate::backoff::ExponentialBackoff;
 
 /// The pauses between connections: 100 ms doubling up to 5 s.
@@ -108,20 +109,19 @@ pub async fn watch(args: WatchArgs) -> u8 {
     }
 }
 
-/// The exit code of a failure that retrying will not cure; `None` for one
-/// to retry (no answer, 5xx, 429).
+/// The exit code of a failure that retrying will not cure, as the shell
+/// subcommands give it ([`error_code`]); `None` for one to retry (no
+/// answer, 5xx, 429).
 fn give_up(failure: &Failure) -> Option<u8> {
     match &failure.error {
         ClientError::Unavailable { .. }
         | ClientError::ServerError { .. }
         | ClientError::Unreachable(_)
-        | ClientError::RateLimited { .. } => None,
+        | ClientError::RateLimited { .. }
+        | ClientError::Unexpected { .. } => None,
         // 501: Redlock mode has no watches; retrying will not give one.
         ClientError::Refused { answer } if answer.status.as_u16() == 501 => Some(exit::UNAVAILABLE),
-        ClientError::NotHeld { .. } => Some(exit::USAGE),
-        ClientError::Held { .. } | ClientError::NotOwner { .. } => Some(exit::CONFLICT),
-        ClientError::Refused { .. } => Some(exit::USAGE),
-        ClientError::Unexpected { .. } => None,
+        refused => Some(error_code(refused)),
     }
 }
 

@@ -40,6 +40,18 @@ struct Counter {
     forget_at: Instant,
 }
 
+impl Holder {
+    /// What an observer may know of this holder at `now`: never its token.
+    fn info(&self, now: Instant) -> LockInfo {
+        LockInfo {
+            fence: Some(self.fence),
+            remaining: Some(self.expires - now),
+            owner: self.owner.clone(),
+            granted_at: Some(self.granted_at),
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// Ordered by name, so that a listing walks them in order.
@@ -315,26 +327,15 @@ impl Node for MemoryBackend {
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        Ok(state.live(name, now).map(|h| {
-            let info = LockInfo {
-                fence: Some(h.fence),
-                remaining: Some(h.expires - now),
-                owner: h.owner.clone(),
-                granted_at: Some(h.granted_at),
-            };
-            (h.token.clone(), info)
-        }))
+        Ok(state
+            .live(name, now)
+            .map(|h| (h.token.clone(), h.info(now))))
     }
 
     async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let info = state.live(name, now).map(|h| LockInfo {
-            fence: Some(h.fence),
-            remaining: Some(h.expires - now),
-            owner: h.owner.clone(),
-            granted_at: Some(h.granted_at),
-        });
+        let info = state.live(name, now).map(|h| h.info(now));
         self.tell(name.as_str(), &Change::Probe(marker.to_owned()));
         drop(state);
         Ok(info)

@@ -312,13 +312,14 @@ impl Watches {
         })
     }
 
-    /// Sends `input` to the follower of `key`, if it is watched.
-    fn send(&self, key: &str, input: Input) {
+    /// Sends `input()` to the follower of `key`, if it is watched (made
+    /// only then: every change of every lock passes here).
+    fn send(&self, key: &str, input: impl FnOnce() -> Input) {
         if self.watching() == 0 {
             return;
         }
         if let Some(entry) = self.entries().get(key) {
-            let _ = entry.inputs.send(input);
+            let _ = entry.inputs.send(input());
         }
     }
 
@@ -341,7 +342,7 @@ impl Watches {
 
 impl ChangeListener for Watches {
     fn changed(&self, key: &str, change: &Change) {
-        self.send(key, Input::Change(change.clone()));
+        self.send(key, || Input::Change(change.clone()));
     }
 
     fn resync(&self) {
@@ -354,7 +355,7 @@ impl ChangeListener for Watches {
     }
 
     fn subscribed(&self, key: &str) {
-        self.send(key, Input::Subscribed);
+        self.send(key, || Input::Subscribed);
     }
 }
 
@@ -408,21 +409,28 @@ struct Tracked {
 }
 
 impl Tracked {
+    /// A lease that lasts `ttl` (none: no TTL) from `at`, as
+    /// [`Self::reset`] counts it.
     fn new(
         fence: u64,
         owner: Option<String>,
         granted_at: Option<SystemTime>,
         ttl: Option<Duration>,
+        at: Option<SystemTime>,
     ) -> Self {
-        Self {
+        let mut tracked = Self {
             view: LeaseView {
                 fence,
                 owner,
-                expires_at: ttl.map(|ttl| SystemTime::now() + ttl),
+                expires_at: None,
                 granted_at,
             },
-            ends: ttl.map(|ttl| Instant::now() + ttl),
+            ends: None,
+        };
+        if let Some(ttl) = ttl {
+            tracked.reset(ttl, at);
         }
+        tracked
     }
 
     /// Resets the lease to end `ttl` after `at` (when the change was
@@ -449,7 +457,8 @@ impl Read {
         let leases = info
             .map(|info| {
                 let fence = info.fence.unwrap_or(0);
-                let tracked = Tracked::new(fence, info.owner, info.granted_at, info.remaining);
+                let tracked =
+                    Tracked::new(fence, info.owner, info.granted_at, info.remaining, None);
                 BTreeMap::from([(fence, tracked)])
             })
             .unwrap_or_default();
@@ -467,7 +476,7 @@ impl Read {
             .permits
             .into_iter()
             .map(|p| {
-                let tracked = Tracked::new(p.fence, p.owner, p.granted_at, Some(p.remaining));
+                let tracked = Tracked::new(p.fence, p.owner, p.granted_at, Some(p.remaining), None);
                 (p.fence, tracked)
             })
             .collect();
@@ -744,9 +753,8 @@ impl Follower {
                 }
                 let granted_at = (granted_at_ms > 0)
                     .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms));
-                let ttl = Duration::from_millis(ttl_ms);
-                let mut tracked = Tracked::new(fence, owner, granted_at, Some(ttl));
-                tracked.reset(ttl, granted_at);
+                let ttl = Some(Duration::from_millis(ttl_ms));
+                let tracked = Tracked::new(fence, owner, granted_at, ttl, granted_at);
                 let view = tracked.view.clone();
                 self.leases.insert(fence, tracked);
                 self.emit(WatchEvent::Acquired(view));
@@ -873,7 +881,7 @@ mod tests {
 
     #[test]
     fn a_change_heard_late_keeps_the_end_it_was_sent_with() {
-        let mut lease = Tracked::new(7, None, None, Some(Duration::from_secs(60)));
+        let mut lease = Tracked::new(7, None, None, Some(Duration::from_secs(60)), None);
         let sent = SystemTime::now() - Duration::from_secs(80);
         lease.reset(Duration::from_secs(6), Some(sent));
         // Sent 80 s ago for 6 s: it ended 74 s ago, and the follower looks

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use super::{MemoryBackend, SWEEP_EVERY, lease, next_fence_in};
+use super::{MemoryBackend, SWEEP_EVERY, State, lease, next_fence_in};
 use crate::lock::queue::semaphore_key;
 use crate::lock::semaphore::{
     Permit, PermitOutcome, PermitRequest, Permits, Refusal, SemaphoreInfo, Taken,
@@ -164,14 +164,18 @@ impl MemoryBackend {
     /// # Errors
     /// Never.
     pub fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
-        let at = self.now_us();
         let mut state = self.state();
-        let Some(permits) = state.semaphores.get_mut(name.as_str()) else {
-            return Ok(None);
-        };
+        Ok(self.inspect_in(&mut state, name))
+    }
+
+    /// The semaphore `name` of `state` now, telling the permits that ran
+    /// out ([`Self::tell_ended`]).
+    fn inspect_in(&self, state: &mut State, name: &LockName) -> Option<SemaphoreInfo> {
+        let at = self.now_us();
+        let permits = state.semaphores.get_mut(name.as_str())?;
         let info = permits.inspect(at);
         self.tell_ended(&semaphore_key(name.as_str()), permits);
-        Ok(info)
+        info
     }
 
     /// Tells the listener of the permits of `permits` (semaphore queue key
@@ -193,16 +197,8 @@ impl MemoryBackend {
         name: &LockName,
         marker: &str,
     ) -> Result<Option<SemaphoreInfo>, LockError> {
-        let at = self.now_us();
         let mut state = self.state();
-        let info = match state.semaphores.get_mut(name.as_str()) {
-            Some(permits) => {
-                let info = permits.inspect(at);
-                self.tell_ended(&semaphore_key(name.as_str()), permits);
-                info
-            }
-            None => None,
-        };
+        let info = self.inspect_in(&mut state, name);
         self.tell(
             &semaphore_key(name.as_str()),
             &Change::Probe(marker.to_owned()),
