@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Finds import cycles between lockd's source files.
 
-Each file under src/ is a module (src/lock/redlock.rs is `lock::redlock`,
+Each file under src/ is a module (src/lock/change.rs is `lock::change`,
 src/http/mod.rs is `http`). A file depends on every module it names by a
 `crate::`, `super::` or `self::` path (in `use` items or in code), resolved
 to the longest module path that exists. A parent module's paths to its own

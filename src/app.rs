@@ -18,11 +18,12 @@ use crate::http::admission::Admission;
 use crate::http::limits::Limits;
 use crate::http::routes::{metrics_router, router};
 use crate::http::state::{App, AppState};
-use crate::lock::connect::{self, ConnectReport, ConnectReports, RedisTls, RedisTlsError};
 use crate::lock::memory::MemoryBackend;
+use crate::lock::redis::connect::{self, ConnectReports, RedisTls, RedisTlsError};
+use crate::lock::redis::topology;
 use crate::lock::redis::{Endpoint, RedisBackend, RedisConfig};
 use crate::lock::redlock::{Redlock, quorum};
-use crate::lock::{LockError, Locks, Node, Single, Store};
+use crate::lock::{Backend, LockError, LockNode, Locks, Single, Store};
 use crate::metrics::{Instrumented, MasterStatus, Metrics, PoolStatus};
 use crate::transport::{TlsError, Transport};
 
@@ -123,7 +124,7 @@ impl Application {
     /// As for [`Application::build`].
     pub async fn with_backend(
         settings: &Settings,
-        backend: Arc<dyn Node>,
+        backend: Arc<dyn Backend>,
     ) -> Result<Self, StartupError> {
         let metrics = Arc::new(Metrics::new(settings.metrics.max_namespaces)?);
         metrics.watch_pool("custom", PoolStatus::default);
@@ -355,6 +356,50 @@ fn redis_tls(store: &StoreSettings) -> Result<RedisTls, StartupError> {
     Ok(tls)
 }
 
+/// Checks that the Redis URLs of `store` are what its mode says (see
+/// [`topology::check`]), each probe's TLS failure reported where its
+/// backend will report it.
+///
+/// # Errors
+/// [`StartupError::Topology`] when a URL is not.
+async fn check_topology(
+    store: &StoreSettings,
+    tls: &RedisTls,
+    reports: &ConnectReports,
+) -> Result<(), StartupError> {
+    let mode = match store.mode() {
+        RedisMode::Single => topology::Mode::Single,
+        RedisMode::Redlock => topology::Mode::Redlock,
+        RedisMode::Cluster => topology::Mode::Cluster,
+        RedisMode::Sentinel => topology::Mode::Sentinel,
+    };
+    let targets: Vec<topology::Target<'_>> = store
+        .redis_urls
+        .iter()
+        .map(|url| {
+            let node = node_address(url.expose());
+            let report = match mode {
+                topology::Mode::Cluster => reports.node(&cluster_name(&store.redis_urls), tls),
+                _ => reports.node(&node, tls),
+            };
+            topology::Target {
+                url: url.expose(),
+                shown: url.to_string(),
+                node,
+                report,
+            }
+        })
+        .collect();
+    let expected = topology::Expected {
+        mode,
+        sentinel_master: store.sentinel_master.as_deref(),
+        min_replicas_acked: store.min_replicas_acked,
+    };
+    topology::check(&expected, &targets, tls)
+        .await
+        .map_err(|wrong| StartupError::Topology(wrong.0))
+}
+
 /// The name of a Redis Cluster in logs: its seeds, `host:port` each.
 fn cluster_name(seeds: &[RedisUrl]) -> String {
     let seeds: Vec<String> = seeds.iter().map(|u| node_address(u.expose())).collect();
@@ -369,7 +414,7 @@ fn build_backend(
     tls: &RedisTls,
     reports: &ConnectReports,
 ) -> Result<Arc<dyn Store>, StartupError> {
-    let instrument = |backend: Arc<dyn Node>, node: String| -> Arc<dyn Node> {
+    let instrument = |backend: Arc<dyn Backend>, node: String| -> Arc<dyn Backend> {
         Arc::new(Instrumented::new(backend, metrics.clone(), node))
     };
     let store = &settings.store;
@@ -451,7 +496,7 @@ fn build_backend(
         let node = instrument(Arc::new(backend), "sentinel".into());
         return Ok(Arc::new(Single::new(node)));
     }
-    let node = |url: &RedisUrl, timeout: Duration| -> Result<Arc<dyn Node>, StartupError> {
+    let node = |url: &RedisUrl, timeout: Duration| -> Result<Arc<dyn Backend>, StartupError> {
         let backend = RedisBackend::new(&config(
             Endpoint::Server(url.expose().to_owned()),
             reports.node(&node_address(url.expose()), tls),
@@ -476,7 +521,7 @@ fn build_backend(
     }
     let nodes = urls
         .iter()
-        .map(|url| node(url, store.node_timeout))
+        .map(|url| node(url, store.node_timeout).map(|node| -> Arc<dyn LockNode> { node }))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Arc::new(Redlock::new(
         nodes,
@@ -494,338 +539,6 @@ fn pool_status(backend: &RedisBackend) -> PoolStatus {
         waiting: status.waiting,
         in_restart_delay: backend.in_restart_delay(),
     }
-}
-
-/// How long the start-up check waits for each Redis URL.
-const TOPOLOGY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Checks, on every Redis URL that answers within
-/// [`TOPOLOGY_PROBE_TIMEOUT`], that the server is what `--redis-mode` says
-/// (`redis_mode` in `INFO server`): a cluster node only in cluster mode,
-/// and only cluster nodes there; Sentinels in Sentinel mode (and one of them
-/// knows the master by its name), and no Sentinel elsewhere. Redlock over
-/// the masters of one cluster would fail request after request with `MOVED`
-/// and a quorum it never reaches (field case C14). A URL that does not
-/// answer is not checked: lockd starts while Redis is down.
-///
-/// The probe connects as the backend will (`tls` for `rediss://` URLs); a
-/// TLS failure is reported to the node's report in `reports`, which the
-/// backend then shares, so that it is logged once.
-///
-/// # Errors
-/// [`StartupError::Topology`], naming the URL (without its password) and
-/// the mode to use.
-async fn check_topology(
-    store: &StoreSettings,
-    tls: &RedisTls,
-    reports: &ConnectReports,
-) -> Result<(), StartupError> {
-    let mode = store.mode();
-    let mut masters_known = None;
-    // Each master once, as the first URL that told of it said.
-    let mut short_of_replicas = std::collections::BTreeMap::new();
-    for url in &store.redis_urls {
-        let report = match mode {
-            RedisMode::Cluster => reports.node(&cluster_name(&store.redis_urls), tls),
-            _ => reports.node(&node_address(url.expose()), tls),
-        };
-        let acks_wanted = store.min_replicas_acked > 0;
-        let Some(probe) = probe(
-            url.expose(),
-            store.sentinel_master.as_deref(),
-            acks_wanted,
-            tls,
-            &report,
-        )
-        .await
-        else {
-            continue;
-        };
-        let wrong = |what: &str, use_instead: &str| {
-            Err(StartupError::Topology(format!(
-                "{url} is {what}, which --redis-mode {} cannot use; {use_instead}",
-                mode.as_str()
-            )))
-        };
-        match (mode, probe.server_mode.as_str()) {
-            (RedisMode::Cluster, "cluster") | (RedisMode::Sentinel, "sentinel") => {}
-            (RedisMode::Single | RedisMode::Redlock, "standalone") => {}
-            (_, "cluster") => {
-                return wrong(
-                    "a node of a Redis Cluster (redis_mode:cluster): keys live on the master \
-                     of their slot",
-                    "use --redis-mode cluster, with these URLs as seeds",
-                );
-            }
-            (_, "sentinel") => {
-                return wrong(
-                    "a Redis Sentinel (redis_mode:sentinel)",
-                    "use --redis-mode sentinel --sentinel-master NAME, with the Sentinels' URLs",
-                );
-            }
-            (RedisMode::Cluster, _) => {
-                return wrong(
-                    "not a Redis Cluster node (cluster_enabled:0)",
-                    "use --redis-mode single for one server, or redlock for independent masters",
-                );
-            }
-            (_, other) => {
-                return wrong(
-                    &format!("not a Sentinel (redis_mode:{other})"),
-                    "give the Sentinels' URLs (port 26379 by default)",
-                );
-            }
-        }
-        if let Some(master) = &probe.replica_of {
-            let instead = if mode == RedisMode::Redlock {
-                "Redlock nodes must be independent masters, not a master and its replicas; \
-                 give independent masters, or, when Redis Sentinel watches these, use \
-                 --redis-mode sentinel --sentinel-master NAME with the Sentinels' URLs"
-            } else {
-                "give the master's URL, or, when Redis Sentinel watches it, use --redis-mode \
-                 sentinel --sentinel-master NAME with the Sentinels' URLs"
-            };
-            return wrong(
-                &format!(
-                    "a replica of {master} (role:slave in INFO replication): every write there \
-                     fails with READONLY"
-                ),
-                instead,
-            );
-        }
-        if let Some(known) = probe.knows_master {
-            *masters_known.get_or_insert(false) |= known;
-        }
-        if mode == RedisMode::Cluster && probe.version_major.is_some_and(|v| v < 7) {
-            tracing::warn!(
-                node = %node_address(url.expose()),
-                "this Redis Cluster node runs Redis {}: release events need sharded pub/sub \
-                 (SPUBLISH, Redis 7), so waiters wake only when the holder's lease ends",
-                probe.version
-            );
-        }
-        for (master, up) in probe.replicas {
-            short_of_replicas.entry(master).or_insert(up);
-        }
-    }
-    let wanted = store.min_replicas_acked;
-    for (master, up) in short_of_replicas.iter().filter(|(_, up)| **up < wanted) {
-        tracing::warn!(
-            "--min-replicas-acked is {wanted}, but {master} has {up} replica(s) in sync: every \
-             grant there is answered 503 replication-lagging until enough replicas are back"
-        );
-    }
-    if let (Some(false), Some(name)) = (masters_known, &store.sentinel_master) {
-        return Err(StartupError::Topology(format!(
-            "no Sentinel monitors a master named {name:?} (--sentinel-master); \
-             SENTINEL masters lists the names"
-        )));
-    }
-    Ok(())
-}
-
-/// What one Redis URL answered at start-up.
-struct Probe {
-    /// `redis_mode` of `INFO server`: `standalone`, `cluster` or
-    /// `sentinel`.
-    server_mode: String,
-    /// For a Sentinel, with a master name: whether it knows that master.
-    knows_master: Option<bool>,
-    /// `redis_version` of `INFO server`.
-    version: String,
-    /// For a standalone server that is a replica (`role:slave` in `INFO
-    /// replication`): its master's `host:port`.
-    replica_of: Option<String>,
-    /// Its major version, when it parses.
-    version_major: Option<u32>,
-    /// When replica acknowledgements are asked for: each master this URL
-    /// tells of (the server itself, a Sentinel's master, or every master
-    /// of a cluster), with its replicas that are up.
-    replicas: Vec<(String, usize)>,
-}
-
-/// The masters the server behind `conn` tells of, each with how many of
-/// its replicas are up: a standalone master's connected replicas (`INFO
-/// replication`), the replicas a Sentinel sees of `sentinel_master` that
-/// are not down, or, on a cluster node, every master's replicas that are
-/// not failing (`CLUSTER NODES`). Empty when it cannot tell.
-async fn replicas_up(
-    conn: &mut redis::aio::MultiplexedConnection,
-    server_mode: &str,
-    sentinel_master: Option<&str>,
-) -> Vec<(String, usize)> {
-    match (server_mode, sentinel_master) {
-        ("sentinel", Some(name)) => {
-            let replicas: Vec<std::collections::HashMap<String, String>> = redis::cmd("SENTINEL")
-                .arg("replicas")
-                .arg(name)
-                .query_async(conn)
-                .await
-                .unwrap_or_default();
-            let up = replicas
-                .iter()
-                .filter(|r| {
-                    r.get("flags")
-                        .is_some_and(|f| !f.contains("down") && !f.contains("disconnected"))
-                })
-                .count();
-            vec![(format!("the master {name:?}"), up)]
-        }
-        ("cluster", _) => {
-            let nodes: String = redis::cmd("CLUSTER")
-                .arg("NODES")
-                .query_async(conn)
-                .await
-                .unwrap_or_default();
-            cluster_replicas_up(&nodes)
-        }
-        _ => {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(conn)
-                .await
-                .unwrap_or_default();
-            if !info.lines().any(|l| l.trim() == "role:master") {
-                return Vec::new();
-            }
-            let up = info
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("connected_slaves:"))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            vec![("the server".to_owned(), up)]
-        }
-    }
-}
-
-/// The master (`host:port`) of a server whose `INFO replication` says
-/// `role:slave`; `None` for a master, or when it does not say.
-fn replica_of(replication: &str) -> Option<String> {
-    let field = |name: &str| {
-        replication
-            .lines()
-            .find_map(|l| l.trim().strip_prefix(name))
-            .map(str::to_owned)
-    };
-    if field("role:")?.as_str() != "slave" {
-        return None;
-    }
-    let host = field("master_host:").unwrap_or_else(|| "?".into());
-    let port = field("master_port:").unwrap_or_else(|| "?".into());
-    Some(format!("{host}:{port}"))
-}
-
-/// Every master of a `CLUSTER NODES` listing (`host:port`, `master` in its
-/// flags, not failing), with its replicas that are not failing.
-fn cluster_replicas_up(nodes: &str) -> Vec<(String, usize)> {
-    let lines: Vec<Vec<&str>> = nodes
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .filter(|f: &Vec<&str>| f.len() >= 8)
-        .collect();
-    let failing = |flags: &str| flags.contains("fail") || flags.contains("noaddr");
-    lines
-        .iter()
-        .filter(|f| f[2].contains("master") && !failing(f[2]))
-        .map(|master| {
-            let up = lines
-                .iter()
-                .filter(|f| f[2].contains("slave") && f[3] == master[0] && !failing(f[2]))
-                .count();
-            let addr = master[1].split('@').next().unwrap_or(master[1]);
-            (format!("the master {addr}"), up)
-        })
-        .collect()
-}
-
-/// Asks the server at `url` what it is (and, with `acks_wanted`, how many
-/// replicas its masters have); `None` when it does not answer in time. A
-/// TLS failure goes to `report`.
-async fn probe(
-    url: &str,
-    sentinel_master: Option<&str>,
-    acks_wanted: bool,
-    tls: &RedisTls,
-    report: &ConnectReport,
-) -> Option<Probe> {
-    let probe = async {
-        let client = connect::client(url, tls).ok()?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(TOPOLOGY_PROBE_TIMEOUT))
-            .set_response_timeout(Some(TOPOLOGY_PROBE_TIMEOUT));
-        let mut conn = match client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-        {
-            Ok(conn) => conn,
-            Err(e) => {
-                report.failed(&e);
-                return None;
-            }
-        };
-        let info: String = match redis::cmd("INFO")
-            .arg("server")
-            .query_async(&mut conn)
-            .await
-        {
-            Ok(info) => info,
-            Err(e) => {
-                report.failed(&e);
-                return None;
-            }
-        };
-        let server_mode = info
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("redis_mode:"))
-            .unwrap_or("standalone")
-            .to_owned();
-        let knows_master = match (server_mode.as_str(), sentinel_master) {
-            ("sentinel", Some(name)) => Some(
-                redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(name)
-                    .query_async::<Option<Vec<String>>>(&mut conn)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some(),
-            ),
-            _ => None,
-        };
-        let version = info
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("redis_version:"))
-            .unwrap_or_default()
-            .to_owned();
-        let version_major = version.split('.').next().and_then(|v| v.parse().ok());
-        let replicas = if acks_wanted {
-            replicas_up(&mut conn, &server_mode, sentinel_master).await
-        } else {
-            Vec::new()
-        };
-        let replica_of = if server_mode == "standalone" {
-            let replication: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut conn)
-                .await
-                .unwrap_or_default();
-            replica_of(&replication)
-        } else {
-            None
-        };
-        Some(Probe {
-            server_mode,
-            knows_master,
-            version,
-            replica_of,
-            version_major,
-            replicas,
-        })
-    };
-    tokio::time::timeout(TOPOLOGY_PROBE_TIMEOUT, probe)
-        .await
-        .ok()
-        .flatten()
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.
@@ -855,39 +568,4 @@ pub async fn shutdown_signal() {
         () = terminate => {},
     }
     tracing::info!("shutting down: finishing requests in flight");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_replica_names_its_master_and_a_master_names_none() {
-        let replica =
-            "# Replication\r\nrole:slave\r\nmaster_host:127.0.0.1\r\nmaster_port:6380\r\n";
-        assert_eq!(replica_of(replica).as_deref(), Some("127.0.0.1:6380"));
-        assert_eq!(replica_of("role:master\r\nconnected_slaves:2\r\n"), None);
-        assert_eq!(replica_of(""), None);
-    }
-
-    #[test]
-    fn a_cluster_listing_gives_each_live_master_its_live_replicas() {
-        let nodes = "\
-a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
-a2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922
-a3 127.0.0.1:7002@17002 master,fail - 0 0 3 disconnected
-b1 127.0.0.1:7003@17003 slave a1 0 0 1 connected
-b2 127.0.0.1:7004@17004 slave a1 0 0 1 connected
-b3 127.0.0.1:7005@17005 slave,fail a2 0 0 2 disconnected
-b4 127.0.0.1:7006@17006 master - 0 0 4 connected 10923-16383
-";
-        assert_eq!(
-            cluster_replicas_up(nodes),
-            [
-                ("the master 127.0.0.1:7000".to_owned(), 2),
-                ("the master 127.0.0.1:7001".to_owned(), 0),
-                ("the master 127.0.0.1:7006".to_owned(), 0),
-            ]
-        );
-    }
 }

@@ -45,7 +45,7 @@
 //! `redis_client_key`, both or neither) are checked here only for being
 //! given together; [`crate::app::Application::build`] reads and parses
 //! them (a file that cannot be used exits 2 too, naming its setting), and
-//! [`crate::lock::connect`] builds every Redis client with them. They apply
+//! [`crate::lock::redis::connect`] builds every Redis client with them. They apply
 //! to `rediss://` URLs only.
 //!
 //! The fields are public, for code that builds settings (the tests:
@@ -68,7 +68,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::{LogFormat, RedisMode, ServeArgs};
 use crate::lock::Ttl;
-use crate::lock::connect::{is_tls, redact_url, redact_urls_in};
+use crate::lock::redis::connect::{is_tls, redact_url, redact_urls_in};
 
 /// The service's settings, grouped by concern, with typed values: what
 /// [`Settings::load`] gives, checked. `Debug` hides any password in the

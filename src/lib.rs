@@ -1,10 +1,13 @@
 //! lockd: a distributed lock service over HTTP, with locks held in Redis.
 //!
 //! # Layout
-//! - [`lock`]: the lock core. Parsed input types, the [`lock::Node`] trait
-//!   (one lock server: the Redis backend with its Lua scripts, or an
-//!   in-memory backend) and the [`lock::Store`] trait over nodes (one, or
-//!   Redlock's several). No HTTP in it.
+//! - [`lock`]: the lock core, one room per job: the rules and traits at its
+//!   top (parsed input types, [`lock::Subject`], the traits of a lock server
+//!   in [`lock::node`] and the [`lock::Store`] over them), then a folder
+//!   each for the Redis backend (and everything that talks to Redis), the
+//!   memory backend, Redlock, and the service that adds waiting and
+//!   watches. No HTTP in it. Its module doc says where to look, and what
+//!   to write to add a new kind of lease.
 //! - [`http`]: the axum routes, one thin handler per action, extractors, and
 //!   the one mapping from errors to RFC 9457 problem documents.
 //! - [`metrics`]: the Prometheus registry and a node decorator that
@@ -21,6 +24,8 @@
 //!   requests to see what hyper drops (a `#fragment`).
 //! - [`client`]: `lockd exec` and the shell subcommands, over the HTTP API.
 //! - [`backoff`]: the one capped exponential backoff of every retry loop.
+//! - [`logs`]: the log writer: lines copied into one buffer and written out
+//!   by a thread of its own, a batch at a time.
 
 pub mod app;
 pub mod auth;

@@ -6,6 +6,13 @@
 //! Every subcommand takes one lockd server or several
 //! ([`servers::Servers`]): a call moves on to the next server when one does
 //! not answer, or answers 502, 503 or 504.
+//!
+//! - [`api`]: `LockClient`, the one typed client of the HTTP API;
+//! - [`servers`]: one call over several servers;
+//! - [`args`]: the flags every client subcommand shares;
+//! - [`exec`]: `lockd exec`; [`shell`]: the shell subcommands;
+//!   [`watch`]: `lockd watch`;
+//! - [`exit`]: the exit codes.
 
 pub mod api;
 pub mod args;

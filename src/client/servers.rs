@@ -525,7 +525,7 @@ mod tests {
     fn a_try_gets_the_rest_of_the_wait_and_a_share_of_the_margin() {
         let budget = Budget::new(Duration::from_secs(10), Duration::from_secs(15));
         let start = budget.start;
-        // One server: all of it, as before there were several.
+        // One server: all of it.
         assert_eq!(
             budget.next_try(start, 1),
             Try {

@@ -13,7 +13,7 @@ use utoipa::openapi::OpenApi;
 
 use super::limits::Limits;
 use super::problem::{ApiError, Problem};
-use crate::lock::{LockError, Locks};
+use crate::lock::{Kind, LockError, Locks};
 use crate::metrics::{Metrics, Scrape};
 
 /// A health answer.
@@ -78,8 +78,10 @@ pub async fn metrics(
                 watchers: locks.watching(),
                 ..Scrape::default()
             };
-            locks.for_each_queue(|name, n| scrape.lock_waiters.push((name.to_owned(), n)));
-            locks.for_each_semaphore_queue(|name, n| {
+            locks.for_each_queue(Kind::Lock, |name, n| {
+                scrape.lock_waiters.push((name.to_owned(), n))
+            });
+            locks.for_each_queue(Kind::Semaphore, |name, n| {
                 scrape.semaphore_waiters.push((name.to_owned(), n));
             });
             metrics.render(&scrape)

@@ -52,7 +52,7 @@ struct Routes {
     ops: OpenApiRouter<AppState>,
     /// `/metrics`, which `--metrics-listen` moves off the main router (it
     /// stays in the document). A method router, so that its key check is a
-    /// route layer of the method alone, as before.
+    /// route layer of the method alone.
     metrics: UtoipaMethodRouter<AppState>,
 }
 
@@ -168,8 +168,8 @@ pub fn router(state: AppState, with_metrics: bool) -> Router {
 }
 
 /// What every `/locks/{name}` request passes before its method router, in
-/// one layer (one where there were three, each cloning and boxing per
-/// request): a slot in its room ([`admission`]: an overloaded instance
+/// one layer (each router layer clones and boxes every request once more):
+/// a slot in its room ([`admission`]: an overloaded instance
 /// refuses before anything else), the key check ([`auth`], before the body
 /// is read, so a refused request's body is not), then the deadline and the
 /// whole body ([`deadline`]).

@@ -1,5 +1,5 @@
 //! `GET /locks/{name}/events` and `GET /semaphores/{name}/events`: a watch
-//! as a Server-Sent Events stream (see [`crate::lock::watch`]).
+//! as a Server-Sent Events stream (see [`crate::lock::service::watch`]).
 //!
 //! Each event is `event: KIND`, `id: FENCE-SEQ` and one `data:` line of
 //! JSON. The first is `state`; then one per change: `acquired`,
@@ -24,8 +24,8 @@ use super::limits::Limits;
 use super::locks::model::{LockNameSchema, NoQuery, rfc3339};
 use super::problem::{ApiError, KeyRefusals, Problem};
 use super::semaphores::model::PermitStatus;
-use crate::lock::watch::{LeaseView, Sequenced, Snapshot, Subject, Watch, WatchEvent};
-use crate::lock::{LockError, LockName, Locks};
+use crate::lock::service::watch::{LeaseView, Sequenced, Snapshot, Watch, WatchEvent};
+use crate::lock::{Kind, LockError, LockName, Locks, Subject};
 
 /// `data` of a lock's `state` event: what `GET /locks/{name}` shows, or
 /// `held: false`. Never the token.
@@ -178,7 +178,7 @@ pub async fn lock_events(
     LockPath(name): LockPath,
     StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
 ) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
-    stream(&locks, &limits, Subject::Lock(name)).await
+    stream(&locks, &limits, Subject::lock(name)).await
 }
 
 /// Watch a semaphore: a Server-Sent Events stream of its permits' changes,
@@ -203,7 +203,7 @@ pub async fn semaphore_events(
     LockPath(name): LockPath,
     StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
 ) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
-    stream(&locks, &limits, Subject::Semaphore(name)).await
+    stream(&locks, &limits, Subject::semaphore(name)).await
 }
 
 /// Asks nginx-style proxies not to buffer the stream.
@@ -276,8 +276,8 @@ fn left_ms(at: SystemTime, now: SystemTime) -> u64 {
 
 fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
     let now = SystemTime::now();
-    match subject {
-        Subject::Lock(_) => {
+    match subject.kind() {
+        Kind::Lock => {
             let holder = snapshot.leases.first();
             to_json(&LockState {
                 name,
@@ -289,7 +289,7 @@ fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
                 granted_at: holder.map(|h| h.granted_at.map(rfc3339)),
             })
         }
-        Subject::Semaphore(_) => {
+        Kind::Semaphore => {
             let permits: Vec<PermitStatus> = snapshot
                 .leases
                 .iter()
@@ -329,7 +329,7 @@ fn lease_json(name: String, lease: &LeaseView) -> String {
 }
 
 fn ended_json(subject: &Subject, name: String, fence: u64, sequenced: &Sequenced) -> String {
-    let holders = matches!(subject, Subject::Semaphore(_)).then_some(sequenced.holders);
+    let holders = (subject.kind() == Kind::Semaphore).then_some(sequenced.holders);
     to_json(&EndedEvent {
         name,
         fence,

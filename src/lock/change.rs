@@ -14,7 +14,7 @@
 //! | `extended FENCE TTL_MS AT_MS` | a lease reset to `TTL_MS` from `AT_MS` (Unix ms of the lockd that sent it): an extend, or a holder's renewing acquire |
 //! | `released FENCE` | a lease ended by its holder |
 //! | `expired FENCE` | a semaphore's permit that ran out, forgotten by the script that found it so (before that script's own change) |
-//! | `probe MARKER` | no change: a watcher's marker (see [`super::watch`]) |
+//! | `probe MARKER` | no change: a watcher's marker (see [`super::service::watch`]) |
 //!
 //! An empty message, or one this version does not know, is
 //! [`Change::Unknown`]: something changed (an older lockd publishes empty

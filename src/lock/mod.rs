@@ -1,473 +1,117 @@
-//! The lock core: parsed input types, the [`Node`] trait (one lock server)
-//! and its backends, and the [`Store`] trait that [`Locks`] calls. Nothing
-//! here knows about HTTP.
+//! The lock core: what a lease is, the traits of a lock server and of a
+//! store, the backends, and the service that adds waiting and watches.
+//! Nothing here knows about HTTP.
+//!
+//! # Layout
+//! One room per job. The rules sit at the top, with no I/O:
+//!
+//! - [`types`]: [`LockName`], [`Ttl`], [`Token`] and [`Owner`], parsed at
+//!   the edge so the backends only ever see valid values.
+//! - [`subject`]: [`Subject`], a lock or a semaphore of a name: what the
+//!   queues, change listeners, watches and change channels key on.
+//! - [`lease`]: the values of a grant ([`AcquireRequest`], [`Lease`],
+//!   [`Acquired`], [`ExtendTtl`], [`Released`], [`LockInfo`]).
+//! - [`semaphore`]: the permit rules (at most `limit` holders, each a
+//!   lease).
+//! - [`error`]: [`LockError`], the one error type of every operation.
+//! - [`fence`]: the fencing-token rule, max(counter + 1, clock in µs),
+//!   which every backend follows.
+//! - [`change`]: the change messages a backend publishes with each change
+//!   (`acquired`, `extended`, `released`, `expired`, a probe's marker).
+//! - [`listing`]: the shapes of a walk over the held locks and semaphores,
+//!   and the opaque cursor between pages.
+//! - [`node`]: the traits of one lock server, one per kind of lease
+//!   ([`LockNode`], [`SemaphoreNode`]) over what every server does
+//!   ([`Node`]); [`Backend`] is a server of every kind. Also
+//!   [`ChangeListener`] and [`WaitInterest`], between a node's change
+//!   stream and the service.
+//! - [`store`]: the [`Store`] trait that the service calls, and
+//!   [`Single`], the store of one [`Backend`].
+//! - [`reaper`]: the one background compare-and-delete of a grant nobody
+//!   will use (Redlock's partial grants, orphaned grants, timed-out ones),
+//!   shared by the backends and the service: it drives their own delete.
+//!
+//! Then one folder per job, each keeping its helpers to itself:
+//!
+//! - [`redis`]: the Redis backend and everything that talks to Redis
+//!   servers: its Lua scripts (`redis/scripts/`), connecting (`connect`,
+//!   TLS included), the pool, following a Sentinel set's master
+//!   (`sentinel`), the change channels (`events`, where a release reaches
+//!   the service), restart detection, and the start-up topology check.
+//! - [`redlock`]: Redlock over several independent masters, each a
+//!   [`LockNode`]; the fan-out that tallies their answers.
+//! - [`memory`]: an in-process backend with the same semantics, for
+//!   `lockd serve --dev` and tests.
+//! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants)
+//!   to a store: the wait queues, the semaphore waits, the watches, the
+//!   listing across an API key's prefixes.
 //!
 //! The layers, each calling only the ones below it:
 //!
 //! ```text
-//! Locks (service: waiting, cancel-safe grants)
-//!   -> dyn Store: Single(node) | Redlock(nodes)       never returns a token
-//!        -> dyn Node: RedisBackend | MemoryBackend    per-server primitives
+//! service::Locks (waiting, cancel-safe grants, watches)
+//!   -> dyn Store: Single(backend) | Redlock(lock nodes)   never returns a token
+//!        -> dyn Backend / dyn LockNode: RedisBackend | MemoryBackend
 //!           (each wrapped in metrics::Instrumented by the application)
 //! ```
 //!
-//! - [`types`]: [`LockName`], [`Ttl`], [`Token`] and [`Owner`], parsed at
-//!   the edge so the backends only ever see valid values.
-//! - [`error`]: [`LockError`], the one error type of every operation.
-//! - [`fence`]: the fencing-token rule, max(counter + 1, clock in µs),
-//!   which every backend follows.
-//! - [`redis`]: the single-instance Redis backend (Lua scripts in
-//!   `scripts/`), over the connection [`pool`]; [`connect`] builds its
-//!   clients from a URL and the TLS settings (`rediss://`), and reports a
-//!   node it cannot reach over TLS.
-//! - [`redlock`]: Redlock over several independent Redis masters, each a
-//!   [`redis`] backend; [`restart`] keeps a node that restarted out of
-//!   quorums for the restart delay.
-//! - [`memory`]: an in-process backend with the same semantics, for
-//!   `lockd serve --dev` and tests.
-//! - [`reaper`]: the one background compare-and-delete of a grant nobody
-//!   will use (Redlock's partial grants, orphaned grants, timed-out ones).
-//! - [`semaphore`]: permits (at most `limit` holders, each a lease), taken
-//!   through the same layers as locks; Redlock has none (see
-//!   [`redlock`]).
-//! - [`listing`]: walking the held locks and semaphores page by page
-//!   (`SCAN` on Redis), and the opaque cursor between pages.
-//! - [`store`]: the [`Store`] trait and [`Single`], the store of one node.
-//! - [`service`]: [`Locks`], which adds waiting (with cancel-safe grants) to
-//!   a store; [`queue`] holds the per-instance wait queues.
+//! Dependencies point one way: the rules use nothing below them, a backend
+//! uses the rules (and the reaper) but never the service or another
+//! backend, and the service uses the rules and the [`Store`] trait only.
+//!
+//! # Where to look
+//! - **Following a failover:** `redis::sentinel` follows the master the
+//!   Sentinels name (and `redis::pool` stops writing to the old one); on a
+//!   Redis Cluster the redis crate's cluster client follows `MOVED`, and
+//!   `redis::events` resubscribes the change channels.
+//! - **A release waking a waiter:** the release script publishes `released
+//!   FENCE` on its subject's channel; `redis::events` hears it and calls
+//!   [`ChangeListener::changed`], which the service's wait queues
+//!   (`service::queue`) answer by waking the head waiter of that subject.
+//!
+//! # Adding a kind of lease
+//! A new kind (a run, a shared lock) touches, and only touches:
+//!
+//! 1. **one rules module** here (its request and answer types, its
+//!    arithmetic), a [`subject::Kind`] variant, and its trait in [`node`]
+//!    (`XNode: Node`), which [`Backend`] then also requires;
+//! 2. **one script set per backend**: `redis/scripts/x_*.lua` with
+//!    `redis/x.rs` (its channel in `redis::events::channel`), and
+//!    `memory/x.rs`;
+//! 3. **one service module**, `service/x.rs`, its waits through the same
+//!    queues (keyed by its [`Subject`]);
+//! 4. **one `http` folder** (`http/x/`, a file per action, its routes in
+//!    `http::routes`), and **one metrics module** (`metrics/x.rs`), with
+//!    its calls timed in `metrics::Instrumented`.
+//!
+//! Why a trait per kind rather than one trait with a default
+//! "unsupported" body per method: a backend either keeps a kind or is not
+//! used for it, the compiler says which, and no call can reach a method
+//! the backend never wrote. Redlock keeps locks only, so it takes
+//! [`LockNode`]s and answers the other kinds itself at the [`Store`].
 
 pub mod change;
-pub mod connect;
 pub mod error;
-pub mod events;
 pub mod fence;
+pub mod lease;
 pub mod listing;
 pub mod memory;
-pub mod pool;
-pub mod queue;
+pub mod node;
 pub mod reaper;
 pub mod redis;
 pub mod redlock;
-pub mod restart;
 pub mod semaphore;
-pub mod sentinel;
 pub mod service;
 pub mod store;
+pub mod subject;
 pub mod types;
-pub mod watch;
-
-use std::time::{Duration, SystemTime};
-
-use std::sync::Arc;
-
-use tokio::time::Instant;
-
-use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
 
 pub use change::Change;
 pub use error::LockError;
-use listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
-use semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
-
-/// Why a node or store without semaphores refuses them.
-pub const NO_SEMAPHORES: &str = "this store has no semaphores";
-
-/// Why a node or store without watches refuses them.
-pub const NO_WATCH: &str = "this store cannot be watched";
-/// Why a node that cannot list refuses to.
-pub const NO_LISTING: &str = "this store cannot list its locks";
+pub(crate) use lease::unix_millis;
+pub use lease::{AcquireRequest, Acquired, ExtendTtl, Lease, LockInfo, Released};
+pub use node::{Backend, ChangeListener, LockNode, Node, SemaphoreNode, WaitInterest};
 pub use service::Locks;
 pub use store::{Single, Store};
+pub use subject::{Kind, Subject};
 pub use types::{InvalidInput, LockName, Owner, Token, Ttl};
-
-/// A request to take a lock.
-#[derive(Debug, Clone)]
-pub struct AcquireRequest {
-    /// The lock to take.
-    pub name: LockName,
-    /// The token that will prove ownership: generated by lockd or chosen by
-    /// the client.
-    pub token: Token,
-    /// The lease length.
-    pub ttl: Ttl,
-    /// A label for the holder, shown by [`Store::inspect`].
-    pub owner: Option<Owner>,
-    /// Whether lockd generated the token. Nobody else can then hold the
-    /// lock under it, so a grant whose answer was lost (a timeout, a caller
-    /// who hung up) may safely be compare-and-deleted in the background.
-    pub token_generated: bool,
-}
-
-/// A lease the caller now holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    /// The fencing token of this grant: larger than every earlier grant of
-    /// the same lock, and unique to this grant (see [`fence`]).
-    pub fence: u64,
-    /// What is left of the lease when the answer arrived: the TTL the store
-    /// was given, less the time since the request was sent (and, for
-    /// Redlock, less the clock drift allowance). Never zero: a lease with
-    /// nothing left is not answered as a lease.
-    pub ttl: Ttl,
-    /// The TTL the store set the lease to (for Redlock, which computes its
-    /// validity from it).
-    pub set_to: Ttl,
-    /// When the lease ends at the earliest, by this process's wall clock:
-    /// the moment the request was sent to the store plus `set_to`. The store
-    /// started the lease after that, so the true end is at or slightly
-    /// after this time.
-    pub expires_at: SystemTime,
-}
-
-impl Lease {
-    /// The lease a store call set to `set_to`, the call sent at `sent`
-    /// (monotonic clock) and `sent_wall` (wall clock): what is left of it
-    /// now, less the whole milliseconds elapsed (the API's resolution: a
-    /// round trip under a millisecond costs nothing, so a 1 ms lease over a
-    /// fast link is answered as one); `None` when nothing is left.
-    pub fn left(fence: u64, set_to: Ttl, sent: Instant, sent_wall: SystemTime) -> Option<Self> {
-        let elapsed_ms = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let left = set_to.as_millis().checked_sub(elapsed_ms)?;
-        let ttl = Ttl::from_millis(left, set_to.as_millis(), "ttl_ms").ok()?;
-        Some(Self {
-            fence,
-            ttl,
-            set_to,
-            expires_at: sent_wall + set_to.as_duration(),
-        })
-    }
-}
-
-impl Lease {
-    /// A lease with nothing left (its `ttl` the least there is, 1 ms), for a
-    /// Redlock node's late answer: Redlock computes the validity itself, and
-    /// sees that none is left.
-    pub fn spent(fence: u64, set_to: Ttl, sent_wall: SystemTime) -> Self {
-        Self {
-            fence,
-            ttl: Ttl::MIN,
-            set_to,
-            expires_at: sent_wall,
-        }
-    }
-}
-
-/// The lease length an extend asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExtendTtl {
-    /// This TTL, which also becomes the lock's own TTL for later extends.
-    To(Ttl),
-    /// The lock's own TTL: the one it was granted with, or last extended
-    /// to. `fallback` serves for a lock granted by an older lockd, which did
-    /// not record it.
-    Own {
-        /// The TTL when the lock records none.
-        fallback: Ttl,
-    },
-}
-
-/// The outcome of a successful acquire.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Acquired {
-    /// The lock was free and is now granted, with a new fence.
-    Granted(Lease),
-    /// The same token already held the lock: its lease was reset to the
-    /// requested TTL and the fence is unchanged. This makes a retried acquire
-    /// safe when the first response was lost.
-    Renewed(Lease),
-}
-
-impl Acquired {
-    /// The lease, however it was obtained.
-    pub fn lease(&self) -> &Lease {
-        match self {
-            Self::Granted(lease) | Self::Renewed(lease) => lease,
-        }
-    }
-}
-
-/// What a release learned about the lease it ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Released {
-    /// When the holder was granted the lock (the first grant of this token,
-    /// renewals and extends do not reset it), when recorded: the lock was
-    /// held from then until now.
-    pub granted_at: Option<SystemTime>,
-}
-
-/// What an observer may know about a held lock. It never includes the token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockInfo {
-    /// The holder's fencing token, when recorded.
-    pub fence: Option<u64>,
-    /// The holder's remaining lease; `None` when a foreign client set the key
-    /// without a TTL.
-    pub remaining: Option<Duration>,
-    /// The holder's label, when given.
-    pub owner: Option<String>,
-    /// When the current holder was granted the lock, when recorded.
-    pub granted_at: Option<SystemTime>,
-}
-
-/// One lock server: a single Redis, or the in-process memory store. Its
-/// primitives work on that server alone; a [`Store`] makes them a lock
-/// store (one node as it is, or several through [`redlock`]). `holder`
-/// gives the holder's token, for Redlock, which compares holders across
-/// nodes: no [`Store`] method hands a token back, so a token never reaches
-/// a client from a node.
-#[async_trait]
-pub trait Node: Send + Sync + 'static {
-    /// Takes the lock if it is free, or renews it if `req.token` already
-    /// holds it.
-    ///
-    /// # Errors
-    /// [`LockError::Held`] with the holder's remaining lease when another
-    /// token holds it; [`LockError::Unavailable`] when the node fails.
-    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError>;
-
-    /// Resets the lease of a lock held by `token` to `ttl` (the given one,
-    /// or the lock's own). Never creates a lock.
-    ///
-    /// # Errors
-    /// [`LockError::NotHeld`] when nobody holds it, [`LockError::NotOwner`]
-    /// when another token does, [`LockError::Unavailable`] when the node
-    /// fails.
-    async fn extend(
-        &self,
-        name: &LockName,
-        token: &Token,
-        ttl: ExtendTtl,
-    ) -> Result<Lease, LockError>;
-
-    /// Releases a lock held by `token` (compare-and-delete), and tells when
-    /// it was granted.
-    ///
-    /// # Errors
-    /// As for [`Node::extend`].
-    async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
-
-    /// The current holder's token and description, or `None` when the lock
-    /// is free.
-    ///
-    /// # Errors
-    /// [`LockError::Unavailable`] when the node fails.
-    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError>;
-
-    /// Describes the holder as [`Store::inspect`] does and, in the same
-    /// atomic step, publishes [`Change::Probe`]`(marker)` on the lock's
-    /// change channel: the watcher that hears its marker knows that every
-    /// change before the read has reached it (see [`watch`]).
-    ///
-    /// # Errors
-    /// [`LockError::Unavailable`] when the node fails;
-    /// [`LockError::Unsupported`] from a node that cannot (the default).
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
-        let _ = (name, marker);
-        Err(LockError::Unsupported(NO_WATCH))
-    }
-
-    /// As [`Node::probe`], for a semaphore: [`Node::inspect_semaphore`] and
-    /// the marker in one step.
-    ///
-    /// # Errors
-    /// As for [`Node::probe`].
-    async fn probe_semaphore(
-        &self,
-        name: &LockName,
-        marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
-        let _ = (name, marker);
-        Err(LockError::Unsupported(NO_WATCH))
-    }
-
-    /// Raises the fencing counter of `name` to at least `fence`, and if
-    /// `token` holds the lock, records `fence` as the holder's. Returns
-    /// whether `token` held it. Redlock uses this after a grant whose nodes
-    /// disagree (see [`redlock`]).
-    ///
-    /// # Errors
-    /// [`LockError::Unavailable`] when the node fails.
-    async fn raise_fence(
-        &self,
-        name: &LockName,
-        token: &Token,
-        fence: u64,
-    ) -> Result<bool, LockError>;
-
-    /// Takes one permit of semaphore `req.name`, or renews the one
-    /// `req.token` holds (see [`semaphore`]). The inner `Err` is a refusal:
-    /// the semaphore is full, or held under another limit.
-    ///
-    /// # Errors
-    /// [`LockError::Unavailable`] or [`LockError::Backend`] when the node
-    /// fails (the permit may or may not have been granted);
-    /// [`LockError::Unsupported`] from a node without semaphores (the
-    /// default).
-    async fn take_permit(
-        &self,
-        req: &PermitRequest,
-    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
-        let _ = req;
-        Err(LockError::Unsupported(NO_SEMAPHORES))
-    }
-
-    /// Gives back the permit `token` holds: `None` when it holds none
-    /// (given back already, or run out), else when it was granted.
-    ///
-    /// # Errors
-    /// As for [`Node::take_permit`].
-    async fn give_back_permit(
-        &self,
-        name: &LockName,
-        token: &Token,
-    ) -> Result<Option<Released>, LockError> {
-        let _ = (name, token);
-        Err(LockError::Unsupported(NO_SEMAPHORES))
-    }
-
-    /// Resets the lease of the permit `token` holds to `ttl`; `None` when
-    /// it holds none. Never creates a permit.
-    ///
-    /// # Errors
-    /// As for [`Node::take_permit`].
-    async fn extend_permit(
-        &self,
-        name: &LockName,
-        token: &Token,
-        ttl: ExtendTtl,
-    ) -> Result<Option<Permit>, LockError> {
-        let _ = (name, token, ttl);
-        Err(LockError::Unsupported(NO_SEMAPHORES))
-    }
-
-    /// The semaphore's limit and live permits (never a token), or `None`
-    /// when no permit is held.
-    ///
-    /// # Errors
-    /// As for [`Node::take_permit`].
-    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
-        let _ = name;
-        Err(LockError::Unsupported(NO_SEMAPHORES))
-    }
-
-    /// One step of a walk of this node's held locks (or semaphores) whose
-    /// names start with `prefix`, from `at` (see [`listing`]): at most
-    /// `limit` names that may be held, and where the walk goes on. Its cost
-    /// is bounded by `limit`, not by the number of keys: the names may be
-    /// fewer, even none, with the walk not over.
-    ///
-    /// # Errors
-    /// [`LockError::BadCursor`] when `at` is not a position of this node;
-    /// [`LockError::Unavailable`] or [`LockError::Backend`] when the node
-    /// fails; [`LockError::Unsupported`] from a node that cannot list (the
-    /// default).
-    async fn scan(
-        &self,
-        listed: Listed,
-        prefix: &NamePrefix,
-        at: &Position,
-        limit: PageSize,
-    ) -> Result<ScanPage, LockError> {
-        let _ = (listed, prefix, at, limit);
-        Err(LockError::Unsupported(NO_LISTING))
-    }
-
-    /// The holders of `names`, in their order (`None` for a free one), read
-    /// together: by default one [`Node::holder`] after another.
-    ///
-    /// # Errors
-    /// As for [`Node::holder`].
-    async fn holders(
-        &self,
-        names: &[LockName],
-    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
-        let mut found = Vec::with_capacity(names.len());
-        for name in names {
-            found.push(self.holder(name).await?);
-        }
-        Ok(found)
-    }
-
-    /// The semaphores `names`, in their order (`None` for one with no
-    /// permit held), read together: by default one
-    /// [`Node::inspect_semaphore`] after another.
-    ///
-    /// # Errors
-    /// As for [`Node::inspect_semaphore`].
-    async fn semaphores(
-        &self,
-        names: &[LockName],
-    ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
-        let mut found = Vec::with_capacity(names.len());
-        for name in names {
-            found.push(self.inspect_semaphore(name).await?);
-        }
-        Ok(found)
-    }
-
-    /// Whether this node's grants may count toward a Redlock quorum now:
-    /// false while a Redis node is in its delayed restart (see [`restart`]).
-    fn counts_for_quorum(&self) -> bool {
-        true
-    }
-
-    /// Checks that the node answers, for `/readyz`.
-    ///
-    /// # Errors
-    /// [`LockError::Unavailable`] when it does not.
-    async fn ping(&self) -> Result<(), LockError>;
-
-    /// Starts telling `listener` about releases and extends of locks, by
-    /// any client of the same node, until `stop` is cancelled. A node that
-    /// hears every release at once (one pattern subscription) returns
-    /// `None`; one that subscribes lock by lock (sharded pub/sub on a Redis
-    /// Cluster) returns the [`WaitInterest`] to tell which locks are waited
-    /// for, and hears releases of those only. The default does nothing and
-    /// returns `None`: waiters then wake only when the holder's lease runs
-    /// out.
-    fn watch_releases(
-        &self,
-        listener: Arc<dyn ChangeListener>,
-        stop: CancellationToken,
-    ) -> Option<Arc<dyn WaitInterest>> {
-        let _ = (listener, stop);
-        None
-    }
-}
-
-/// Receives change events from a backend.
-pub trait ChangeListener: Send + Sync + 'static {
-    /// The lock or semaphore of wait-queue key `key` (see [`queue`])
-    /// changed as `change` says, on its node. Messages of one key arrive in
-    /// the order of the changes.
-    fn changed(&self, key: &str, change: &Change);
-    /// Events may have been missed (the event connection was lost and is
-    /// back): every waiter that retries should retry now.
-    fn resync(&self);
-    /// A subscription to `name`'s releases was made or made again (on a
-    /// Redis Cluster, lock by lock): a release just before it may have been
-    /// missed, so the waiter that retries should look whether the lock is
-    /// still held, without taking it while the store may be failing over,
-    /// and retry if it is free.
-    fn subscribed(&self, name: &str);
-}
-
-/// Told which locks this lockd instance waits for, by a store that
-/// subscribes to release events lock by lock (see
-/// [`Node::watch_releases`]). The wait queues call it in order, while they
-/// hold their own lock: an implementation must not block (it queues the
-/// change for a task of its own).
-pub trait WaitInterest: Send + Sync + 'static {
-    /// A waiter found `name` held and waits for its release: subscribe.
-    fn waiting(&self, name: &str);
-    /// Nobody waits for `name` on this instance any more: unsubscribe.
-    fn idle(&self, name: &str);
-}
-
-/// Milliseconds since the Unix epoch of a wall-clock time (0 before 1970).
-pub(crate) fn unix_millis(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}

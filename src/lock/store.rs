@@ -1,5 +1,5 @@
 //! [`Store`]: the lock (and semaphore) store that [`super::Locks`] calls,
-//! made of one or more [`Node`]s. [`Single`] is one node as it is; [`super::redlock`]
+//! made of one or more lock servers ([`super::node`]). [`Single`] is one node as it is; [`super::redlock`]
 //! spreads each lock over several. Other topologies (Redis Cluster,
 //! Sentinel) are further implementations of the same trait.
 //!
@@ -14,10 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::listing::{Listed, LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
-use super::watch::Subject;
 use super::{
-    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Lease, LockError, LockInfo, LockName,
-    Node, Released, Token, WaitInterest,
+    AcquireRequest, Acquired, Backend, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
+    LockName, Released, Subject, Token, WaitInterest,
 };
 
 /// A lock store. Every store gives the same answers for the same sequence
@@ -63,17 +62,17 @@ pub trait Store: Send + Sync + 'static {
     /// A store failure as for [`Store::acquire`].
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError>;
 
-    /// Takes one permit (see [`Node::take_permit`]).
+    /// Takes one permit (see [`super::SemaphoreNode::take_permit`]).
     ///
     /// # Errors
-    /// As for [`Node::take_permit`]; [`LockError::Unsupported`] from a
+    /// As for [`super::SemaphoreNode::take_permit`]; [`LockError::Unsupported`] from a
     /// store without semaphores (Redlock).
     async fn take_permit(
         &self,
         req: &PermitRequest,
     ) -> Result<Result<PermitOutcome, Refusal>, LockError>;
 
-    /// Gives back a permit (see [`Node::give_back_permit`]).
+    /// Gives back a permit (see [`super::SemaphoreNode::give_back_permit`]).
     ///
     /// # Errors
     /// As for [`Store::take_permit`].
@@ -83,7 +82,7 @@ pub trait Store: Send + Sync + 'static {
         token: &Token,
     ) -> Result<Option<Released>, LockError>;
 
-    /// Extends a permit (see [`Node::extend_permit`]).
+    /// Extends a permit (see [`super::SemaphoreNode::extend_permit`]).
     ///
     /// # Errors
     /// As for [`Store::take_permit`].
@@ -94,14 +93,14 @@ pub trait Store: Send + Sync + 'static {
         ttl: ExtendTtl,
     ) -> Result<Option<Permit>, LockError>;
 
-    /// Describes a semaphore (see [`Node::inspect_semaphore`]).
+    /// Describes a semaphore (see [`super::SemaphoreNode::inspect_semaphore`]).
     ///
     /// # Errors
     /// As for [`Store::take_permit`].
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError>;
 
     /// Describes a lock and publishes a watcher's marker in the same step
-    /// (see [`Node::probe`]).
+    /// (see [`super::LockNode::probe`]).
     ///
     /// # Errors
     /// As for [`Store::acquire`]; [`LockError::Unsupported`] from a store
@@ -109,7 +108,7 @@ pub trait Store: Send + Sync + 'static {
     async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError>;
 
     /// Describes a semaphore and publishes a watcher's marker in the same
-    /// step (see [`Node::probe_semaphore`]).
+    /// step (see [`super::SemaphoreNode::probe_semaphore`]).
     ///
     /// # Errors
     /// As for [`Store::probe`].
@@ -164,7 +163,7 @@ pub trait Store: Send + Sync + 'static {
     /// Starts telling `listener` about releases and extends, on every node,
     /// until `stop` is cancelled; returns the [`WaitInterest`] to tell
     /// which locks are waited for when the store hears only those (see
-    /// [`Node::watch_releases`]).
+    /// [`super::Node::watch_releases`]).
     fn watch_releases(
         &self,
         listener: Arc<dyn ChangeListener>,
@@ -175,12 +174,12 @@ pub trait Store: Send + Sync + 'static {
 /// The store of one node (single-Redis mode, or memory): each call goes to
 /// that node as it is.
 pub struct Single {
-    node: Arc<dyn Node>,
+    node: Arc<dyn Backend>,
 }
 
 impl Single {
     /// The store of `node` alone.
-    pub fn new(node: Arc<dyn Node>) -> Self {
+    pub fn new(node: Arc<dyn Backend>) -> Self {
         Self { node }
     }
 }

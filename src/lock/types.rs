@@ -67,7 +67,7 @@ pub enum InvalidInput {
 /// The alphabet keeps names safe inside a Redis key with a `{name}` hash tag
 /// (no braces), inside a URL path segment (nothing to escape) and in logs (no
 /// control characters).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LockName(String);
 
 impl LockName {

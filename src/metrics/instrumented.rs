@@ -12,8 +12,8 @@ use super::Metrics;
 use crate::lock::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use crate::lock::{
-    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Lease, LockError, LockInfo, LockName,
-    Node, Released, Token, WaitInterest,
+    AcquireRequest, Acquired, Backend, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
+    LockName, LockNode, Node, Released, SemaphoreNode, Token, WaitInterest,
 };
 
 /// The `op` labels of `lockd_backend_duration_seconds`.
@@ -41,7 +41,7 @@ const BACKEND_OPS: &[&str] = &[
 /// answer unchanged. One request may make several calls (a waiter retries;
 /// Redlock calls every node).
 pub struct Instrumented {
-    inner: Arc<dyn Node>,
+    inner: Arc<dyn Backend>,
     metrics: Arc<Metrics>,
     node: String,
 }
@@ -49,7 +49,7 @@ pub struct Instrumented {
 impl Instrumented {
     /// Wraps `inner`, labelled `node` (such as `127.0.0.1:6379`), and creates
     /// its series at zero.
-    pub fn new(inner: Arc<dyn Node>, metrics: Arc<Metrics>, node: String) -> Self {
+    pub fn new(inner: Arc<dyn Backend>, metrics: Arc<Metrics>, node: String) -> Self {
         for op in BACKEND_OPS {
             metrics
                 .backend_duration
@@ -104,6 +104,36 @@ impl Instrumented {
 
 #[async_trait]
 impl Node for Instrumented {
+    async fn scan(
+        &self,
+        listed: Listed,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<ScanPage, LockError> {
+        self.time("scan", self.inner.scan(listed, prefix, at, limit))
+            .await
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        self.time("ping", self.inner.ping()).await
+    }
+
+    fn counts_for_quorum(&self) -> bool {
+        self.inner.counts_for_quorum()
+    }
+
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ChangeListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
+        self.inner.watch_releases(listener, stop)
+    }
+}
+
+#[async_trait]
+impl LockNode for Instrumented {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         self.time("acquire", self.inner.acquire(req)).await
     }
@@ -136,6 +166,20 @@ impl Node for Instrumented {
             .await
     }
 
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+        self.time("probe", self.inner.probe(name, marker)).await
+    }
+
+    async fn holders(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
+        self.time("inspect_many", self.inner.holders(names)).await
+    }
+}
+
+#[async_trait]
+impl SemaphoreNode for Instrumented {
     async fn take_permit(
         &self,
         req: &PermitRequest,
@@ -167,10 +211,6 @@ impl Node for Instrumented {
             .await
     }
 
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
-        self.time("probe", self.inner.probe(name, marker)).await
-    }
-
     async fn probe_semaphore(
         &self,
         name: &LockName,
@@ -180,45 +220,11 @@ impl Node for Instrumented {
             .await
     }
 
-    async fn scan(
-        &self,
-        listed: Listed,
-        prefix: &NamePrefix,
-        at: &Position,
-        limit: PageSize,
-    ) -> Result<ScanPage, LockError> {
-        self.time("scan", self.inner.scan(listed, prefix, at, limit))
-            .await
-    }
-
-    async fn holders(
-        &self,
-        names: &[LockName],
-    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
-        self.time("inspect_many", self.inner.holders(names)).await
-    }
-
     async fn semaphores(
         &self,
         names: &[LockName],
     ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
         self.time("inspect_semaphores", self.inner.semaphores(names))
             .await
-    }
-
-    async fn ping(&self) -> Result<(), LockError> {
-        self.time("ping", self.inner.ping()).await
-    }
-
-    fn counts_for_quorum(&self) -> bool {
-        self.inner.counts_for_quorum()
-    }
-
-    fn watch_releases(
-        &self,
-        listener: Arc<dyn ChangeListener>,
-        stop: CancellationToken,
-    ) -> Option<Arc<dyn WaitInterest>> {
-        self.inner.watch_releases(listener, stop)
     }
 }

@@ -7,6 +7,10 @@
 //! known in advance are created at zero, and the lock metrics, labelled by
 //! [`namespace`](namespace::namespace_of), start with the `other`
 //! namespace. Units are seconds and plain counts (Prometheus base units).
+//!
+//! Beside this file: `instrumented` ([`Instrumented`]), `semaphores` (the
+//! permit metrics), `process` (the process's CPU and memory) and
+//! [`namespace`] (the bounded `namespace` label).
 
 mod instrumented;
 pub mod namespace;

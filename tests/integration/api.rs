@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::support::{
-    TestApp, assert_lease_ms, backend_tests, lock_key, metric, ms_until, random_token, samples,
+    TestApp, assert_lease_ms, backend_tests, eventually, lock_key, metric, ms_until, random_token,
+    samples,
 };
 use futures::future::join_all;
 use reqwest::Method;
@@ -443,11 +444,19 @@ async fn fences_grow_across_grants_releases_and_expiries(app: &TestApp) {
         fences.push(r.fence());
         app.release(name, &r.token()).await.expect_status(204);
     }
+    // Grants that end by expiry: each waits until the lease ran out, a
+    // lease long enough that a slow answer still finds some left.
     for _ in 0..3 {
-        let r = app.acquire_ttl(name, 20).await;
+        let r = app.acquire_ttl(name, 300).await;
         r.expect_status(201);
         fences.push(r.fence());
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                app.inspect(name).await.status == 404
+            })
+            .await,
+            "the lease did not run out"
+        );
     }
     let extended = {
         let r = app.acquire_ttl(name, 5000).await;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockd::lock::connect::{ConnectReport, RedisTls};
+use lockd::lock::redis::connect::{ConnectReport, RedisTls};
 use lockd::lock::redis::{Endpoint, RedisBackend, RedisConfig};
 use lockd::lock::semaphore::{Limit, PermitOutcome, PermitRequest, Refusal};
 use lockd::lock::{ExtendTtl, LockName, Token, Ttl};

@@ -1,6 +1,7 @@
 //! The `/locks/{name}` routes and `GET /locks`: one file per action, each a thin handler
 //! that parses input ([`input`]), calls the lock core and shapes the answer
-//! ([`model`]).
+//! ([`model`]): [`acquire`] (`POST`), [`extend`] (`PATCH`), [`release`]
+//! (`DELETE`), [`inspect`] (`GET`) and [`list`] (`GET /locks`).
 
 pub mod acquire;
 pub mod extend;

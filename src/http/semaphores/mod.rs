@@ -1,6 +1,8 @@
 //! The `/semaphores/{name}` routes and `GET /semaphores`: one file per action, as for
 //! `/locks/{name}`, each a thin handler that parses input ([`input`]),
-//! calls the lock core's permits and shapes the answer ([`model`]).
+//! calls the lock core's permits and shapes the answer ([`model`]):
+//! [`take`] (`POST`), [`extend`] (`PATCH`), [`give_back`] (`DELETE`),
+//! [`inspect`] (`GET`) and [`list`] (`GET /semaphores`).
 
 pub mod extend;
 pub mod give_back;

@@ -94,7 +94,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::lock::{AcquireRequest, Node, Token, Ttl};
+    use crate::lock::{AcquireRequest, LockNode, Token, Ttl};
 
     fn request(name: &str, ttl_ms: u64) -> AcquireRequest {
         AcquireRequest {

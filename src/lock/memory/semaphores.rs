@@ -6,11 +6,12 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use super::{MemoryBackend, SWEEP_EVERY, State, lease, next_fence_in};
-use crate::lock::queue::semaphore_key;
 use crate::lock::semaphore::{
     Permit, PermitOutcome, PermitRequest, Permits, Refusal, SemaphoreInfo, Taken,
 };
-use crate::lock::{Change, ExtendTtl, LockError, LockName, Released, Token, Ttl, unix_millis};
+use crate::lock::{
+    Change, ExtendTtl, Kind, LockError, LockName, Released, Token, Ttl, unix_millis,
+};
 
 impl MemoryBackend {
     /// Microseconds since this store began: the clock of
@@ -40,8 +41,7 @@ impl MemoryBackend {
         let taken = permits.take(at, req, granted_at, || {
             next_fence_in(fences, &req.name, now, retention)
         });
-        let key = semaphore_key(req.name.as_str());
-        self.tell_ended(&key, permits);
+        self.tell_ended(&req.name, permits);
         let ttl_ms = req.ttl.as_millis();
         let change = match taken {
             Taken::Granted(fence) => Some(Change::Acquired {
@@ -59,7 +59,7 @@ impl MemoryBackend {
         };
         if let Some(change) = change {
             // Told under the state's lock, so that changes are told in order.
-            self.tell(&key, &change);
+            self.tell(Kind::Semaphore, &req.name, &change);
         }
         if matches!(taken, Taken::Granted(_)) {
             state.grants += 1;
@@ -94,12 +94,12 @@ impl MemoryBackend {
             return Ok(None);
         };
         let gone = permits.give_back(at, token);
-        self.tell_ended(&semaphore_key(name.as_str()), permits);
+        self.tell_ended(name, permits);
         if permits.live(at) == 0 {
             state.semaphores.remove(name.as_str());
         }
         if let Some((fence, _)) = gone {
-            self.tell(&semaphore_key(name.as_str()), &Change::Released { fence });
+            self.tell(Kind::Semaphore, name, &Change::Released { fence });
         }
         drop(state);
         Ok(gone.map(|(_, granted_at)| Released {
@@ -127,11 +127,12 @@ impl MemoryBackend {
             ExtendTtl::Own { .. } => None,
         };
         let extended = permits.extend(at, token, given);
-        self.tell_ended(&semaphore_key(name.as_str()), permits);
+        self.tell_ended(name, permits);
         if let Some((fence, _, ttl_ms)) = extended {
             // As the script publishes: a shorter lease frees it sooner.
             self.tell(
-                &semaphore_key(name.as_str()),
+                Kind::Semaphore,
+                name,
                 &Change::Extended {
                     fence,
                     ttl_ms,
@@ -174,16 +175,16 @@ impl MemoryBackend {
         let at = self.now_us();
         let permits = state.semaphores.get_mut(name.as_str())?;
         let info = permits.inspect(at);
-        self.tell_ended(&semaphore_key(name.as_str()), permits);
+        self.tell_ended(name, permits);
         info
     }
 
-    /// Tells the listener of the permits of `permits` (semaphore queue key
-    /// `key`) that ran out, as the scripts publish them: `expired FENCE`,
+    /// Tells the listener of the permits of `permits` (of semaphore
+    /// `name`) that ran out, as the scripts publish them: `expired FENCE`,
     /// before the change that found them so.
-    fn tell_ended(&self, key: &str, permits: &mut Permits) {
+    fn tell_ended(&self, name: &LockName, permits: &mut Permits) {
         for fence in permits.take_ended() {
-            self.tell(key, &Change::Expired { fence });
+            self.tell(Kind::Semaphore, name, &Change::Expired { fence });
         }
     }
 
@@ -199,10 +200,7 @@ impl MemoryBackend {
     ) -> Result<Option<SemaphoreInfo>, LockError> {
         let mut state = self.state();
         let info = self.inspect_in(&mut state, name);
-        self.tell(
-            &semaphore_key(name.as_str()),
-            &Change::Probe(marker.to_owned()),
-        );
+        self.tell(Kind::Semaphore, name, &Change::Probe(marker.to_owned()));
         drop(state);
         Ok(info)
     }

@@ -23,11 +23,11 @@ use redis::{FromRedisValue, ScriptInvocation};
 use tokio::time::Instant;
 
 use super::RedisBackend;
+use super::pool::{Conn, cluster_nodes};
 use super::semaphores::semaphore_of;
 use crate::lock::listing::{
     Listed, NamePrefix, PageSize, Position, ScanPage, match_pattern, name_of_key,
 };
-use crate::lock::pool::{Conn, cluster_nodes};
 use crate::lock::semaphore::SemaphoreInfo;
 use crate::lock::{LockError, LockName};
 
@@ -406,7 +406,7 @@ impl RedisBackend {
             })?
     }
 
-    /// As [`crate::lock::Node::semaphores`]: read together.
+    /// As [`crate::lock::SemaphoreNode::semaphores`]: read together.
     ///
     /// # Errors
     /// As for [`Self::scan`]: the first failure.

@@ -10,36 +10,35 @@ use std::time::{Duration, SystemTime};
 use redis::{Script, ScriptInvocation};
 use tokio::time::Instant;
 
+use super::events;
 use super::{FENCE_LUA, Grant, GrantKind, PROBE_LUA, RedisBackend};
-use crate::lock::events;
-use crate::lock::queue::semaphore_key;
 use crate::lock::semaphore::{
     Limit, Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo,
 };
-use crate::lock::{ExtendTtl, Lease, LockError, LockName, Released, Token, Ttl, unix_millis};
+use crate::lock::{ExtendTtl, Kind, Lease, LockError, LockName, Released, Token, Ttl, unix_millis};
 
 /// The shared part of the semaphore scripts (`prune`, `now_ms`, ...).
-const SEMAPHORE_LUA: &str = include_str!("../scripts/semaphore.lua");
+const SEMAPHORE_LUA: &str = include_str!("scripts/semaphore.lua");
 
 static TAKE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{FENCE_LUA}{SEMAPHORE_LUA}{}",
-        include_str!("../scripts/sem_acquire.lua")
+        include_str!("scripts/sem_acquire.lua")
     ))
 });
 static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{SEMAPHORE_LUA}{}",
-        include_str!("../scripts/sem_release.lua")
+        include_str!("scripts/sem_release.lua")
     ))
 });
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{SEMAPHORE_LUA}{}",
-        include_str!("../scripts/sem_extend.lua")
+        include_str!("scripts/sem_extend.lua")
     ))
 });
-const SEM_INSPECT_LUA: &str = include_str!("../scripts/sem_inspect.lua");
+const SEM_INSPECT_LUA: &str = include_str!("scripts/sem_inspect.lua");
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{SEMAPHORE_LUA}{SEM_INSPECT_LUA}")));
 static PROBE: LazyLock<Script> =
@@ -62,7 +61,7 @@ impl SemKeys {
             permits: format!("{base}:permits"),
             holders: format!("{base}:holders"),
             fence: format!("{base}:fence"),
-            released: events::channel(prefix, &semaphore_key(name.as_str())),
+            released: events::channel(prefix, Kind::Semaphore, name),
         }
     }
 }
@@ -247,7 +246,7 @@ impl RedisBackend {
 
     /// As [`Self::inspect_semaphore`], and a watcher's `marker` published
     /// on the semaphore's change channel in the same step (see
-    /// [`crate::lock::Node::probe`]).
+    /// [`crate::lock::LockNode::probe`]).
     ///
     /// # Errors
     /// As for [`Self::take_permit`].

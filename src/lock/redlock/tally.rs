@@ -12,13 +12,13 @@ use futures_util::future::join_all;
 
 use std::cmp::Ordering;
 
-use crate::lock::{LockError, LockInfo, Node, Token};
+use crate::lock::{LockError, LockInfo, LockNode, Token};
 
 /// Which nodes' answers count toward a quorum.
 #[derive(Debug, Clone)]
 pub(super) enum Counting {
     /// Every node but those in their delayed restart (see
-    /// [`crate::lock::restart`]), read once every node answered: a node's
+    /// `redis::restart`), read once every node answered: a node's
     /// restart is seen when lockd reconnects to it, which may have been
     /// during this call.
     Now,
@@ -43,9 +43,9 @@ pub(super) struct Tally<T> {
 /// gives `None` is not asked) and waits for all of them; each call is
 /// bounded by its node's own timeout.
 pub(super) async fn fan_out<'a, T, Fut>(
-    nodes: &'a [Arc<dyn Node>],
+    nodes: &'a [Arc<dyn LockNode>],
     counting: Counting,
-    ask: impl Fn(usize, &'a dyn Node) -> Option<Fut>,
+    ask: impl Fn(usize, &'a dyn LockNode) -> Option<Fut>,
 ) -> Tally<T>
 where
     Fut: Future<Output = Result<T, LockError>> + 'a,

@@ -13,10 +13,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::{Attached, Locks, Looked, Orphan, Tried, Waited};
-use crate::lock::queue::semaphore_key;
 use crate::lock::reaper::{Attempt, Reap, Reaped};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
-use crate::lock::{ExtendTtl, LockError, LockName, Released, Token};
+use crate::lock::{ExtendTtl, LockError, LockName, Released, Subject, Token};
 
 /// The most semaphores [`Known`] remembers.
 const MAX_KNOWN: usize = 1_000;
@@ -116,10 +115,9 @@ impl Locks {
         if wait.is_zero() {
             return self.store.take_permit(req).await;
         }
-        let key = semaphore_key(req.name.as_str());
         let waited = self
             .wait_turn(
-                &key,
+                &Subject::semaphore(req.name.clone()),
                 wait,
                 caller_gone,
                 || {},

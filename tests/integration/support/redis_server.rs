@@ -311,7 +311,7 @@ impl RedisServer {
     }
 
     /// Writes lock `name` as another lockd-compatible client would (see the
-    /// data model in `src/lock/redis.rs`): the lock key under `token` and
+    /// data model in `src/lock/redis/mod.rs`): the lock key under `token` and
     /// its metadata hash with `fence` and `owner`, both with a lease of
     /// `px_ms`.
     pub async fn set_lock_with_meta(

@@ -9,7 +9,7 @@
 //! is handed out as it is; one that broke (Redis restarted) is found by the
 //! operation itself, which throws it away together with every idle
 //! connection and tries once more on a fresh one (see
-//! [`super::redis::RedisBackend`]).
+//! [`crate::lock::redis::RedisBackend`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,10 +23,10 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 
-use super::LockError;
 use super::connect::{self, PushHandler, RedisTls};
 use super::restart::RestartWatch;
 use super::sentinel::Sentinels;
+use crate::lock::LockError;
 
 /// What a [`Connector`] connects to.
 pub enum Target {

@@ -4,6 +4,15 @@
 //! and by the holder's lease running out, never by polling at a fixed
 //! interval.
 //!
+//! # Layout
+//! - this file: [`Locks`], the waits of locks, and what the store's change
+//!   events are told to;
+//! - `queue`: the per-instance wait queues, one per [`super::Subject`]:
+//!   **where a release wakes a waiter** (the head of its subject's queue);
+//! - `permits`: the waits of semaphore permits, through the same queues;
+//! - [`watch`]: the watches, one follower task per watched subject;
+//! - `listing`: listing across an API key's prefixes, one after another.
+//!
 //! # Cancel safety
 //! An acquire runs in a task of its own. When the caller goes away (client
 //! hung up, request timed out), the task finishes the backend call it is in,
@@ -17,6 +26,8 @@
 
 mod listing;
 mod permits;
+mod queue;
+pub mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,12 +38,12 @@ use std::task::{Context, Poll};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::queue::{self, WaitQueues};
+use self::queue::WaitQueues;
+use self::watch::{SharedInterest, Watch, Watches};
 use super::reaper::{Attempt, Reap, Reaped};
-use super::watch::{SharedInterest, Subject, Watch, Watches};
 use super::{
-    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
-    LockName, Released, Store, Token,
+    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
+    LockName, Released, Store, Subject, Token,
 };
 
 /// The most random delay added to a retry at the holder's lease end, so that
@@ -91,9 +102,9 @@ struct Listeners {
 }
 
 impl ChangeListener for Listeners {
-    fn changed(&self, key: &str, change: &Change) {
-        self.queues.changed(key, change);
-        self.watches.changed(key, change);
+    fn changed(&self, subject: &Subject, change: &Change) {
+        self.queues.changed(subject, change);
+        self.watches.changed(subject, change);
     }
 
     fn resync(&self) {
@@ -101,9 +112,9 @@ impl ChangeListener for Listeners {
         self.watches.resync();
     }
 
-    fn subscribed(&self, key: &str) {
-        self.queues.subscribed(key);
-        self.watches.subscribed(key);
+    fn subscribed(&self, subject: &Subject) {
+        self.queues.subscribed(subject);
+        self.watches.subscribed(subject);
     }
 }
 
@@ -177,7 +188,7 @@ impl Locks {
         }))
     }
 
-    /// Opens a watch of `subject` (see [`super::watch`]): its first event
+    /// Opens a watch of `subject` (see [`self::watch`]): its first event
     /// is what the lock or semaphore is now, then one event per change,
     /// until shutdown.
     ///
@@ -193,7 +204,7 @@ impl Locks {
     }
 
     /// Allows at most `max` watches open at once (default
-    /// [`super::watch::DEFAULT_MAX_WATCHERS`]).
+    /// [`self::watch::DEFAULT_MAX_WATCHERS`]).
     pub fn set_max_watchers(&self, max: usize) {
         self.watches.set_max_watchers(max);
     }
@@ -203,21 +214,12 @@ impl Locks {
         self.watches.watching()
     }
 
-    /// Calls `each(name, waiters)` for every lock that has waiters now.
-    pub fn for_each_queue(&self, mut each: impl FnMut(&str, usize)) {
-        self.queues.for_each_queue(|waited, n| {
-            if let queue::Waited::Lock(name) = waited {
-                each(name, n);
-            }
-        });
-    }
-
-    /// Calls `each(name, waiters)` for every semaphore that has waiters
-    /// now.
-    pub fn for_each_semaphore_queue(&self, mut each: impl FnMut(&str, usize)) {
-        self.queues.for_each_queue(|waited, n| {
-            if let queue::Waited::Semaphore(name) = waited {
-                each(name, n);
+    /// Calls `each(name, waiters)` for every subject of `kind` that has
+    /// waiters now.
+    pub fn for_each_queue(&self, kind: Kind, mut each: impl FnMut(&str, usize)) {
+        self.queues.for_each_queue(|subject, n| {
+            if subject.kind() == kind {
+                each(subject.name().as_str(), n);
             }
         });
     }
@@ -303,7 +305,7 @@ impl Locks {
         }
         let waited = self
             .wait_turn(
-                req.name.as_str(),
+                &Subject::lock(req.name.clone()),
                 wait,
                 caller_gone,
                 || self.contended(&req.name),
@@ -326,7 +328,7 @@ impl Locks {
         }
     }
 
-    /// Waits in `key`'s queue, up to `wait`, while `attempt` finds the
+    /// Waits in `subject`'s queue, up to `wait`, while `attempt` finds the
     /// lock held (or the semaphore full): the wait of every request that
     /// may wait. Only the head of the queue tries: at once, when woken (a
     /// release event, the one ahead leaving), and when the holder's lease
@@ -348,7 +350,7 @@ impl Locks {
     #[allow(clippy::too_many_arguments)]
     async fn wait_turn<T, R, A, AF, L, LF, B, BF>(
         &self,
-        key: &str,
+        subject: &Subject,
         wait: Duration,
         caller_gone: Option<&CancellationToken>,
         contended: impl Fn(),
@@ -368,7 +370,7 @@ impl Locks {
         // Join before the first attempt, so a release between a failed
         // attempt and the wait cannot be missed, and so that a newcomer does
         // not overtake the waiters already queued.
-        let Ok(place) = self.queues.join(key) else {
+        let Ok(place) = self.queues.join(subject) else {
             // No room to wait: a free lock (or permit) is still granted.
             return match attempt().await {
                 Tried::Busy { .. } => {
@@ -626,8 +628,10 @@ mod tests {
     //! the instants at which its waiters were answered.
 
     use super::*;
+    use crate::lock::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
     use crate::lock::memory::MemoryBackend;
-    use crate::lock::{LockError, Node, Single, Ttl};
+    use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
+    use crate::lock::{LockError, LockNode, Node, SemaphoreNode, Single, Ttl};
     use async_trait::async_trait;
 
     const LONG: Duration = Duration::from_secs(60);
@@ -665,7 +669,7 @@ mod tests {
     /// How many requests wait for `lock` now.
     fn waiting(locks: &Locks, lock: &str) -> usize {
         let mut n = 0;
-        locks.for_each_queue(|name, count| {
+        locks.for_each_queue(Kind::Lock, |name, count| {
             if name == lock {
                 n = count;
             }
@@ -848,10 +852,71 @@ mod tests {
 
     #[async_trait]
     impl Node for Slow {
+        async fn scan(
+            &self,
+            listed: Listed,
+            prefix: &NamePrefix,
+            at: &Position,
+            limit: PageSize,
+        ) -> Result<ScanPage, LockError> {
+            Node::scan(&self.inner, listed, prefix, at, limit).await
+        }
+
+        async fn ping(&self) -> Result<(), LockError> {
+            Ok(())
+        }
+    }
+
+    /// Its semaphores are the inner store's, as they are.
+    #[async_trait]
+    impl SemaphoreNode for Slow {
+        async fn take_permit(
+            &self,
+            req: &PermitRequest,
+        ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+            SemaphoreNode::take_permit(&self.inner, req).await
+        }
+
+        async fn give_back_permit(
+            &self,
+            name: &LockName,
+            token: &Token,
+        ) -> Result<Option<Released>, LockError> {
+            SemaphoreNode::give_back_permit(&self.inner, name, token).await
+        }
+
+        async fn extend_permit(
+            &self,
+            name: &LockName,
+            token: &Token,
+            ttl: ExtendTtl,
+        ) -> Result<Option<Permit>, LockError> {
+            SemaphoreNode::extend_permit(&self.inner, name, token, ttl).await
+        }
+
+        async fn inspect_semaphore(
+            &self,
+            name: &LockName,
+        ) -> Result<Option<SemaphoreInfo>, LockError> {
+            SemaphoreNode::inspect_semaphore(&self.inner, name).await
+        }
+
+        async fn probe_semaphore(
+            &self,
+            name: &LockName,
+            marker: &str,
+        ) -> Result<Option<SemaphoreInfo>, LockError> {
+            SemaphoreNode::probe_semaphore(&self.inner, name, marker).await
+        }
+    }
+
+    #[async_trait]
+    impl LockNode for Slow {
         async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
             tokio::time::sleep(self.delay).await;
             self.inner.acquire(req).await
         }
+
         async fn extend(
             &self,
             name: &LockName,
@@ -860,12 +925,23 @@ mod tests {
         ) -> Result<Lease, LockError> {
             self.inner.extend(name, token, ttl).await
         }
+
         async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
             self.inner.release(name, token).await
         }
+
         async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
             self.inner.holder(name).await
         }
+
+        async fn probe(
+            &self,
+            name: &LockName,
+            marker: &str,
+        ) -> Result<Option<LockInfo>, LockError> {
+            self.inner.probe(name, marker).await
+        }
+
         async fn raise_fence(
             &self,
             name: &LockName,
@@ -873,9 +949,6 @@ mod tests {
             fence: u64,
         ) -> Result<bool, LockError> {
             self.inner.raise_fence(name, token, fence).await
-        }
-        async fn ping(&self) -> Result<(), LockError> {
-            Ok(())
         }
     }
 
@@ -979,7 +1052,7 @@ mod tests {
             ));
             for _ in 0..10_000 {
                 let mut n = 0;
-                locks.for_each_semaphore_queue(|name, count| {
+                locks.for_each_queue(Kind::Semaphore, |name, count| {
                     if name == "pool" {
                         n = count;
                     }

@@ -32,9 +32,9 @@ use redis::{Client, RedisError};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::LockError;
 use super::connect::{self, RedisTls};
 use crate::backoff::ExponentialBackoff;
+use crate::lock::LockError;
 
 /// How often the Sentinels are asked which master is current.
 const TOPOLOGY_CHECK: Duration = Duration::from_secs(1);

@@ -1,8 +1,9 @@
 //! Release events from Redis: how the waiters of one lockd instance learn
 //! that a lock they wait for was released (or extended), by any client.
 //!
-//! Every release and extend script publishes an empty message on the
-//! lock's channel `P{N}:released` (see [`super::redis`]). Two ways to hear
+//! Every script that changes a lease publishes what it did (see
+//! [`crate::lock::change`]) on its subject's channel, `P{N}:released` for
+//! lock `N` (built by [`channel`], the one place channel names are made). Two ways to hear
 //! them:
 //! - [`PatternEvents`], on one Redis server (single mode, or the master of
 //!   a Sentinel set, moving with it): one `PSUBSCRIBE P{*}:released`
@@ -13,7 +14,7 @@
 //!   every node of the cluster. Sharded channels have no patterns, so the
 //!   instance subscribes lock by lock (`SSUBSCRIBE P{N}:released`) while
 //!   one of its waiters found the lock held, and unsubscribes when the
-//!   last of them leaves ([`super::WaitInterest`]). The redis crate's
+//!   last of them leaves ([`crate::lock::WaitInterest`]). The redis crate's
 //!   cluster connection sends each subscription to the master of the
 //!   channel's slot, and moves it when the slot map changes.
 //!
@@ -22,7 +23,6 @@
 //! (re)subscription, the waiters that retry retry once, and until then
 //! they fall back to the holder's lease end.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,12 +35,11 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 
 use super::connect::{ConnectReport, PushHandler, RedisTls};
-use super::listing::glob_escape;
 use super::pool::{ClusterTarget, KnownNodes};
-use super::queue::{Waited, semaphore_key};
 use super::sentinel::Sentinels;
-use super::{Change, ChangeListener, LockError, WaitInterest};
 use crate::backoff::ExponentialBackoff;
+use crate::lock::listing::glob_escape;
+use crate::lock::{Change, ChangeListener, Kind, LockError, LockName, Subject, WaitInterest};
 
 /// The pauses between tries to (re)subscribe: 50 ms doubling up to 2 s.
 const EVENTS_BACKOFF: ExponentialBackoff =
@@ -50,29 +49,32 @@ const EVENTS_BACKOFF: ExponentialBackoff =
 /// subscriber opens a new cluster connection (with a fresh slot map).
 const ROUNDS_BEFORE_RECONNECT: u32 = 4;
 
-/// The release channel of wait-queue key `key` (see [`super::queue`])
-/// under key prefix `prefix`: `P{N}:released` for lock `N`, and
-/// `Psem:{N}:released` for semaphore `N`.
-pub fn channel(prefix: &str, key: &str) -> String {
-    match Waited::of(key) {
-        Waited::Lock(name) => format!("{prefix}{{{name}}}:released"),
-        Waited::Semaphore(name) => format!("{prefix}sem:{{{name}}}:released"),
+/// The change channel of the `kind` of lease named `name` under key
+/// prefix `prefix`: `P{N}:released` for lock `N`, and `Psem:{N}:released`
+/// for semaphore `N`. The one place where channel names are built: the
+/// scripts are given theirs, and the subscribers parse them back with
+/// [`subject_of`].
+pub fn channel(prefix: &str, kind: Kind, name: &LockName) -> String {
+    let name = name.as_str();
+    match kind {
+        Kind::Lock => format!("{prefix}{{{name}}}:released"),
+        Kind::Semaphore => format!("{prefix}sem:{{{name}}}:released"),
     }
 }
 
-/// A release channel → its wait-queue key, for `prefix` `P`:
-/// `P{N}:released` → `N`, `Psem:{N}:released` → the key of semaphore `N`.
-fn queue_key<'a>(prefix: &str, channel: &'a str) -> Option<Cow<'a, str>> {
+/// The subject of a change channel under key prefix `prefix` (the reverse
+/// of [`channel`]); `None` for another channel, or a name no lock can
+/// have (another client's).
+fn subject_of(prefix: &str, channel: &str) -> Option<Subject> {
     let rest = channel.strip_prefix(prefix)?;
-    if let Some(name) = rest
-        .strip_prefix("sem:{")
-        .and_then(|r| r.strip_suffix("}:released"))
-    {
-        return Some(Cow::Owned(semaphore_key(name)));
-    }
-    rest.strip_prefix('{')?
-        .strip_suffix("}:released")
-        .map(Cow::Borrowed)
+    let (kind, rest) = match rest.strip_prefix("sem:") {
+        Some(rest) => (Kind::Semaphore, rest),
+        None => (Kind::Lock, rest),
+    };
+    let name = rest.strip_prefix('{')?.strip_suffix("}:released")?;
+    LockName::parse(name)
+        .ok()
+        .map(|name| Subject::new(kind, name))
 }
 
 /// The release-event subscriber of one Redis server: one `PSUBSCRIBE`
@@ -137,9 +139,9 @@ impl PatternEvents {
                             None => stream.next().await,
                         };
                         let Some(msg) = msg else { break };
-                        if let Some(key) = queue_key(&self.prefix, msg.get_channel_name()) {
+                        if let Some(subject) = subject_of(&self.prefix, msg.get_channel_name()) {
                             let change = Change::parse(msg.get_payload_bytes());
-                            self.listener.changed(&key, &change);
+                            self.listener.changed(&subject, &change);
                         }
                     }
                     tracing::warn!(
@@ -179,8 +181,8 @@ impl PatternEvents {
 
 /// A change in what this instance waits for.
 enum Want {
-    Waiting(String),
-    Idle(String),
+    Waiting(Subject),
+    Idle(Subject),
 }
 
 /// The [`WaitInterest`] of [`ShardedEvents`]: queues each change for its
@@ -188,22 +190,22 @@ enum Want {
 struct Interest(mpsc::UnboundedSender<Want>);
 
 impl WaitInterest for Interest {
-    fn waiting(&self, name: &str) {
-        let _ = self.0.send(Want::Waiting(name.to_owned()));
+    fn waiting(&self, subject: &Subject) {
+        let _ = self.0.send(Want::Waiting(subject.clone()));
     }
 
-    fn idle(&self, name: &str) {
-        let _ = self.0.send(Want::Idle(name.to_owned()));
+    fn idle(&self, subject: &Subject) {
+        let _ = self.0.send(Want::Idle(subject.clone()));
     }
 }
 
-/// Which lock channels are wanted, and which the cluster confirmed.
+/// Which subjects' channels are wanted, and which the cluster confirmed.
 #[derive(Default)]
 struct Subscribed {
-    /// Locks that some waiter of this instance waits for.
-    wanted: HashSet<String>,
-    /// Locks whose subscription a node confirmed (and has not dropped).
-    confirmed: HashSet<String>,
+    /// Subjects that some waiter or watch of this instance waits for.
+    wanted: HashSet<Subject>,
+    /// Subjects whose subscription a node confirmed (and has not dropped).
+    confirmed: HashSet<Subject>,
 }
 
 /// What the cluster connection's pushes and the subscriber's task share.
@@ -228,31 +230,30 @@ impl Shared {
             Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
             _ => None,
         });
-        let key = name.and_then(|channel| queue_key(&self.prefix, channel));
-        let name = key.as_deref();
-        match (&push.kind, name) {
-            (PushKind::SMessage, Some(name)) => {
-                tracing::trace!(lock = name, "change event");
+        let subject = name.and_then(|channel| subject_of(&self.prefix, channel));
+        match (&push.kind, subject) {
+            (PushKind::SMessage, Some(subject)) => {
+                tracing::trace!(%subject, "change event");
                 let change = match push.data.get(1) {
                     Some(Value::BulkString(message)) => Change::parse(message),
                     _ => Change::Unknown,
                 };
-                self.listener.changed(name, &change);
+                self.listener.changed(&subject, &change);
             }
             // A subscription is in place: a release may have come before
             // it, so the lock's head looks once. (It may be a replica's
             // answer while its master is down: the head only looks.)
-            (PushKind::SSubscribe, Some(name)) => {
-                tracing::debug!(lock = name, "release events of this lock subscribed");
-                self.state().confirmed.insert(name.to_owned());
-                self.listener.subscribed(name);
+            (PushKind::SSubscribe, Some(subject)) => {
+                tracing::debug!(%subject, "change events subscribed");
+                self.state().confirmed.insert(subject.clone());
+                self.listener.subscribed(&subject);
             }
             // Ours, or the node's when the slot moved away from it.
-            (PushKind::SUnsubscribe, Some(name)) => {
-                tracing::trace!(lock = name, "release events of this lock unsubscribed");
+            (PushKind::SUnsubscribe, Some(subject)) => {
+                tracing::trace!(%subject, "change events unsubscribed");
                 let mut state = self.state();
-                state.confirmed.remove(name);
-                if state.wanted.contains(name) {
+                state.confirmed.remove(&subject);
+                if state.wanted.contains(&subject) {
                     drop(state);
                     self.lost.notify_one();
                 }
@@ -385,26 +386,26 @@ impl ShardedEvents {
             tokio::select! {
                 change = self.changes.recv() => match change {
                     None => return Follow::Stop,
-                    Some(Want::Waiting(name)) => {
+                    Some(Want::Waiting(subject)) => {
                         let fresh = {
                             let mut state = self.shared.state();
-                            state.wanted.insert(name.clone());
-                            !state.confirmed.contains(&name)
+                            state.wanted.insert(subject.clone());
+                            !state.confirmed.contains(&subject)
                         };
-                        if fresh && !self.command(&mut conn, true, &name).await {
+                        if fresh && !self.command(&mut conn, true, &subject).await {
                             retry_at.get_or_insert_with(|| Instant::now() + pauses.next_pause());
                         }
                         continue;
                     }
-                    Some(Want::Idle(name)) => {
+                    Some(Want::Idle(subject)) => {
                         {
                             let mut state = self.shared.state();
-                            state.wanted.remove(&name);
-                            state.confirmed.remove(&name);
+                            state.wanted.remove(&subject);
+                            state.confirmed.remove(&subject);
                         }
                         // A failure leaves a subscription nobody needs:
                         // its events wake nobody.
-                        let _ = self.command(&mut conn, false, &name).await;
+                        let _ = self.command(&mut conn, false, &subject).await;
                         continue;
                     }
                 },
@@ -418,7 +419,7 @@ impl ShardedEvents {
                 }
             }
             // Subscribe again to every wanted lock not confirmed.
-            let missing: Vec<String> = {
+            let missing: Vec<Subject> = {
                 let state = self.shared.state();
                 state.wanted.difference(&state.confirmed).cloned().collect()
             };
@@ -440,7 +441,7 @@ impl ShardedEvents {
         }
     }
 
-    /// `SSUBSCRIBE` (or `SUNSUBSCRIBE`) the channel of `name` on the master
+    /// `SSUBSCRIBE` (or `SUNSUBSCRIBE`) the channel of `subject` on the master
     /// of its slot, within the timeout; whether it was answered.
     ///
     /// Sent with [`ClusterConnection::route_command`] to the master rather
@@ -451,8 +452,13 @@ impl ShardedEvents {
     /// the master, it fails while the master is down and is tried again
     /// until the new master answers. The confirmation is both the answer
     /// and a push (see [`Shared::on_push`]).
-    async fn command(&self, conn: &mut ClusterConnection, subscribe: bool, name: &str) -> bool {
-        let channel = channel(&self.shared.prefix, name);
+    async fn command(
+        &self,
+        conn: &mut ClusterConnection,
+        subscribe: bool,
+        subject: &Subject,
+    ) -> bool {
+        let channel = channel(&self.shared.prefix, subject.kind(), subject.name());
         let mut cmd = redis::cmd(if subscribe {
             "SSUBSCRIBE"
         } else {
@@ -478,20 +484,22 @@ impl ShardedEvents {
 mod tests {
     use super::*;
 
+    fn name(name: &str) -> LockName {
+        LockName::parse(name).expect("a name")
+    }
+
     #[test]
-    fn a_channel_names_its_lock() {
-        let channel = channel("lockd:", "orders:1");
-        assert_eq!(channel, "lockd:{orders:1}:released");
-        assert_eq!(queue_key("lockd:", &channel).as_deref(), Some("orders:1"));
-        assert_eq!(queue_key("other:", &channel), None);
-        assert_eq!(queue_key("lockd:", "lockd:{x}:fence"), None);
-        let pool = semaphore_key("pool");
-        let channel = super::channel("lockd:", &pool);
-        assert_eq!(channel, "lockd:sem:{pool}:released");
-        assert_eq!(
-            queue_key("lockd:", &channel).as_deref(),
-            Some(pool.as_str())
-        );
-        assert_eq!(queue_key("lockd:", "lockd:sem:{pool}:permits"), None);
+    fn a_channel_names_its_subject() {
+        let lock = Subject::lock(name("orders:1"));
+        let named = channel("lockd:", Kind::Lock, lock.name());
+        assert_eq!(named, "lockd:{orders:1}:released");
+        assert_eq!(subject_of("lockd:", &named), Some(lock));
+        assert_eq!(subject_of("other:", &named), None);
+        assert_eq!(subject_of("lockd:", "lockd:{x}:fence"), None);
+        let pool = Subject::semaphore(name("pool"));
+        let named = channel("lockd:", Kind::Semaphore, pool.name());
+        assert_eq!(named, "lockd:sem:{pool}:released");
+        assert_eq!(subject_of("lockd:", &named), Some(pool));
+        assert_eq!(subject_of("lockd:", "lockd:sem:{pool}:permits"), None);
     }
 }

@@ -2,7 +2,7 @@
 //! lockd instance on the same Redis, for `GET /locks/{name}/events`.
 //!
 //! Every script that changes a lease publishes what it did on the lock's
-//! change channel ([`super::change`]), in the same atomic step, so one
+//! change channel ([`crate::lock::change`]), in the same atomic step, so one
 //! channel's messages arrive in the order of the changes. An instance
 //! follows each watched lock with one task (a `Follower`), whatever the
 //! number of its watchers, and sends every event to all of them.
@@ -32,10 +32,11 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use super::queue::semaphore_key;
-use super::semaphore::{Limit, SemaphoreInfo};
-use super::{Change, ChangeListener, LockError, LockInfo, LockName, Store, WaitInterest};
 use crate::backoff::{Backoff, ExponentialBackoff};
+use crate::lock::semaphore::{Limit, SemaphoreInfo};
+use crate::lock::{
+    Change, ChangeListener, Kind, LockError, LockInfo, Store, Subject, WaitInterest,
+};
 
 /// The default of `--max-watchers`: open watches at once, per instance.
 pub const DEFAULT_MAX_WATCHERS: usize = 10_000;
@@ -56,33 +57,6 @@ const PROBE_BACKOFF: ExponentialBackoff =
 /// How many events a slow watcher may fall behind before it is sent a fresh
 /// `state` in their place.
 const BACKLOG: usize = 256;
-
-/// What is watched.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Subject {
-    /// A lock.
-    Lock(LockName),
-    /// A semaphore: every permit is a lease.
-    Semaphore(LockName),
-}
-
-impl Subject {
-    /// The name of the lock or semaphore.
-    pub fn name(&self) -> &LockName {
-        match self {
-            Self::Lock(name) | Self::Semaphore(name) => name,
-        }
-    }
-
-    /// Its wait-queue key (see [`super::queue`]): the key its changes are
-    /// told under.
-    fn key(&self) -> String {
-        match self {
-            Self::Lock(name) => name.as_str().to_owned(),
-            Self::Semaphore(name) => semaphore_key(name.as_str()),
-        }
-    }
-}
 
 /// One lease (a lock's holder, or one permit) as a watcher may see it:
 /// never its token.
@@ -217,7 +191,7 @@ struct Entry {
 /// The watches of one lockd instance.
 pub struct Watches {
     store: Arc<dyn Store>,
-    entries: Mutex<HashMap<String, Entry>>,
+    entries: Mutex<HashMap<Subject, Entry>>,
     /// Open watches, over every subject.
     watching: AtomicUsize,
     max_watchers: AtomicUsize,
@@ -256,7 +230,7 @@ impl Watches {
         self.watching.load(Ordering::Acquire)
     }
 
-    fn entries(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+    fn entries(&self) -> MutexGuard<'_, HashMap<Subject, Entry>> {
         // Every critical section leaves the map consistent.
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -273,9 +247,8 @@ impl Watches {
                 (n < max).then_some(n + 1)
             })
             .map_err(|_| TooManyWatchers)?;
-        let key = subject.key();
         let mut entries = self.entries();
-        let entry = entries.entry(key.clone()).or_insert_with(|| {
+        let entry = entries.entry(subject.clone()).or_insert_with(|| {
             let (inputs, received) = mpsc::unbounded_channel();
             let (events, _) = broadcast::channel(BACKLOG);
             let channel = Arc::new(Channel {
@@ -291,7 +264,7 @@ impl Watches {
                 }
             });
             if let Some(interest) = self.interest.get() {
-                interest.waiting(&key);
+                interest.waiting(subject);
             }
             Entry {
                 inputs,
@@ -305,33 +278,33 @@ impl Watches {
         let (events, first) = channel.join();
         Ok(Watch {
             watches: self.clone(),
-            key,
+            subject: subject.clone(),
             channel,
             events,
             first,
         })
     }
 
-    /// Sends `input()` to the follower of `key`, if it is watched (made
-    /// only then: every change of every lock passes here).
-    fn send(&self, key: &str, input: impl FnOnce() -> Input) {
+    /// Sends `input()` to the follower of `subject`, if it is watched
+    /// (made only then: every change of every lock passes here).
+    fn send(&self, subject: &Subject, input: impl FnOnce() -> Input) {
         if self.watching() == 0 {
             return;
         }
-        if let Some(entry) = self.entries().get(key) {
+        if let Some(entry) = self.entries().get(subject) {
             let _ = entry.inputs.send(input());
         }
     }
 
-    fn leave(&self, key: &str) {
+    fn leave(&self, subject: &Subject) {
         let mut entries = self.entries();
-        if let Some(entry) = entries.get_mut(key) {
+        if let Some(entry) = entries.get_mut(subject) {
             entry.watchers -= 1;
             if entry.watchers == 0 {
                 // Dropping its sender ends the follower.
-                entries.remove(key);
+                entries.remove(subject);
                 if let Some(interest) = self.interest.get() {
-                    interest.idle(key);
+                    interest.idle(subject);
                 }
             }
         }
@@ -341,8 +314,8 @@ impl Watches {
 }
 
 impl ChangeListener for Watches {
-    fn changed(&self, key: &str, change: &Change) {
-        self.send(key, || Input::Change(change.clone()));
+    fn changed(&self, subject: &Subject, change: &Change) {
+        self.send(subject, || Input::Change(change.clone()));
     }
 
     fn resync(&self) {
@@ -354,15 +327,15 @@ impl ChangeListener for Watches {
         }
     }
 
-    fn subscribed(&self, key: &str) {
-        self.send(key, || Input::Subscribed);
+    fn subscribed(&self, subject: &Subject) {
+        self.send(subject, || Input::Subscribed);
     }
 }
 
 /// One open watch: its events, in order.
 pub struct Watch {
     watches: Arc<Watches>,
-    key: String,
+    subject: Subject,
     channel: Arc<Channel>,
     events: broadcast::Receiver<Arc<Sequenced>>,
     first: Option<Arc<Sequenced>>,
@@ -396,7 +369,7 @@ impl Watch {
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        self.watches.leave(&self.key);
+        self.watches.leave(&self.subject);
     }
 }
 
@@ -642,9 +615,9 @@ impl Follower {
         };
         let marker = new_marker();
         let name = self.subject.name();
-        let read = match &self.subject {
-            Subject::Lock(_) => self.store.probe(name, &marker).await.map(Read::of_lock),
-            Subject::Semaphore(_) => self
+        let read = match self.subject.kind() {
+            Kind::Lock => self.store.probe(name, &marker).await.map(Read::of_lock),
+            Kind::Semaphore => self
                 .store
                 .probe_semaphore(name, &marker)
                 .await
@@ -738,7 +711,7 @@ impl Follower {
                 if self.leases.contains_key(&fence) {
                     return;
                 }
-                if matches!(self.subject, Subject::Lock(_)) {
+                if self.subject.kind() == Kind::Lock {
                     if self.leases.keys().any(|&f| f > fence) {
                         // Older than what is known.
                         return;
@@ -758,7 +731,7 @@ impl Follower {
                 let view = tracked.view.clone();
                 self.leases.insert(fence, tracked);
                 self.emit(WatchEvent::Acquired(view));
-                if matches!(self.subject, Subject::Semaphore(_))
+                if self.subject.kind() == Kind::Semaphore
                     && self.limit.is_none()
                     && self.pending.is_none()
                 {
@@ -840,7 +813,7 @@ impl Follower {
 /// idle when the last of both leaves.
 pub struct SharedInterest {
     inner: Arc<dyn WaitInterest>,
-    counts: Mutex<HashMap<String, usize>>,
+    counts: Mutex<HashMap<Subject, usize>>,
 }
 
 impl SharedInterest {
@@ -854,22 +827,22 @@ impl SharedInterest {
 }
 
 impl WaitInterest for SharedInterest {
-    fn waiting(&self, name: &str) {
+    fn waiting(&self, subject: &Subject) {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let count = counts.entry(name.to_owned()).or_insert(0);
+        let count = counts.entry(subject.clone()).or_insert(0);
         *count += 1;
         if *count == 1 {
-            self.inner.waiting(name);
+            self.inner.waiting(subject);
         }
     }
 
-    fn idle(&self, name: &str) {
+    fn idle(&self, subject: &Subject) {
         let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(count) = counts.get_mut(name) {
+        if let Some(count) = counts.get_mut(subject) {
             *count -= 1;
             if *count == 0 {
-                counts.remove(name);
-                self.inner.idle(name);
+                counts.remove(subject);
+                self.inner.idle(subject);
             }
         }
     }

@@ -1,8 +1,28 @@
-//! The Redis backend: locks in one Redis server, or in a Redis Cluster
-//! (each lock on the master of its slot).
+//! The Redis backend, and everything that talks to Redis servers: locks
+//! and semaphores in one Redis server, the master a Sentinel set names, or
+//! a Redis Cluster (each lock on the master of its slot).
 //!
-//! Data model (documented in docs/design.md so other clients can interoperate),
-//! for lock name `N` and key prefix `P` (default `lockd:`):
+//! # Layout
+//! - this file: [`RedisBackend`], the lock primitives (one Lua script
+//!   each), and how an operation is retried on a fresh connection;
+//! - `semaphores`: the permit primitives; `listing`: the `SCAN` walks;
+//! - `scripts/`: the Lua scripts, loaded with `include_str!`;
+//! - [`connect`]: the one place that turns a URL and the TLS settings into
+//!   a client, and reports a node it cannot reach over TLS;
+//! - `pool`: deadpool's pool over multiplexed (or cluster) connections;
+//! - `sentinel`: following the master a Sentinel set names, across
+//!   failovers (`+switch-master`, `READONLY`): **where lockd follows a
+//!   failover**, with the pool dropping connections to an old master;
+//! - `events`: the change channels (`channel` builds every channel name)
+//!   and their subscribers, which tell the service's listeners: **where a
+//!   release reaches the waiters**;
+//! - `restart`: Redlock's delayed restart of a node that lost its data;
+//! - [`topology`]: the start-up check that the URLs are what
+//!   `--redis-mode` says.
+//!
+//! # Data model
+//! Documented in docs/design.md so other clients can interoperate; for
+//! lock name `N` and key prefix `P` (default `lockd:`):
 //! - `P{N}`: the lock. Its value is exactly the holder's token and its TTL is
 //!   the lease.
 //! - `P{N}:fence`: the fencing counter: the last fence granted. Each grant
@@ -12,11 +32,12 @@
 //! - `P{N}:meta`: a hash with `fence`, `owner`, `granted_at_ms` and
 //!   `ttl_ms` (the lock's own TTL, used by an extend that names none),
 //!   written with the lock, with the same TTL, and deleted with it.
-//! - The channel `P{N}:released` gets an empty message at every release
-//!   and every extend (which may shorten the lease): `PUBLISH` on one
-//!   server, `SPUBLISH` (sharded pub/sub) on a Redis Cluster. How lockd
-//!   listens is in [`super::events`]; each lockd instance wakes its first
-//!   waiter for that lock.
+//! - The channel `P{N}:released`: every script that changes the lock
+//!   publishes what it did there, in the same atomic step (`acquired
+//!   FENCE TTL GRANTED OWNER`, `extended FENCE TTL AT`, `released FENCE`,
+//!   and a probe's marker; see [`super::change`]): `PUBLISH` on one server,
+//!   `SPUBLISH` (sharded pub/sub) on a Redis Cluster. Each lockd instance
+//!   wakes its first waiter for that lock, and its watches follow it.
 //!
 //! The braces are a Redis Cluster hash tag: all three keys of a lock (and
 //! its channel) live in one slot, so each script touches a single node and
@@ -24,15 +45,13 @@
 //! braces in names and in the key prefix, so nothing in a name can move a
 //! key out of that slot.
 //!
-//! Every operation is one Lua script (see `scripts/`), run by SHA through
+//! Every operation is one Lua script, run by SHA through
 //! [`redis::Script`], which loads the script again after `NOSCRIPT` (Redis
 //! restarted, or `SCRIPT FLUSH`). A single Redis loses locks that were not
 //! yet replicated when it fails over; use Redlock for that.
 //!
-//! The clients (and so every connection, pooled or the release-event
-//! subscriber's) come from [`super::connect`], over TLS for a `rediss://`
-//! URL; a TLS failure is reported there, once per node, and answered as
-//! [`LockError::Unavailable`].
+//! A TLS failure is reported by [`connect`], once per node, and answered
+//! as [`LockError::Unavailable`].
 
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
@@ -41,29 +60,35 @@ use async_trait::async_trait;
 use deadpool::Runtime;
 use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
 
-use super::connect::{self, ConnectReport, RedisTls};
-use super::events::{self, PatternEvents, ShardedEvents};
-use super::pool::{
+use self::connect::{ConnectReport, RedisTls};
+use self::events::{PatternEvents, ShardedEvents};
+use self::pool::{
     ClusterTarget, Conn, Connection, Connector, KnownNodes, Pool, PoolError, Target, cluster_nodes,
 };
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use self::restart::RestartWatch;
+use self::sentinel::Sentinels;
 use super::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
 use super::reaper::{Attempt, Reap, Reaped};
-use super::restart::RestartWatch;
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
-use super::sentinel::Sentinels;
 use super::{
-    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Lease, LockError, LockInfo, LockName,
-    Node, Released, Token, Ttl, WaitInterest, unix_millis,
+    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
+    LockName, LockNode, Node, Released, SemaphoreNode, Token, Ttl, WaitInterest, unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
+pub mod connect;
+mod events;
 mod listing;
+mod pool;
+mod restart;
 mod semaphores;
+mod sentinel;
+pub mod topology;
 
 /// The fencing rule (`next_fence`), put in front of the scripts that give
 /// fences.
@@ -143,7 +168,7 @@ pub struct RedisConfig {
     /// How long a fencing counter is kept after a lock's last grant.
     pub fence_retention: Duration,
     /// Redlock: how long this node counts toward no quorum after it
-    /// restarted (see [`super::restart`]); `None` outside Redlock, where
+    /// restarted (see `restart`); `None` outside Redlock, where
     /// restarts are not watched.
     pub restart_delay: Option<Duration>,
     /// How many replicas must acknowledge each grant and extend (`WAIT`
@@ -175,13 +200,13 @@ impl Keys {
         Self {
             fence: format!("{lock}:fence"),
             meta: format!("{lock}:meta"),
-            released: events::channel(prefix, name.as_str()),
+            released: events::channel(prefix, Kind::Lock, name),
             lock,
         }
     }
 }
 
-/// Where a backend hears release events (see [`super::events`]).
+/// Where a backend hears release events (see [`self::events`]).
 #[derive(Clone)]
 enum EventSource {
     /// `PSUBSCRIBE` on the server (or the Sentinels' master); the scripts
@@ -761,6 +786,114 @@ fn positive_ms(ms: i64) -> Duration {
 
 #[async_trait]
 impl Node for RedisBackend {
+    fn counts_for_quorum(&self) -> bool {
+        !self.in_restart_delay()
+    }
+
+    async fn scan(
+        &self,
+        listed: Listed,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<ScanPage, LockError> {
+        RedisBackend::scan(self, listed, prefix, at, limit).await
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        let attempt = async {
+            let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+            if !self.cluster {
+                return redis::cmd("PING")
+                    .query_async::<String>(&mut *conn)
+                    .await
+                    .map(|_| self.report.connected())
+                    .map_err(|e| self.error(&e));
+            }
+            // A cluster answers while some slots have no master; it is
+            // ready only when every slot is served.
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut *conn)
+                .await
+                .map_err(|e| self.error(&e))?;
+            self.report.connected();
+            if info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                Ok(())
+            } else {
+                Err(LockError::Unavailable(
+                    "the Redis Cluster reports cluster_state:fail".into(),
+                ))
+            }
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .map_err(|_| LockError::Unavailable("PING timed out".into()))?
+    }
+
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ChangeListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
+        if let Some(sentinels) = self.sentinels.clone() {
+            let stop = stop.clone();
+            tokio::spawn(async move { sentinels.follow(stop).await });
+        }
+        if let EventSource::Sharded { known, .. } = &self.events {
+            let (pool, view, timeout) = (self.pool.clone(), known.clone(), self.timeout);
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = follow_cluster(pool, view, timeout) => {}
+                    () = stop.cancelled() => {}
+                }
+            });
+        }
+        let (run, interest): (BoxFuture<'static, ()>, _) = match &self.events {
+            EventSource::Pattern(clients) => {
+                let events = PatternEvents {
+                    clients: clients.clone(),
+                    sentinels: self.sentinels.clone(),
+                    report: self.report.clone(),
+                    prefix: self.prefix.clone(),
+                    timeout: self.timeout,
+                    listener,
+                };
+                (Box::pin(events.run()), None)
+            }
+            EventSource::Sharded { seeds, tls, known } => {
+                let made = ShardedEvents::new(
+                    seeds.clone(),
+                    tls.clone(),
+                    known.clone(),
+                    listener,
+                    &self.prefix,
+                    self.report.clone(),
+                    self.timeout,
+                );
+                match made {
+                    Ok((events, interest)) => (Box::pin(events.run()), Some(interest)),
+                    Err(e) => {
+                        // The pool's target was built from the same seeds.
+                        tracing::error!(error = %e, "no release events: waiters wake at lease expiry only");
+                        return None;
+                    }
+                }
+            }
+        };
+        tokio::spawn(async move {
+            tokio::select! {
+                () = run => {}
+                () = stop.cancelled() => {}
+            }
+        });
+        interest
+    }
+}
+
+#[async_trait]
+impl LockNode for RedisBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let keys = Keys::new(&self.prefix, &req.name);
         let (sent, sent_wall) = (Instant::now(), SystemTime::now());
@@ -905,14 +1038,6 @@ impl Node for RedisBackend {
         Ok(holder_of(answer, read_at).map(|(_, info)| info))
     }
 
-    async fn probe_semaphore(
-        &self,
-        name: &LockName,
-        marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
-        RedisBackend::probe_semaphore(self, name, marker).await
-    }
-
     async fn raise_fence(
         &self,
         name: &LockName,
@@ -930,8 +1055,28 @@ impl Node for RedisBackend {
         Ok(self.run::<i64>(&call).await? == 1)
     }
 
-    fn counts_for_quorum(&self) -> bool {
-        !self.in_restart_delay()
+    async fn holders(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
+        let read_at = Instant::now();
+        let calls: Vec<_> = names.iter().map(|n| self.inspect_call(n)).collect();
+        let answers: Vec<InspectAnswer> = self.run_together(&calls).await?;
+        Ok(answers
+            .into_iter()
+            .map(|answer| holder_of(answer, read_at))
+            .collect())
+    }
+}
+
+#[async_trait]
+impl SemaphoreNode for RedisBackend {
+    async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        RedisBackend::probe_semaphore(self, name, marker).await
     }
 
     async fn take_permit(
@@ -962,125 +1107,11 @@ impl Node for RedisBackend {
         RedisBackend::inspect_semaphore(self, name).await
     }
 
-    async fn scan(
-        &self,
-        listed: Listed,
-        prefix: &NamePrefix,
-        at: &Position,
-        limit: PageSize,
-    ) -> Result<ScanPage, LockError> {
-        RedisBackend::scan(self, listed, prefix, at, limit).await
-    }
-
-    async fn holders(
-        &self,
-        names: &[LockName],
-    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
-        let read_at = Instant::now();
-        let calls: Vec<_> = names.iter().map(|n| self.inspect_call(n)).collect();
-        let answers: Vec<InspectAnswer> = self.run_together(&calls).await?;
-        Ok(answers
-            .into_iter()
-            .map(|answer| holder_of(answer, read_at))
-            .collect())
-    }
-
     async fn semaphores(
         &self,
         names: &[LockName],
     ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
         RedisBackend::semaphores(self, names).await
-    }
-
-    async fn ping(&self) -> Result<(), LockError> {
-        let attempt = async {
-            let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-            if !self.cluster {
-                return redis::cmd("PING")
-                    .query_async::<String>(&mut *conn)
-                    .await
-                    .map(|_| self.report.connected())
-                    .map_err(|e| self.error(&e));
-            }
-            // A cluster answers while some slots have no master; it is
-            // ready only when every slot is served.
-            let info: String = redis::cmd("CLUSTER")
-                .arg("INFO")
-                .query_async(&mut *conn)
-                .await
-                .map_err(|e| self.error(&e))?;
-            self.report.connected();
-            if info.lines().any(|l| l.trim() == "cluster_state:ok") {
-                Ok(())
-            } else {
-                Err(LockError::Unavailable(
-                    "the Redis Cluster reports cluster_state:fail".into(),
-                ))
-            }
-        };
-        tokio::time::timeout(self.timeout, attempt)
-            .await
-            .map_err(|_| LockError::Unavailable("PING timed out".into()))?
-    }
-
-    fn watch_releases(
-        &self,
-        listener: Arc<dyn ChangeListener>,
-        stop: CancellationToken,
-    ) -> Option<Arc<dyn WaitInterest>> {
-        if let Some(sentinels) = self.sentinels.clone() {
-            let stop = stop.clone();
-            tokio::spawn(async move { sentinels.follow(stop).await });
-        }
-        if let EventSource::Sharded { known, .. } = &self.events {
-            let (pool, view, timeout) = (self.pool.clone(), known.clone(), self.timeout);
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = follow_cluster(pool, view, timeout) => {}
-                    () = stop.cancelled() => {}
-                }
-            });
-        }
-        let (run, interest): (BoxFuture<'static, ()>, _) = match &self.events {
-            EventSource::Pattern(clients) => {
-                let events = PatternEvents {
-                    clients: clients.clone(),
-                    sentinels: self.sentinels.clone(),
-                    report: self.report.clone(),
-                    prefix: self.prefix.clone(),
-                    timeout: self.timeout,
-                    listener,
-                };
-                (Box::pin(events.run()), None)
-            }
-            EventSource::Sharded { seeds, tls, known } => {
-                let made = ShardedEvents::new(
-                    seeds.clone(),
-                    tls.clone(),
-                    known.clone(),
-                    listener,
-                    &self.prefix,
-                    self.report.clone(),
-                    self.timeout,
-                );
-                match made {
-                    Ok((events, interest)) => (Box::pin(events.run()), Some(interest)),
-                    Err(e) => {
-                        // The pool's target was built from the same seeds.
-                        tracing::error!(error = %e, "no release events: waiters wake at lease expiry only");
-                        return None;
-                    }
-                }
-            }
-        };
-        tokio::spawn(async move {
-            tokio::select! {
-                () = run => {}
-                () = stop.cancelled() => {}
-            }
-        });
-        interest
     }
 }
 

@@ -19,6 +19,9 @@
 //!   quorum agrees on its holder (as an inspect), once, during the walk of
 //!   the lowest-index agreeing node (see `listing`).
 //!
+//! The fan-out to every node and the count of their answers is `tally`;
+//! the walk of the nodes for a listing is `listing`.
+//!
 //! # Fencing tokens
 //! Each node keeps its own counter. A grant reports the largest counter among
 //! the nodes that granted it. Unless every node granted with the same
@@ -44,8 +47,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Lease, LockError, LockInfo, LockName,
-    Node, Released, Store, Token, Ttl, WaitInterest,
+    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
+    LockName, LockNode, Released, Store, Subject, Token, Ttl, WaitInterest,
 };
 
 mod listing;
@@ -54,7 +57,6 @@ mod tally;
 use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
 use super::reaper::{Attempt, Reap, Reaper};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
-use super::watch::Subject;
 use tally::{Counting, Tally, agreed, fan_out};
 
 /// The clock drift allowance added to every validity computation, on top
@@ -62,9 +64,9 @@ use tally::{Counting, Tally, agreed, fan_out};
 const DRIFT_BASE: Duration = Duration::from_millis(2);
 
 /// Locks held on a quorum of independent nodes: the [`Store`] over several
-/// [`Node`]s.
+/// [`LockNode`]s.
 pub struct Redlock {
-    nodes: Arc<Vec<Arc<dyn Node>>>,
+    nodes: Arc<Vec<Arc<dyn LockNode>>>,
     /// Background deletes under way, by lock name and token. A later acquire
     /// with the same token (a waiter retrying, a client re-acquiring) stops
     /// them first, so they cannot delete its new grant.
@@ -86,7 +88,7 @@ impl Redlock {
     /// `drift_factor` (such as 0.01) of the TTL allowed for clock drift.
     /// `max_ttl` bounds how long a release is retried on a node that did not
     /// answer.
-    pub fn new(nodes: Vec<Arc<dyn Node>>, drift_factor: f64, max_ttl: Ttl) -> Self {
+    pub fn new(nodes: Vec<Arc<dyn LockNode>>, drift_factor: f64, max_ttl: Ttl) -> Self {
         Self {
             quorum: quorum(nodes.len()),
             reaper: Arc::default(),
@@ -358,9 +360,9 @@ impl Store for Redlock {
     }
 
     fn watchable(&self, subject: &Subject) -> Result<(), LockError> {
-        Err(LockError::Unsupported(match subject {
-            Subject::Lock(_) => NO_REDLOCK_WATCH,
-            Subject::Semaphore(_) => NO_REDLOCK_SEMAPHORES,
+        Err(LockError::Unsupported(match subject.kind() {
+            Kind::Lock => NO_REDLOCK_WATCH,
+            Kind::Semaphore => NO_REDLOCK_SEMAPHORES,
         }))
     }
 
@@ -424,7 +426,10 @@ mod tests {
     fn cluster(n: usize) -> (Vec<Arc<MemoryBackend>>, Redlock) {
         let stores: Vec<Arc<MemoryBackend>> =
             (0..n).map(|_| Arc::new(MemoryBackend::new())).collect();
-        let nodes = stores.iter().map(|s| s.clone() as Arc<dyn Node>).collect();
+        let nodes = stores
+            .iter()
+            .map(|s| s.clone() as Arc<dyn LockNode>)
+            .collect();
         (
             stores,
             Redlock::new(

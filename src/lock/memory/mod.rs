@@ -2,6 +2,9 @@
 //! `lockd serve --dev` and tests. Locks live in this process only: two lockd
 //! processes never see each other's locks.
 //!
+//! This file keeps the locks; `semaphores` the permits, and `listing` the
+//! walk of the held names in order.
+//!
 //! A std [`Mutex`] is right here (as in mini-redis's `db.rs`): the critical
 //! sections are short, never await, and a tokio mutex would only add cost.
 
@@ -20,8 +23,9 @@ mod semaphores;
 use super::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
-    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
-    LockName, Node, Released, Token, Ttl, WaitInterest, unix_millis,
+    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
+    LockName, LockNode, Node, Released, SemaphoreNode, Subject, Token, Ttl, WaitInterest,
+    unix_millis,
 };
 
 struct Holder {
@@ -189,13 +193,13 @@ impl MemoryBackend {
         *self.state() = State::default();
     }
 
-    /// Tells the listener that the lock or semaphore of wait-queue key
-    /// `key` changed. Called while the state is locked, so that the changes
-    /// of a key are told in the order they were made (the listener never
-    /// calls back into the store).
-    fn tell(&self, key: &str, change: &Change) {
+    /// Tells the listener that the `kind` of lease named `name` changed.
+    /// Called while the state is locked, so that the changes of a subject
+    /// are told in the order they were made (the listener never calls back
+    /// into the store).
+    fn tell(&self, kind: Kind, name: &LockName, change: &Change) {
         if let Some(listener) = self.listener.get() {
-            listener.changed(key, change);
+            listener.changed(&Subject::new(kind, name.clone()), change);
         }
     }
 
@@ -222,6 +226,34 @@ const SWEEP_EVERY: u64 = 1024;
 
 #[async_trait]
 impl Node for MemoryBackend {
+    async fn scan(
+        &self,
+        listed: Listed,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<ScanPage, LockError> {
+        MemoryBackend::scan(self, listed, prefix, at, limit)
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        Ok(())
+    }
+
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ChangeListener>,
+        _stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
+        if self.listener.set(listener).is_err() {
+            tracing::warn!("the memory backend already has a release listener; keeping the first");
+        }
+        None
+    }
+}
+
+#[async_trait]
+impl LockNode for MemoryBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let now = Instant::now();
         let mut state = self.state();
@@ -244,7 +276,7 @@ impl Node for MemoryBackend {
                 ttl_ms,
                 at_ms,
             };
-            self.tell(req.name.as_str(), &change);
+            self.tell(Kind::Lock, &req.name, &change);
             return Ok(Acquired::Renewed(lease(fence, req.ttl)));
         }
         let fence = state.next_fence(&req.name, now, self.fence_retention);
@@ -271,7 +303,7 @@ impl Node for MemoryBackend {
             granted_at_ms: unix_millis(granted_at),
             owner,
         };
-        self.tell(req.name.as_str(), &change);
+        self.tell(Kind::Lock, &req.name, &change);
         drop(state);
         Ok(Acquired::Granted(lease(fence, req.ttl)))
     }
@@ -303,7 +335,7 @@ impl Node for MemoryBackend {
             ttl_ms,
             at_ms,
         };
-        self.tell(name.as_str(), &change);
+        self.tell(Kind::Lock, name, &change);
         drop(state);
         Ok(lease(fence, ttl))
     }
@@ -317,7 +349,7 @@ impl Node for MemoryBackend {
         }
         let (granted_at, fence) = (holder.granted_at, holder.fence);
         state.holders.remove(name.as_str());
-        self.tell(name.as_str(), &Change::Released { fence });
+        self.tell(Kind::Lock, name, &Change::Released { fence });
         drop(state);
         Ok(Released {
             granted_at: Some(granted_at),
@@ -336,17 +368,9 @@ impl Node for MemoryBackend {
         let now = Instant::now();
         let mut state = self.state();
         let info = state.live(name, now).map(|h| h.info(now));
-        self.tell(name.as_str(), &Change::Probe(marker.to_owned()));
+        self.tell(Kind::Lock, name, &Change::Probe(marker.to_owned()));
         drop(state);
         Ok(info)
-    }
-
-    async fn probe_semaphore(
-        &self,
-        name: &LockName,
-        marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
-        MemoryBackend::probe_semaphore(self, name, marker)
     }
 
     async fn raise_fence(
@@ -376,6 +400,17 @@ impl Node for MemoryBackend {
         holder.fence = fence;
         Ok(true)
     }
+}
+
+#[async_trait]
+impl SemaphoreNode for MemoryBackend {
+    async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError> {
+        MemoryBackend::probe_semaphore(self, name, marker)
+    }
 
     async fn take_permit(
         &self,
@@ -403,31 +438,6 @@ impl Node for MemoryBackend {
 
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
         MemoryBackend::inspect_semaphore(self, name)
-    }
-
-    async fn scan(
-        &self,
-        listed: Listed,
-        prefix: &NamePrefix,
-        at: &Position,
-        limit: PageSize,
-    ) -> Result<ScanPage, LockError> {
-        MemoryBackend::scan(self, listed, prefix, at, limit)
-    }
-
-    async fn ping(&self) -> Result<(), LockError> {
-        Ok(())
-    }
-
-    fn watch_releases(
-        &self,
-        listener: Arc<dyn ChangeListener>,
-        _stop: CancellationToken,
-    ) -> Option<Arc<dyn WaitInterest>> {
-        if self.listener.set(listener).is_err() {
-            tracing::warn!("the memory backend already has a release listener; keeping the first");
-        }
-        None
     }
 }
 

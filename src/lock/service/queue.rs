@@ -1,6 +1,7 @@
-//! Per-instance wait queues: who waits for which lock, in arrival order.
+//! Per-instance wait queues: who waits for which lock or semaphore (one
+//! queue per [`Subject`]), in arrival order.
 //!
-//! Only the head of a lock's queue retries; the others sleep until they
+//! Only the head of a subject's queue retries; the others sleep until they
 //! become head. A release event wakes the head only, so one release costs one
 //! retry per lockd instance, not one per waiter (no thundering herd).
 //!
@@ -8,9 +9,9 @@
 //! waiter is not parked yet, so a wake-up that arrives between a failed
 //! attempt and the next `notified().await` is never lost.
 //!
-//! A store that subscribes to release events lock by lock (sharded pub/sub
-//! on a Redis Cluster) is told through its [`WaitInterest`] when a lock
-//! gets its first waiter that found it held, and when its last waiter
+//! A store that subscribes to change events subject by subject (sharded
+//! pub/sub on a Redis Cluster) is told through its [`WaitInterest`] when a
+//! subject gets its first waiter that found it held, and when its last waiter
 //! leaves; a wait that got a free lock at its first try costs no
 //! subscription.
 
@@ -21,36 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Change, ChangeListener, WaitInterest};
-
-/// What a queue key waits for (see [`semaphore_key`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Waited<'a> {
-    /// The lock of this name.
-    Lock(&'a str),
-    /// A permit of the semaphore of this name.
-    Semaphore(&'a str),
-}
-
-/// The mark before a semaphore's name in its queue key. No lock name holds
-/// a `/`, so a lock and a semaphore of the same name never share a queue.
-const SEMAPHORE_MARK: char = '/';
-
-/// The queue key of semaphore `name`: `/` then the name. A lock's queue
-/// key is its name.
-pub fn semaphore_key(name: &str) -> String {
-    format!("{SEMAPHORE_MARK}{name}")
-}
-
-impl<'a> Waited<'a> {
-    /// What the queue key `key` waits for.
-    pub fn of(key: &'a str) -> Self {
-        match key.strip_prefix(SEMAPHORE_MARK) {
-            Some(name) => Self::Semaphore(name),
-            None => Self::Lock(key),
-        }
-    }
-}
+use crate::lock::{Change, ChangeListener, Subject, WaitInterest};
 
 struct Waiter {
     id: u64,
@@ -72,7 +44,7 @@ struct Queue {
 
 /// The wait queues of one lockd instance.
 pub struct WaitQueues {
-    queues: Mutex<HashMap<String, Queue>>,
+    queues: Mutex<HashMap<Subject, Queue>>,
     waiting: AtomicUsize,
     next_id: AtomicU64,
     max_waiters: usize,
@@ -102,18 +74,18 @@ impl WaitQueues {
         let _ = self.interest.set(interest);
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Subject, Queue>> {
         // Every critical section leaves the map consistent before it can
         // panic, so a poisoned mutex is safe to use.
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Joins the back of `name`'s queue. The place leaves the queue when it
+    /// Joins the back of `subject`'s queue. The place leaves the queue when it
     /// is dropped, and wakes the next waiter if it was the head.
     ///
     /// # Errors
     /// [`QueueFull`] when `max_waiters` requests are waiting already.
-    pub fn join(self: &Arc<Self>, key: &str) -> Result<Place, QueueFull> {
+    pub fn join(self: &Arc<Self>, subject: &Subject) -> Result<Place, QueueFull> {
         let reserved = self
             .waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -125,7 +97,7 @@ impl WaitQueues {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
         self.lock()
-            .entry(key.to_owned())
+            .entry(subject.clone())
             .or_default()
             .waiters
             .push_back(Waiter {
@@ -134,24 +106,24 @@ impl WaitQueues {
             });
         Ok(Place {
             queues: self.clone(),
-            name: key.to_owned(),
+            subject: subject.clone(),
             id,
             wake,
         })
     }
 
-    /// Wakes the head of `name`'s queue, if anyone waits: the lock was
+    /// Wakes the head of `subject`'s queue, if anyone waits: it was
     /// released.
-    pub fn wake(&self, name: &str) {
-        if let Some(head) = self.lock().get(name).and_then(|q| q.waiters.front()) {
+    pub fn wake(&self, subject: &Subject) {
+        if let Some(head) = self.lock().get(subject).and_then(|q| q.waiters.front()) {
             head.wake.notify_one();
         }
     }
 
-    /// Wakes the head of `name`'s queue to look whether the lock is still
+    /// Wakes the head of `subject`'s queue to look whether it is still
     /// held before it retries: a subscription to its releases was (re)made.
-    pub fn wake_to_look(&self, name: &str) {
-        if let Some(queue) = self.lock().get_mut(name)
+    pub fn wake_to_look(&self, subject: &Subject) {
+        if let Some(queue) = self.lock().get_mut(subject)
             && let Some(head) = queue.waiters.front()
         {
             head.wake.notify_one();
@@ -168,30 +140,32 @@ impl WaitQueues {
     }
 
     /// How many requests wait now.
-    pub fn waiting(&self) -> usize {
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)
     }
 
-    /// How many requests wait for `name` now.
-    pub fn waiting_for(&self, name: &str) -> usize {
-        self.lock().get(name).map_or(0, |q| q.waiters.len())
+    /// How many requests wait for `subject` now.
+    #[cfg(test)]
+    fn waiting_for(&self, subject: &Subject) -> usize {
+        self.lock().get(subject).map_or(0, |q| q.waiters.len())
     }
 
-    /// Calls `each(waited, waiters)` for every lock and semaphore that has
-    /// waiters now (for metrics, read at scrape time).
-    pub fn for_each_queue(&self, mut each: impl FnMut(Waited<'_>, usize)) {
-        for (key, queue) in self.lock().iter() {
+    /// Calls `each(subject, waiters)` for every lock and semaphore that
+    /// has waiters now (for metrics, read at scrape time).
+    pub fn for_each_queue(&self, mut each: impl FnMut(&Subject, usize)) {
+        for (subject, queue) in self.lock().iter() {
             if !queue.waiters.is_empty() {
-                each(Waited::of(key), queue.waiters.len());
+                each(subject, queue.waiters.len());
             }
         }
     }
 }
 
 impl ChangeListener for WaitQueues {
-    fn changed(&self, key: &str, change: &Change) {
+    fn changed(&self, subject: &Subject, change: &Change) {
         if change.wakes_waiters() {
-            self.wake(key);
+            self.wake(subject);
         }
     }
 
@@ -199,15 +173,15 @@ impl ChangeListener for WaitQueues {
         self.wake_all();
     }
 
-    fn subscribed(&self, name: &str) {
-        self.wake_to_look(name);
+    fn subscribed(&self, subject: &Subject) {
+        self.wake_to_look(subject);
     }
 }
 
-/// A place in a lock's queue.
+/// A place in a subject's queue.
 pub struct Place {
     queues: Arc<WaitQueues>,
-    name: String,
+    subject: Subject,
     id: u64,
     wake: Arc<Notify>,
 }
@@ -217,7 +191,7 @@ impl Place {
     pub fn is_head(&self) -> bool {
         self.queues
             .lock()
-            .get(&self.name)
+            .get(&self.subject)
             .and_then(|q| q.waiters.front())
             .is_some_and(|w| w.id == self.id)
     }
@@ -226,13 +200,13 @@ impl Place {
     /// every waiter of this lock to report. The first time for this lock,
     /// tells the store's [`WaitInterest`] that it is waited for.
     pub fn note_lease_end(&self, at: Instant) {
-        if let Some(queue) = self.queues.lock().get_mut(&self.name) {
+        if let Some(queue) = self.queues.lock().get_mut(&self.subject) {
             queue.lease_end = Some(at);
             if !queue.subscribed
                 && let Some(interest) = self.queues.interest.get()
             {
                 queue.subscribed = true;
-                interest.waiting(&self.name);
+                interest.waiting(&self.subject);
             }
         }
     }
@@ -242,14 +216,17 @@ impl Place {
     pub fn take_look(&self) -> bool {
         self.queues
             .lock()
-            .get_mut(&self.name)
+            .get_mut(&self.subject)
             .is_some_and(|q| std::mem::take(&mut q.look))
     }
 
     /// When the holder's lease ends, as the last failed try of any waiter of
     /// this lock learned it.
     pub fn lease_end(&self) -> Option<Instant> {
-        self.queues.lock().get(&self.name).and_then(|q| q.lease_end)
+        self.queues
+            .lock()
+            .get(&self.subject)
+            .and_then(|q| q.lease_end)
     }
 
     /// Completes when this waiter is woken: it became head, or, as head, the
@@ -262,7 +239,7 @@ impl Place {
 impl Drop for Place {
     fn drop(&mut self) {
         let mut queues = self.queues.lock();
-        if let Some(queue) = queues.get_mut(&self.name) {
+        if let Some(queue) = queues.get_mut(&self.subject) {
             let was_head = queue.waiters.front().is_some_and(|w| w.id == self.id);
             queue.waiters.retain(|w| w.id != self.id);
             match queue.waiters.front() {
@@ -270,9 +247,9 @@ impl Drop for Place {
                     if queue.subscribed
                         && let Some(interest) = self.queues.interest.get()
                     {
-                        interest.idle(&self.name);
+                        interest.idle(&self.subject);
                     }
-                    queues.remove(&self.name);
+                    queues.remove(&self.subject);
                 }
                 Some(next) if was_head => next.wake.notify_one(),
                 Some(_) => {}
@@ -286,14 +263,20 @@ impl Drop for Place {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::LockName;
+
+    /// The lock named `name`.
+    fn lock(name: &str) -> Subject {
+        Subject::lock(LockName::parse(name).expect("a name"))
+    }
     use std::time::Duration;
 
     #[tokio::test]
     async fn places_are_served_in_arrival_order() {
         let queues = Arc::new(WaitQueues::new(10));
-        let first = queues.join("k").expect("room");
-        let second = queues.join("k").expect("room");
-        let other = queues.join("other").expect("room");
+        let first = queues.join(&lock("k")).expect("room");
+        let second = queues.join(&lock("k")).expect("room");
+        let other = queues.join(&lock("other")).expect("room");
         assert!(first.is_head());
         assert!(!second.is_head());
         assert!(other.is_head());
@@ -306,15 +289,15 @@ mod tests {
             .expect("woken");
         drop((second, other));
         assert_eq!(queues.waiting(), 0);
-        assert_eq!(queues.waiting_for("k"), 0);
+        assert_eq!(queues.waiting_for(&lock("k")), 0);
     }
 
     #[tokio::test]
     async fn a_release_wakes_the_head_only() {
         let queues = Arc::new(WaitQueues::new(10));
-        let head = queues.join("k").expect("room");
-        let next = queues.join("k").expect("room");
-        queues.wake("k");
+        let head = queues.join(&lock("k")).expect("room");
+        let next = queues.join(&lock("k")).expect("room");
+        queues.wake(&lock("k"));
         tokio::time::timeout(Duration::from_secs(1), head.woken())
             .await
             .expect("head woken");
@@ -328,11 +311,11 @@ mod tests {
     #[test]
     fn the_queue_refuses_waiters_beyond_the_limit() {
         let queues = Arc::new(WaitQueues::new(2));
-        let a = queues.join("a").expect("room");
-        let _b = queues.join("b").expect("room");
-        assert!(queues.join("c").is_err());
+        let a = queues.join(&lock("a")).expect("room");
+        let _b = queues.join(&lock("b")).expect("room");
+        assert!(queues.join(&lock("c")).is_err());
         drop(a);
-        assert!(queues.join("c").is_ok());
+        assert!(queues.join(&lock("c")).is_ok());
     }
 
     /// Records what a store is told, in order.
@@ -340,10 +323,12 @@ mod tests {
     struct Told(Mutex<Vec<String>>);
 
     impl WaitInterest for Told {
-        fn waiting(&self, name: &str) {
+        fn waiting(&self, subject: &Subject) {
+            let name = subject.name().as_str();
             self.0.lock().expect("told").push(format!("+{name}"));
         }
-        fn idle(&self, name: &str) {
+        fn idle(&self, subject: &Subject) {
+            let name = subject.name().as_str();
             self.0.lock().expect("told").push(format!("-{name}"));
         }
     }
@@ -354,16 +339,16 @@ mod tests {
         let told = Arc::new(Told::default());
         queues.tell(told.clone());
         // A wait that got its lock at once never subscribes.
-        drop(queues.join("free").expect("room"));
-        let a = queues.join("k").expect("room");
-        let b = queues.join("k").expect("room");
+        drop(queues.join(&lock("free")).expect("room"));
+        let a = queues.join(&lock("k")).expect("room");
+        let b = queues.join(&lock("k")).expect("room");
         a.note_lease_end(Instant::now());
         b.note_lease_end(Instant::now());
         drop(a);
         assert_eq!(*told.0.lock().expect("told"), ["+k"]);
         drop(b);
         // A new episode subscribes again.
-        let c = queues.join("k").expect("room");
+        let c = queues.join(&lock("k")).expect("room");
         c.note_lease_end(Instant::now());
         drop(c);
         assert_eq!(*told.0.lock().expect("told"), ["+k", "-k", "+k", "-k"]);
@@ -372,9 +357,9 @@ mod tests {
     #[test]
     fn a_waiter_leaving_from_the_middle_keeps_the_order() {
         let queues = Arc::new(WaitQueues::new(10));
-        let a = queues.join("k").expect("room");
-        let b = queues.join("k").expect("room");
-        let c = queues.join("k").expect("room");
+        let a = queues.join(&lock("k")).expect("room");
+        let b = queues.join(&lock("k")).expect("room");
+        let c = queues.join(&lock("k")).expect("room");
         drop(b);
         drop(a);
         assert!(c.is_head());

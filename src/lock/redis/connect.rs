@@ -47,7 +47,7 @@ use rustls::CertificateError;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::LockError;
+use crate::lock::LockError;
 
 /// The TLS material for `rediss://` URLs, read and checked at start-up:
 /// the CA certificates to verify servers against (`None`: the system's

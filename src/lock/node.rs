@@ -1,0 +1,269 @@
+//! The traits of one lock server, one per kind of lease: a backend is a
+//! [`Node`] (what every server does: answer a ping, list its keys, tell of
+//! changes) that keeps locks ([`LockNode`]) and semaphores
+//! ([`SemaphoreNode`]); [`Backend`] is both, what [`super::Single`] wraps.
+//! Redlock needs locks only, so it takes [`LockNode`]s. A trait per kind,
+//! rather than one trait with a default "unsupported" body per method: a
+//! backend either keeps a kind or is not used for it, and the compiler says
+//! which, so no call can reach a method the backend never wrote. A new kind
+//! of lease adds its own trait here, and [`Backend`] grows by one bound.
+//!
+//! [`ChangeListener`] and [`WaitInterest`] are how a node's change stream
+//! reaches the service, and how the service tells a node what it waits for.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use super::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
+use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
+use super::{
+    AcquireRequest, Acquired, Change, ExtendTtl, Lease, LockError, LockInfo, LockName, Released,
+    Subject, Token,
+};
+
+/// One lock server: a single Redis, or the in-process memory store. What
+/// it does whatever kinds of lease it keeps. Its primitives work on that
+/// server alone; a [`super::Store`] makes them a lock store (one node as it
+/// is, or several through [`super::redlock`]).
+#[async_trait]
+pub trait Node: Send + Sync + 'static {
+    /// One step of a walk of this node's held locks (or semaphores) whose
+    /// names start with `prefix`, from `at` (see [`super::listing`]): at most
+    /// `limit` names that may be held, and where the walk goes on. Its cost
+    /// is bounded by `limit`, not by the number of keys: the names may be
+    /// fewer, even none, with the walk not over.
+    ///
+    /// # Errors
+    /// [`LockError::BadCursor`] when `at` is not a position of this node;
+    /// [`LockError::Unavailable`] or [`LockError::Backend`] when the node
+    /// fails.
+    async fn scan(
+        &self,
+        listed: Listed,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<ScanPage, LockError>;
+
+    /// Whether this node's grants may count toward a Redlock quorum now:
+    /// false while a Redis node is in its delayed restart (see `redis::restart`).
+    fn counts_for_quorum(&self) -> bool {
+        true
+    }
+
+    /// Checks that the node answers, for `/readyz`.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when it does not.
+    async fn ping(&self) -> Result<(), LockError>;
+
+    /// Starts telling `listener` about releases and extends of locks, by
+    /// any client of the same node, until `stop` is cancelled. A node that
+    /// hears every release at once (one pattern subscription) returns
+    /// `None`; one that subscribes lock by lock (sharded pub/sub on a Redis
+    /// Cluster) returns the [`WaitInterest`] to tell which locks are waited
+    /// for, and hears releases of those only. The default does nothing and
+    /// returns `None`: waiters then wake only when the holder's lease runs
+    /// out.
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ChangeListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
+        let _ = (listener, stop);
+        None
+    }
+}
+
+/// The lock primitives of one server. `holder` gives the holder's token,
+/// for Redlock, which compares holders across nodes: no
+/// [`super::Store`] method hands a token back, so a token never reaches a
+/// client from a node.
+#[async_trait]
+pub trait LockNode: Node {
+    /// Takes the lock if it is free, or renews it if `req.token` already
+    /// holds it.
+    ///
+    /// # Errors
+    /// [`LockError::Held`] with the holder's remaining lease when another
+    /// token holds it; [`LockError::Unavailable`] when the node fails.
+    async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError>;
+
+    /// Resets the lease of a lock held by `token` to `ttl` (the given one,
+    /// or the lock's own). Never creates a lock.
+    ///
+    /// # Errors
+    /// [`LockError::NotHeld`] when nobody holds it, [`LockError::NotOwner`]
+    /// when another token does, [`LockError::Unavailable`] when the node
+    /// fails.
+    async fn extend(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Lease, LockError>;
+
+    /// Releases a lock held by `token` (compare-and-delete), and tells when
+    /// it was granted.
+    ///
+    /// # Errors
+    /// As for [`LockNode::extend`].
+    async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
+
+    /// The current holder's token and description, or `None` when the lock
+    /// is free.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the node fails.
+    async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError>;
+
+    /// The holders of `names`, in their order (`None` for a free one), read
+    /// together: by default one [`LockNode::holder`] after another.
+    ///
+    /// # Errors
+    /// As for [`LockNode::holder`].
+    async fn holders(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
+        let mut found = Vec::with_capacity(names.len());
+        for name in names {
+            found.push(self.holder(name).await?);
+        }
+        Ok(found)
+    }
+
+    /// Describes the holder as [`super::Store::inspect`] does and, in the same
+    /// atomic step, publishes [`Change::Probe`]`(marker)` on the lock's
+    /// change channel: the watcher that hears its marker knows that every
+    /// change before the read has reached it (see `service::watch`).
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the node fails;
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError>;
+
+    /// Raises the fencing counter of `name` to at least `fence`, and if
+    /// `token` holds the lock, records `fence` as the holder's. Returns
+    /// whether `token` held it. Redlock uses this after a grant whose nodes
+    /// disagree (see [`super::redlock`]).
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the node fails.
+    async fn raise_fence(
+        &self,
+        name: &LockName,
+        token: &Token,
+        fence: u64,
+    ) -> Result<bool, LockError>;
+}
+
+/// The semaphore primitives of one server (see [`super::semaphore`]).
+#[async_trait]
+pub trait SemaphoreNode: Node {
+    /// Takes one permit of semaphore `req.name`, or renews the one
+    /// `req.token` holds (see [`super::semaphore`]). The inner `Err` is a refusal:
+    /// the semaphore is full, or held under another limit.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] or [`LockError::Backend`] when the node
+    /// fails (the permit may or may not have been granted).
+    async fn take_permit(
+        &self,
+        req: &PermitRequest,
+    ) -> Result<Result<PermitOutcome, Refusal>, LockError>;
+
+    /// Gives back the permit `token` holds: `None` when it holds none
+    /// (given back already, or run out), else when it was granted.
+    ///
+    /// # Errors
+    /// As for [`SemaphoreNode::take_permit`].
+    async fn give_back_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+    ) -> Result<Option<Released>, LockError>;
+
+    /// Resets the lease of the permit `token` holds to `ttl`; `None` when
+    /// it holds none. Never creates a permit.
+    ///
+    /// # Errors
+    /// As for [`SemaphoreNode::take_permit`].
+    async fn extend_permit(
+        &self,
+        name: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+    ) -> Result<Option<Permit>, LockError>;
+
+    /// The semaphore's limit and live permits (never a token), or `None`
+    /// when no permit is held.
+    ///
+    /// # Errors
+    /// As for [`SemaphoreNode::take_permit`].
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError>;
+
+    /// The semaphores `names`, in their order (`None` for one with no
+    /// permit held), read together: by default one
+    /// [`SemaphoreNode::inspect_semaphore`] after another.
+    ///
+    /// # Errors
+    /// As for [`SemaphoreNode::inspect_semaphore`].
+    async fn semaphores(
+        &self,
+        names: &[LockName],
+    ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
+        let mut found = Vec::with_capacity(names.len());
+        for name in names {
+            found.push(self.inspect_semaphore(name).await?);
+        }
+        Ok(found)
+    }
+
+    /// As [`LockNode::probe`], for a semaphore: [`SemaphoreNode::inspect_semaphore`] and
+    /// the marker in one step.
+    ///
+    /// # Errors
+    /// As for [`LockNode::probe`].
+    async fn probe_semaphore(
+        &self,
+        name: &LockName,
+        marker: &str,
+    ) -> Result<Option<SemaphoreInfo>, LockError>;
+}
+
+/// A server that keeps every kind of lease: what a [`super::Single`]
+/// store serves. Implemented for every type that implements each kind's
+/// trait.
+pub trait Backend: LockNode + SemaphoreNode {}
+
+impl<T: LockNode + SemaphoreNode> Backend for T {}
+
+/// Receives change events from a backend.
+pub trait ChangeListener: Send + Sync + 'static {
+    /// `subject` changed as `change` says, on its node. Messages of one
+    /// subject arrive in the order of the changes.
+    fn changed(&self, subject: &Subject, change: &Change);
+    /// Events may have been missed (the event connection was lost and is
+    /// back): every waiter that retries should retry now.
+    fn resync(&self);
+    /// A subscription to `subject`'s changes was made or made again (on a
+    /// Redis Cluster, subject by subject): a release just before it may
+    /// have been missed, so the waiter that retries should look whether it
+    /// is still held, without taking it while the store may be failing
+    /// over, and retry if it is free.
+    fn subscribed(&self, subject: &Subject);
+}
+
+/// Told which subjects this lockd instance waits for, by a store that
+/// subscribes to change events subject by subject (see
+/// [`Node::watch_releases`]). The wait queues call it in order, while they
+/// hold their own lock: an implementation must not block (it queues the
+/// change for a task of its own).
+pub trait WaitInterest: Send + Sync + 'static {
+    /// A waiter found `subject` held and waits for its release: subscribe.
+    fn waiting(&self, subject: &Subject);
+    /// Nobody waits for `subject` on this instance any more: unsubscribe.
+    fn idle(&self, subject: &Subject);
+}

@@ -1,0 +1,70 @@
+//! [`Subject`]: what a lease is of, a lock or a semaphore of one name. The
+//! wait queues, the change listeners, the watches and the Redis change
+//! channels all key on it; each backend turns it into its own keys in one
+//! place (for Redis, `redis::events::channel`).
+
+use std::fmt;
+
+use super::LockName;
+
+/// The kinds of lease lockd keeps. A lock and a semaphore of the same name
+/// are two subjects: their leases, queues and changes never mix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// A lock: one holder at a time.
+    Lock,
+    /// A semaphore: at most `limit` holders, each holding a permit.
+    Semaphore,
+}
+
+impl Kind {
+    /// The kind's name in logs and metrics: `lock` or `semaphore`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lock => "lock",
+            Self::Semaphore => "semaphore",
+        }
+    }
+}
+
+/// A lock or a semaphore of a name: what is waited for, watched, or told
+/// of a change.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Subject {
+    kind: Kind,
+    name: LockName,
+}
+
+impl Subject {
+    /// The subject of `kind` named `name`.
+    pub fn new(kind: Kind, name: LockName) -> Self {
+        Self { kind, name }
+    }
+
+    /// The lock named `name`.
+    pub fn lock(name: LockName) -> Self {
+        Self::new(Kind::Lock, name)
+    }
+
+    /// The semaphore named `name`.
+    pub fn semaphore(name: LockName) -> Self {
+        Self::new(Kind::Semaphore, name)
+    }
+
+    /// Which kind of lease it is of.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The name of the lock or semaphore.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+}
+
+impl fmt::Display for Subject {
+    /// `lock NAME` or `semaphore NAME`, for logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind.as_str(), self.name.as_str())
+    }
+}
