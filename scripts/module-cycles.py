@@ -10,6 +10,16 @@ unit tests (`#[cfg(test)] mod ...`) are left out.
 
 Prints each cycle (a strongly connected component of more than one file)
 and exits 1 if there is one; `--dot` prints the graph in Graphviz form.
+
+It also checks which way the lock core's arrows point (see the module doc
+of src/lock/mod.rs), and exits 1 on an arrow against them:
+- `lock` depends on no module of lockd outside it but `backoff` (no HTTP,
+  no metrics, no settings in the core);
+- inside `lock`, the rules at its top (every module that is not a folder)
+  use no backend and not the service;
+- a backend (`lock::redis`, `lock::redlock`, `lock::memory`) uses neither
+  the service nor another backend;
+- the service (`lock::service`) uses no backend.
 """
 
 import pathlib
@@ -102,6 +112,9 @@ def main() -> int:
                 print(f'  "{"::".join(a)}" -> "{"::".join(d)}";')
         print("}")
         return 0
+    wrong = layering(graph)
+    for line in wrong:
+        print("against the layers:", line)
     # Tarjan's strongly connected components.
     index, low, stack, on, sccs = {}, {}, [], set(), []
     counter = [0]
@@ -142,7 +155,37 @@ def main() -> int:
                 if d in comp:
                     print(f"  {'::'.join(a)} -> {'::'.join(d)}")
     print(f"{len(graph)} modules, {sum(len(d) for d in graph.values())} edges, {len(sccs)} cycles")
-    return 1 if sccs else 0
+    return 1 if sccs or wrong else 0
+
+
+BACKENDS = {"redis", "redlock", "memory"}
+ROOMS = BACKENDS | {"service"}
+
+
+def layering(graph: dict) -> list:
+    """The arrows of `graph` that point against the lock core's layers."""
+    wrong = []
+    for a, ds in sorted(graph.items()):
+        if not a or a[0] != "lock":
+            continue
+        room = a[1] if len(a) > 1 and a[1] in ROOMS else None
+        for d in sorted(ds):
+            arrow = f"{'::'.join(a)} -> {'::'.join(d)}"
+            if d[0] not in ("lock", "backoff"):
+                wrong.append(f"{arrow} (the lock core uses nothing of lockd but backoff)")
+                continue
+            if d[0] != "lock":
+                continue
+            target = d[1] if len(d) > 1 and d[1] in ROOMS else None
+            if target is None or target == room:
+                continue
+            if room is None:
+                wrong.append(f"{arrow} (a rule uses a backend or the service)")
+            elif room in BACKENDS:
+                wrong.append(f"{arrow} (a backend uses the service or another backend)")
+            elif target in BACKENDS:
+                wrong.append(f"{arrow} (the service uses a backend)")
+    return wrong
 
 
 if __name__ == "__main__":
