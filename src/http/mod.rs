@@ -73,7 +73,9 @@
 //!      +-- openapi   ApiDoc (all but the paths); fit to the limits
 //!      |
 //!  handlers     locks::{acquire, extend, inspect, release} -> locks::input
+//!      |        semaphores::{take, extend, inspect, give_back} -> semaphores::input
 //!      |        locks::list, semaphores::list -> listing
+//!      |        watch (the event streams of a lock or a semaphore)
 //!      |        ops
 //!      |
 //!  middleware   telemetry  auth  admission  deadline  target
@@ -87,8 +89,9 @@
 //! `limits`, `locks::model` and `problem`; the lock handlers those and
 //! `deadline` and `extract`; `ops` imports `problem`; `state` imports
 //! `admission` and `limits`; `openapi` imports `ops`, `locks::model`,
-//! `limits` and `problem`; `listing` imports `problem`; `routes` imports
-//! the rest.
+//! `limits` and `problem`; `listing` imports `problem`; `watch` imports
+//! `extract`, `limits`, `problem` and the models; `routes` imports the
+//! rest.
 
 pub mod admission;
 pub mod auth;

@@ -22,14 +22,19 @@
 //!   Redis's `used_memory` and `DBSIZE` before, right after, and once the
 //!   fence retention has passed.
 //!
-//! - `null-server`: serves the acquire and release routes with fixed
+//! - `null-server` (`null_server`): serves the acquire and release routes with fixed
 //!   answers and nothing behind them, so that `cycle` against it measures
 //!   the HTTP exchange alone: the ceiling for any HTTP service here. With
 //!   `--redis-url`, each request also sends raw-cycle's command to Redis:
 //!   the ceiling for any lock service speaking HTTP in front of Redis.
 //!   `GET /readyz` answers 200, for a load balancer's health check.
 //!
-//! Figures are printed as a table, and written as JSON with `--json`.
+//! - `etcd-cycle` (`etcd`): the same uncontended cycles as `cycle`, on
+//!   etcd's lock API, for comparison.
+//!
+//! Figures are printed as a table (`stats`: the latency percentiles and
+//! counts), and written as JSON with `--json`. `client` is the HTTP client
+//! every scenario shares.
 
 use std::time::Duration;
 
