@@ -12,7 +12,7 @@ use tracing_subscriber::EnvFilter;
 
 /// jemalloc, not the system allocator: it returns freed memory to the
 /// system (its background thread, set in `.cargo/config.toml`), where
-/// glibc's kept the RSS of a burst of 10,000 waiters (360 MB) until
+/// glibc's keeps the RSS of a burst of 10,000 waiters (360 MB) until
 /// restart; see docs/performance.md.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

@@ -43,16 +43,21 @@
 //!    here: every wait of a `/locks` request is bounded by its deadline
 //!    already (the body read, the lock core call), and a backstop layer
 //!    cost each request a boxed future and a timer.
-//! 9. The handler ([`locks`]): the extractors ([`extract`]) parse the name,
+//! 9. The handler ([`locks`], or [`semaphores`] alike): the extractors ([`extract`]) parse the name,
 //!    the query and the JSON body; `locks::input` turns them into the lock
 //!    core's types under the server's [`limits`]; the lock core is called
 //!    within the deadline (an acquire: plus its wait, cancel-safe); the
 //!    outcome is counted; the answer is a [`locks::model`] type, or an
 //!    [`problem::ApiError`].
 //!
-//! On `/healthz`, `/readyz`, `/metrics` (with its own key check),
-//! `/openapi.json` and `/docs`: the request timeout, then the handler
-//! ([`ops`]). The `--metrics-listen` router (`/metrics`, `/healthz`,
+//! On the watches, `/locks/{name}/events` and `/semaphores/{name}/events`
+//! (`routes::gate_watches`): the key check of step 6 alone (a stream lasts
+//! until the client leaves or shutdown, so it takes no admission slot and
+//! no deadline), then the handler ([`watch`]).
+//!
+//! On `/healthz`, `/readyz`, `/metrics` (with its own key check) and
+//! `/openapi.json`: the request timeout, then the handler ([`ops`]);
+//! `/docs` is utoipa-scalar's page of the document. The `--metrics-listen` router (`/metrics`, `/healthz`,
 //! `/readyz`) has steps 1 and 2, the request timeout and the handlers, and
 //! no key check.
 //!
@@ -72,26 +77,30 @@
 //!      +-- state     AppState(Arc<App>) and its FromRef parts
 //!      +-- openapi   ApiDoc (all but the paths); fit to the limits
 //!      |
-//!  handlers     locks::{acquire, extend, inspect, release} -> locks::input
-//!      |        semaphores::{take, extend, inspect, give_back} -> semaphores::input
-//!      |        locks::list, semaphores::list -> listing
-//!      |        watch (the event streams of a lock or a semaphore)
-//!      |        ops
+//!  handlers     locks::{acquire, extend, inspect, release, list}
+//!      |        semaphores::{take, extend, inspect, give_back, list}
+//!      |        watch (the event streams)   ops
 //!      |
-//!  middleware   telemetry  auth  admission  deadline  target
+//!  inputs       locks::input  semaphores::input  listing
 //!      |
-//!  leaves       problem  extract  locks::model  limits
+//!  middleware   telemetry  auth  admission  target -> deadline
+//!      |
+//!  leaves       problem  extract  limits  locks::model  semaphores::model
 //! ```
 //!
-//! In detail: `problem` and `locks::model` import nothing from here;
-//! `extract`, `limits` and each middleware but `deadline` import `problem`
-//! alone; `deadline` also `extract` and `limits`; `locks::input` imports
-//! `limits`, `locks::model` and `problem`; the lock handlers those and
-//! `deadline` and `extract`; `ops` imports `problem`; `state` imports
-//! `admission` and `limits`; `openapi` imports `ops`, `locks::model`,
-//! `limits` and `problem`; `listing` imports `problem`; `watch` imports
-//! `extract`, `limits`, `problem` and the models; `routes` imports the
-//! rest.
+//! In detail: `problem` and `locks::model` import nothing from here, and
+//! `semaphores::model` only `locks::model` (the shapes they share);
+//! `extract`, `limits`, `listing`, `admission`, `auth` and `telemetry`
+//! import `problem` alone; `deadline` also `extract` and `limits`;
+//! `target` also `deadline` (its `closing`) and `extract` (the body limit);
+//! `locks::input` imports `limits`, `locks::model` and `problem`, and
+//! `semaphores::input` also `locks::input`; the handlers import their
+//! inputs and models (the semaphore ones the lock ones too), `deadline`,
+//! `extract`, `limits` and `problem`, and the listings `listing`; `watch`
+//! imports `extract`, `limits`, `problem` and the models; `ops` imports
+//! `limits` and `problem`; `state` imports `admission` and `limits`;
+//! `openapi` imports `ops`, `locks::model`, `limits` and `problem`;
+//! `routes` imports the rest.
 
 pub mod admission;
 pub mod auth;

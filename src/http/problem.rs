@@ -504,8 +504,8 @@ impl From<LockError> for ApiError {
                 .retry_after(UNAVAILABLE_RETRY)
             }
             LockError::TimedOut => ApiError::timeout(),
-            // Nobody reads it (the caller went away); answered as before,
-            // when it was an `Unavailable`.
+            // Nobody reads it (the caller went away); answered as an
+            // unavailable store.
             LockError::Cancelled => {
                 tracing::warn!(error = %e, "lock backend unavailable");
                 Self::new(

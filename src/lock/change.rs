@@ -2,8 +2,8 @@
 //! channel says.
 //!
 //! Every script that changes a lease publishes one message on the channel
-//! of its lock or semaphore (`P{N}:released`, `Psem:{N}:released`; the
-//! names are older than the messages), in the same atomic step as the
+//! of its lock or semaphore (`P{N}:released`, `Psem:{N}:released`, named
+//! for the first message they carried), in the same atomic step as the
 //! change, so the messages of one channel arrive in the order of the
 //! changes. A message is one line of text, its fields separated by single
 //! spaces:

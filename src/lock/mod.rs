@@ -19,7 +19,7 @@
 //! - [`change`]: the change messages a backend publishes with each change
 //!   (`acquired`, `extended`, `released`, `expired`, a probe's marker).
 //! - [`listing`]: the shapes of a walk over the held locks and semaphores,
-//!   and the opaque cursor between pages.
+//!   the opaque cursor between pages, and the key patterns a walk matches.
 //! - [`node`]: the traits of one lock server, one per kind of lease
 //!   ([`LockNode`], [`SemaphoreNode`]) over what every server does
 //!   ([`Node`]); [`Backend`] is a server of every kind. Also
@@ -29,7 +29,9 @@
 //!   [`Single`], the store of one [`Backend`].
 //! - [`reaper`]: the one background compare-and-delete of a grant nobody
 //!   will use (Redlock's partial grants, orphaned grants, timed-out ones),
-//!   shared by the backends and the service: it drives their own delete.
+//!   shared by the backends and the service. The one module here that
+//!   runs tasks (it retries their own delete with a pause), and so the one
+//!   exception to "no I/O".
 //!
 //! Then one folder per job, each keeping its helpers to itself:
 //!
@@ -60,29 +62,47 @@
 //! backend, and the service uses the rules and the [`Store`] trait only.
 //!
 //! # Where to look
-//! - **Following a failover:** `redis::sentinel` follows the master the
-//!   Sentinels name (and `redis::pool` stops writing to the old one); on a
-//!   Redis Cluster the redis crate's cluster client follows `MOVED`, and
-//!   `redis::events` resubscribes the change channels.
+//! - **Following a failover:** in `redis/`. Under Sentinel, `redis::sentinel`
+//!   follows the master the Sentinels name (`+switch-master`, `READONLY`);
+//!   on a Redis Cluster, `follow_cluster` in `redis/mod.rs` reads the
+//!   masters into the pool's `ClusterView`. Either way the pool
+//!   (`redis::pool`) drops connections to an old master, the backend's
+//!   `run_on` retries an operation that met the change on a fresh
+//!   connection and refuses an answer from before it, and `redis::events`
+//!   subscribes to the change channels again on the new master.
 //! - **A release waking a waiter:** the release script publishes `released
 //!   FENCE` on its subject's channel; `redis::events` hears it and calls
-//!   [`ChangeListener::changed`], which the service's wait queues
-//!   (`service::queue`) answer by waking the head waiter of that subject.
+//!   [`ChangeListener::changed`]; the service's listeners pass it to the
+//!   wait queues (`service::queue`), which wake the head waiter of that
+//!   subject when the change frees something
+//!   ([`Change::wakes_waiters`]), and to the watches.
 //!
 //! # Adding a kind of lease
-//! A new kind (a run, a shared lock) touches, and only touches:
+//! Semaphores were added this way; a new kind (a run, a shared lock)
+//! writes:
 //!
-//! 1. **one rules module** here (its request and answer types, its
-//!    arithmetic), a [`subject::Kind`] variant, and its trait in [`node`]
-//!    (`XNode: Node`), which [`Backend`] then also requires;
-//! 2. **one script set per backend**: `redis/scripts/x_*.lua` with
-//!    `redis/x.rs` (its channel in `redis::events::channel`), and
-//!    `memory/x.rs`;
-//! 3. **one service module**, `service/x.rs`, its waits through the same
-//!    queues (keyed by its [`Subject`]);
+//! 1. **one rules module** here (`x.rs`: its request and answer types and
+//!    their arithmetic), its trait in [`node`] (`XNode: Node`, which
+//!    [`Backend`] then also requires), its methods on [`Store`] (with
+//!    [`Single`] passing them to the backend and [`redlock`] refusing or
+//!    serving them), a [`subject::Kind`] variant, and a `Listed` variant in
+//!    [`listing`] when it can be listed;
+//! 2. **one script set per backend**: `redis/scripts/x*.lua` with
+//!    `redis/x.rs` (its keys, and its channel through
+//!    `redis::events::channel` and the subscription patterns there), and
+//!    `memory/x.rs`; each backend's `mod.rs` declares it and implements
+//!    `XNode` by calling into it;
+//! 3. **one service module**, `service/x.rs`, its waits through
+//!    `wait_turn` and the same queues (keyed by its [`Subject`]), its
+//!    watches through `service::watch` (which reads it by its kind);
 //! 4. **one `http` folder** (`http/x/`, a file per action, its routes in
-//!    `http::routes`), and **one metrics module** (`metrics/x.rs`), with
-//!    its calls timed in `metrics::Instrumented`.
+//!    `http::routes`, its refusals in `http::problem`), and **one metrics
+//!    module** (`metrics/x.rs`), with its calls timed in
+//!    `metrics::Instrumented`.
+//!
+//! Outside the server, a kind that has limits of its own adds them to the
+//! settings (`config`, `cli`, docs/configuration.md), and the clients
+//! (`client/`) and the OpenAPI document follow the API.
 //!
 //! Why a trait per kind rather than one trait with a default
 //! "unsupported" body per method: a backend either keeps a kind or is not

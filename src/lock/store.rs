@@ -1,7 +1,8 @@
 //! [`Store`]: the lock (and semaphore) store that [`super::Locks`] calls,
-//! made of one or more lock servers ([`super::node`]). [`Single`] is one node as it is; [`super::redlock`]
-//! spreads each lock over several. Other topologies (Redis Cluster,
-//! Sentinel) are further implementations of the same trait.
+//! made of one or more lock servers ([`super::node`]). [`Single`] is one
+//! backend as it is (a Redis server, the master a Sentinel set names, a
+//! Redis Cluster, or memory: the Redis topologies are the backend's own);
+//! [`super::redlock`] spreads each lock over several independent masters.
 //!
 //! No method returns a token: a lock's token is known to the caller that
 //! chose or was given it, and to no one else (`inspect` gives a
@@ -171,8 +172,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Option<Arc<dyn WaitInterest>>;
 }
 
-/// The store of one node (single-Redis mode, or memory): each call goes to
-/// that node as it is.
+/// The store of one backend (one Redis server, Sentinel's master, a Redis
+/// Cluster, or memory): each call goes to that backend as it is.
 pub struct Single {
     node: Arc<dyn Backend>,
 }

@@ -1,7 +1,7 @@
 //! [`Subject`]: what a lease is of, a lock or a semaphore of one name. The
 //! wait queues, the change listeners, the watches and the Redis change
-//! channels all key on it; each backend turns it into its own keys in one
-//! place (for Redis, `redis::events::channel`).
+//! channels all key on it. For Redis, `redis::events::channel` turns it
+//! into its change channel, the one place channel names are built.
 
 use std::fmt;
 

@@ -1,22 +1,26 @@
-//! Release events from Redis: how the waiters of one lockd instance learn
-//! that a lock they wait for was released (or extended), by any client.
+//! Change events from Redis: how one lockd instance learns of every change
+//! of a lock or semaphore it waits for or watches, by any client, and tells
+//! the service's listeners (the wait queues and the watches).
 //!
 //! Every script that changes a lease publishes what it did (see
 //! [`crate::lock::change`]) on its subject's channel, `P{N}:released` for
-//! lock `N` (built by [`channel`], the one place channel names are made). Two ways to hear
+//! lock `N` and `Psem:{N}:released` for semaphore `N` (built by
+//! [`channel`], the one place channel names are made). Two ways to hear
 //! them:
 //! - [`PatternEvents`], on one Redis server (single mode, or the master of
-//!   a Sentinel set, moving with it): one `PSUBSCRIBE P{*}:released`
-//!   connection hears every release, whether or not anyone waits.
+//!   a Sentinel set, moving with it): one connection with two patterns
+//!   (`PSUBSCRIBE P{*}:released Psem:{*}:released`) hears every change,
+//!   whether or not anyone waits.
 //! - [`ShardedEvents`], on a Redis Cluster: the scripts publish with
 //!   `SPUBLISH` (sharded pub/sub, Redis 7), which travels only within the
 //!   shard that owns the lock's slot, where `PUBLISH` would be copied to
 //!   every node of the cluster. Sharded channels have no patterns, so the
-//!   instance subscribes lock by lock (`SSUBSCRIBE P{N}:released`) while
-//!   one of its waiters found the lock held, and unsubscribes when the
-//!   last of them leaves ([`crate::lock::WaitInterest`]). The redis crate's
-//!   cluster connection sends each subscription to the master of the
-//!   channel's slot, and moves it when the slot map changes.
+//!   instance subscribes subject by subject (`SSUBSCRIBE P{N}:released`)
+//!   while one of its waiters found it held or one of its watches follows
+//!   it, and unsubscribes when the last of them leaves
+//!   ([`crate::lock::WaitInterest`]). Each subscription is sent to the
+//!   master of the channel's slot, and made again there when the cluster's
+//!   masters change.
 //!
 //! Either way, events may be missed while a subscription is being made or
 //! remade (a new connection, a failover, a slot that moved): after every

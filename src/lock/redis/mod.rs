@@ -11,8 +11,13 @@
 //!   a client, and reports a node it cannot reach over TLS;
 //! - `pool`: deadpool's pool over multiplexed (or cluster) connections;
 //! - `sentinel`: following the master a Sentinel set names, across
-//!   failovers (`+switch-master`, `READONLY`): **where lockd follows a
-//!   failover**, with the pool dropping connections to an old master;
+//!   failovers (`+switch-master`, `READONLY`). **Where lockd follows a
+//!   failover**: there for Sentinel; for a Redis Cluster, `follow_cluster`
+//!   here reads the masters (`CLUSTER NODES`) into the pool's
+//!   `ClusterView`; either way the pool drops connections to an old
+//!   master, and `run_on` here retries an operation that met a topology
+//!   change (`MOVED`, `READONLY`, a dropped connection) on a fresh one and
+//!   refuses an answer from before the change;
 //! - `events`: the change channels (`channel` builds every channel name)
 //!   and their subscribers, which tell the service's listeners: **where a
 //!   release reaches the waiters**;
@@ -45,7 +50,7 @@
 //! braces in names and in the key prefix, so nothing in a name can move a
 //! key out of that slot.
 //!
-//! Every operation is one Lua script, run by SHA through
+//! Every lease operation is one Lua script, run by SHA through
 //! [`redis::Script`], which loads the script again after `NOSCRIPT` (Redis
 //! restarted, or `SCRIPT FLUSH`). A single Redis loses locks that were not
 //! yet replicated when it fails over; use Redlock for that.

@@ -1,7 +1,10 @@
 //! The Redis connection pool: deadpool's managed pool over multiplexed
-//! connections (to one server, or a Redis Cluster connection that routes
-//! each command to the master of its key's slot), with a manager that does
-//! not talk to Redis when it hands a connection out.
+//! connections (to one server, to the master a Sentinel set names, or a
+//! Redis Cluster connection that routes each command to the master of its
+//! key's slot), with a manager that does not talk to Redis when it hands a
+//! connection out. On a change of master ([`ClusterView`] for a cluster,
+//! the Sentinels' generation otherwise), connections opened before it are
+//! dropped rather than handed out.
 //!
 //! deadpool-redis's manager sends `UNWATCH` + `PING` each time the pool
 //! hands out a connection: one more round trip for every lock operation,
@@ -376,8 +379,9 @@ impl ClusterTarget {
     /// The seeds are tried side by side, one client each, and the first
     /// that connects wins: the redis crate waits for every initial node of
     /// a client, and a frozen one (SIGSTOP, a partition) accepts the
-    /// connection and never answers, which held up every new connection
-    /// past its time limit. Seeds the cluster flags failing are left out.
+    /// connection and never answers, which would hold up every new
+    /// connection past its time limit. Seeds the cluster flags failing are
+    /// left out.
     pub async fn connect(&self) -> Result<ClusterConnection, RedisError> {
         // One client per live seed, raced: the first seed that answers
         // wins, and one that hangs is dropped with the other losers.
@@ -650,11 +654,10 @@ b4 127.0.0.1:7006@17006 master - 0 0 4 connected 10923-16383
         assert_eq!(view.nodes().len(), 2);
     }
 
-    /// Found by a new-user review: a listing from a node that has not
-    /// heard of the failover named the killed master again (the gauge went
-    /// back to it, and every pooled connection was dropped); and the old
-    /// master, promoted again after it came back as a replica, was not
-    /// counted (the count held every address ever seen as a master).
+    /// A listing from a node that has not heard of the failover, naming the
+    /// killed master again, does not move the view back to it (nor drop
+    /// every pooled connection); and the old master, promoted again after
+    /// it came back as a replica, counts as a new master.
     #[test]
     fn a_stale_listing_moves_nothing_back_and_a_master_promoted_again_counts_again() {
         let view = ClusterView::default();

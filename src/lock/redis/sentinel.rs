@@ -478,8 +478,8 @@ mod tests {
         assert_eq!(pick(&[], None), None);
     }
 
-    /// Seen in a kill of the master: the leader gives the new epoch with
-    /// the old address while it reconfigures the replicas. Taking it moved
+    /// In a kill of the master, the leader gives the new epoch with the old
+    /// address while it reconfigures the replicas: taking it would move
     /// lockd back to the dead master for half a second.
     #[test]
     fn a_sentinel_in_the_middle_of_a_failover_is_not_believed() {

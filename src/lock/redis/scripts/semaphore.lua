@@ -1,5 +1,5 @@
 -- The shared part of the semaphore scripts, put in front of each (after
--- fence.lua). A semaphore is two keys under one hash tag:
+-- fence.lua). A semaphore is three keys under one hash tag:
 --   permits  a sorted set: token -> the permit's expiry, in µs of this
 --            server's clock (TIME): in whole ms, a permit taken at 10.9 ms
 --            for 100 ms would run out at 110 ms, 0.9 ms early;
