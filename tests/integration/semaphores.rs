@@ -611,9 +611,11 @@ async fn a_caller_who_hangs_up_mid_wait_is_never_left_holding_a_permit(app: &Tes
         app,
         "hang",
         json!({"limit": 1, "ttl_ms": 10_000, "wait_ms": 10_000}),
-        Duration::from_millis(1_000),
+        Duration::from_millis(3_000),
     );
-    // It waits, then its client gives up, and its wait ends with it.
+    // It waits (seen while its client still waits: 3 s, time enough for a
+    // busy machine's scrape), then its client gives up, and its wait ends
+    // with it.
     until_permit_waiters(app, 1).await;
     assert!(gone.await.expect("task").is_err(), "the client gave up");
     until_permit_waiters(app, 0).await;
