@@ -25,7 +25,7 @@ use super::locks::model::{LockNameSchema, NoQuery, rfc3339};
 use super::problem::{ApiError, KeyRefusals, Problem};
 use super::semaphores::model::PermitStatus;
 use crate::lock::service::watch::{LeaseView, Sequenced, Snapshot, Watch, WatchEvent};
-use crate::lock::{Kind, LockError, LockName, Locks, Subject};
+use crate::lock::{Kind, LockError, Locks, Subject};
 
 /// `data` of a lock's `state` event: what `GET /locks/{name}` shows, or
 /// `held: false`. Never the token.
@@ -230,16 +230,15 @@ async fn stream(
             );
         }
     };
-    let name = subject.name().clone();
     let events = futures_util::stream::unfold(
-        (Some(first), watch, subject, name),
-        |(first, mut watch, subject, name): (Option<Arc<Sequenced>>, Watch, Subject, LockName)| async move {
+        (Some(first), watch, subject),
+        |(first, mut watch, subject): (Option<Arc<Sequenced>>, Watch, Subject)| async move {
             let next = match first {
                 Some(first) => first,
                 None => watch.next().await?,
             };
-            let event = sse_event(&subject, &name, &next);
-            Some((Ok(event), (None, watch, subject, name)))
+            let event = sse_event(&subject, &next);
+            Some((Ok(event), (None, watch, subject)))
         },
     );
     let sse = Sse::new(events).keep_alive(
@@ -251,10 +250,10 @@ async fn stream(
 }
 
 /// One event as Server-Sent Events: `event`, `id` and JSON `data`.
-fn sse_event(subject: &Subject, name: &LockName, sequenced: &Sequenced) -> Event {
+fn sse_event(subject: &Subject, sequenced: &Sequenced) -> Event {
     let event = &sequenced.event;
     let id = format!("{}-{}", event.fence(), sequenced.seq);
-    let name = name.to_string();
+    let name = subject.name().to_string();
     let (kind, data) = match event {
         WatchEvent::State(snapshot) => ("state", state_json(subject, name, snapshot)),
         WatchEvent::Acquired(lease) => ("acquired", lease_json(name, lease)),
