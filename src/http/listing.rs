@@ -6,9 +6,10 @@
 
 use serde::Deserialize;
 
-use super::problem::{ApiError, Kind};
+use super::problem::{self, ApiError};
 use crate::auth::ListScope;
-use crate::lock::listing::{Cursor, Listed, NamePrefix, PageSize, Position};
+use crate::lock::Kind;
+use crate::lock::listing::{Cursor, NamePrefix, PageSize, Position};
 
 /// Query parameters of `GET /locks` and `GET /semaphores`, as given: each
 /// at most once, no other.
@@ -26,7 +27,7 @@ pub struct ListQuery {
 /// A listing request, parsed.
 #[derive(Debug)]
 pub struct ListRequest {
-    listed: Listed,
+    kind: Kind,
     /// The prefix asked for (empty: none), which the cursors carry.
     asked: String,
     /// The prefixes walked, one after another.
@@ -39,7 +40,7 @@ pub struct ListRequest {
 }
 
 impl ListRequest {
-    /// Parses `query` for a listing of `listed` by a caller who may list
+    /// Parses `query` for a listing of `kind` by a caller who may list
     /// `scope`. An empty `prefix` is no prefix. A caller limited to some
     /// prefixes (an API key's) who asks for none walks its own, one after
     /// another.
@@ -48,7 +49,7 @@ impl ListRequest {
     /// 400 for a prefix no name can start with, a `limit` out of `1..=1000`
     /// or a cursor this listing did not give; 403 for a prefix outside the
     /// caller's.
-    pub fn parse(listed: Listed, query: ListQuery, scope: &ListScope) -> Result<Self, ApiError> {
+    pub fn parse(kind: Kind, query: ListQuery, scope: &ListScope) -> Result<Self, ApiError> {
         let asked = query.prefix.unwrap_or_default();
         NamePrefix::parse(&asked)?;
         let limit = query
@@ -59,17 +60,17 @@ impl ListRequest {
             .unwrap_or(PageSize::DEFAULT);
         let prefixes: Vec<NamePrefix> = scope
             .prefixes(&asked)
-            .map_err(|e| ApiError::new(Kind::Forbidden, e.to_string()))?
+            .map_err(|e| ApiError::new(problem::Kind::Forbidden, e.to_string()))?
             .iter()
             // A key's prefix that no name can start with lists nothing.
             .filter_map(|p| NamePrefix::parse(p).ok())
             .collect();
         let from = match query.cursor.as_deref() {
             None => (0, Position::Start),
-            Some(raw) => Cursor::parse(raw, listed, &asked, prefixes.len())?,
+            Some(raw) => Cursor::parse(raw, kind, &asked, prefixes.len())?,
         };
         Ok(Self {
-            listed,
+            kind,
             asked,
             prefixes,
             from,
@@ -79,7 +80,7 @@ impl ListRequest {
 
     /// The `next_cursor` of a page whose walk goes on at `next`.
     pub fn next_cursor(&self, next: Option<(usize, Position)>) -> Option<String> {
-        next.map(|(scope, at)| Cursor::new(self.listed, &self.asked, scope, at).encode())
+        next.map(|(scope, at)| Cursor::new(self.kind, &self.asked, scope, at).encode())
     }
 }
 
@@ -95,14 +96,14 @@ mod tests {
         }
     }
 
-    fn kind(result: Result<ListRequest, ApiError>) -> Option<Kind> {
+    fn kind(result: Result<ListRequest, ApiError>) -> Option<problem::Kind> {
         result.err().map(|e| e.kind())
     }
 
     #[test]
     fn bad_input_is_refused_and_a_key_lists_under_its_prefixes() {
         let every = ListScope::Every;
-        let ok = ListRequest::parse(Listed::Locks, query(None, None, None), &every).expect("valid");
+        let ok = ListRequest::parse(Kind::Lock, query(None, None, None), &every).expect("valid");
         assert_eq!(ok.limit, PageSize::DEFAULT);
         assert_eq!(ok.prefixes, [NamePrefix::default()]);
         for (prefix, limit, cursor) in [
@@ -116,41 +117,41 @@ mod tests {
         ] {
             assert_eq!(
                 kind(ListRequest::parse(
-                    Listed::Locks,
+                    Kind::Lock,
                     query(prefix, limit, cursor),
                     &every
                 )),
-                Some(Kind::InvalidRequest),
+                Some(problem::Kind::InvalidRequest),
                 "{prefix:?} {limit:?} {cursor:?}"
             );
         }
         let key = ListScope::Under(vec!["b:".into(), "a:".into(), "bad prefix".into()]);
-        let mine = ListRequest::parse(Listed::Locks, query(None, None, None), &key).expect("own");
+        let mine = ListRequest::parse(Kind::Lock, query(None, None, None), &key).expect("own");
         let walked: Vec<&str> = mine.prefixes.iter().map(NamePrefix::as_str).collect();
         assert_eq!(walked, ["a:", "b:"]);
         assert_eq!(
             kind(ListRequest::parse(
-                Listed::Locks,
+                Kind::Lock,
                 query(Some("c:"), None, None),
                 &key
             )),
-            Some(Kind::Forbidden)
+            Some(problem::Kind::Forbidden)
         );
         // A cursor of one listing serves no other.
         let next = mine
             .next_cursor(Some((1, Position::Start)))
             .expect("cursor");
-        let again = ListRequest::parse(Listed::Locks, query(None, None, Some(&next)), &key)
+        let again = ListRequest::parse(Kind::Lock, query(None, None, Some(&next)), &key)
             .expect("its own cursor");
         assert_eq!(again.from, (1, Position::Start));
-        for (listed, prefix) in [(Listed::Semaphores, None), (Listed::Locks, Some("a:"))] {
+        for (other, prefix) in [(Kind::Semaphore, None), (Kind::Lock, Some("a:"))] {
             assert_eq!(
                 kind(ListRequest::parse(
-                    listed,
+                    other,
                     query(prefix, None, Some(&next)),
                     &key
                 )),
-                Some(Kind::InvalidRequest)
+                Some(problem::Kind::InvalidRequest)
             );
         }
     }

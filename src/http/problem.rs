@@ -15,7 +15,6 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::{IntoResponses, ToSchema};
 
-use crate::lock::semaphore::Refusal;
 use crate::lock::{InvalidInput, LockError};
 
 /// The media type of a problem document (RFC 9457 §3).
@@ -156,6 +155,12 @@ pub enum Kind {
     Unauthorized,
     /// 403: the API key may not do this, or not on this lock name.
     Forbidden,
+    /// 403: a browser page of another origin called (see
+    /// [`super::browsers`]).
+    CrossOrigin,
+    /// 421: a loopback listener was asked for a name not its own (see
+    /// [`super::browsers`]).
+    MisdirectedRequest,
     /// 429: the API key is over its `requests_per_second`.
     RateLimited,
     /// 404: nobody holds the lock.
@@ -194,14 +199,23 @@ pub enum Kind {
     Internal,
     /// 501: this store cannot do it (semaphores in Redlock mode).
     NotImplemented,
-    /// 409: every permit of the semaphore is held.
-    SemaphoreFull,
-    /// 409: the semaphore's permits are held under another limit.
-    LimitMismatch,
-    /// 404: the token holds no permit of the semaphore.
-    PermitNotHeld,
-    /// 404: no permit of the semaphore is held.
-    SemaphoreFree,
+    /// A refusal of one kind of lease, defined in that kind's `http`
+    /// folder (a semaphore's `semaphore-full`, say: see
+    /// `http::semaphores::problem`), so that a new kind adds its problem
+    /// types there and not here.
+    Leased(&'static LeaseProblem),
+}
+
+/// A problem type that only one kind of lease answers with: its status,
+/// the last part of its type URI, and its title.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LeaseProblem {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The last part of the type URI (`semaphore-full`).
+    pub slug: &'static str,
+    /// The short title.
+    pub title: &'static str,
 }
 
 impl Kind {
@@ -211,6 +225,16 @@ impl Kind {
             Self::InvalidRequest => (S::BAD_REQUEST, "invalid-request", "Invalid request"),
             Self::Unauthorized => (S::UNAUTHORIZED, "unauthorized", "API key required"),
             Self::Forbidden => (S::FORBIDDEN, "forbidden", "Not allowed for this API key"),
+            Self::CrossOrigin => (
+                S::FORBIDDEN,
+                "cross-origin",
+                "Cross-origin request refused",
+            ),
+            Self::MisdirectedRequest => (
+                S::MISDIRECTED_REQUEST,
+                "misdirected-request",
+                "Host not served here",
+            ),
             Self::RateLimited => (S::TOO_MANY_REQUESTS, "rate-limited", "Rate limit exceeded"),
             Self::LockNotHeld => (S::NOT_FOUND, "lock-not-held", "Lock is not held"),
             Self::LockHeld => (S::CONFLICT, "lock-held", "Lock is held"),
@@ -278,14 +302,7 @@ impl Kind {
             ),
             Self::Internal => (S::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
             Self::NotImplemented => (S::NOT_IMPLEMENTED, "not-implemented", "Not available"),
-            Self::SemaphoreFull => (S::CONFLICT, "semaphore-full", "Semaphore is full"),
-            Self::LimitMismatch => (
-                S::CONFLICT,
-                "limit-mismatch",
-                "Permits are held under another limit",
-            ),
-            Self::PermitNotHeld => (S::NOT_FOUND, "permit-not-held", "Permit is not held"),
-            Self::SemaphoreFree => (S::NOT_FOUND, "semaphore-free", "No permit is held"),
+            Self::Leased(p) => (p.status, p.slug, p.title),
         }
     }
 }
@@ -329,14 +346,6 @@ impl ApiError {
         }
     }
 
-    /// A 404 `permit-not-held`.
-    pub fn permit_not_held() -> Self {
-        Self::new(
-            Kind::PermitNotHeld,
-            "this token holds no permit of this semaphore: it was given back or its lease ran out",
-        )
-    }
-
     /// A 401 `unauthorized` with the `WWW-Authenticate` challenge
     /// `challenge` (RFC 6750 §3).
     pub fn unauthorized(detail: impl Into<String>, challenge: &'static str) -> Self {
@@ -373,6 +382,14 @@ impl ApiError {
         self.kind
     }
 
+    /// The same error, naming the limit it was refused under (`limit`, for
+    /// a semaphore's refusals).
+    #[must_use]
+    pub fn with_limit(mut self, limit: u32) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
     /// The same error, asking the client to wait `wait` before retrying
     /// (`retry_after_ms` and `Retry-After`).
     #[must_use]
@@ -385,42 +402,6 @@ impl ApiError {
 impl From<InvalidInput> for ApiError {
     fn from(e: InvalidInput) -> Self {
         Self::invalid(e.to_string())
-    }
-}
-
-impl From<Refusal> for ApiError {
-    fn from(refusal: Refusal) -> Self {
-        let (mut error, limit) = match refusal {
-            Refusal::Full { retry_after, limit } => (
-                Self::new(
-                    Kind::SemaphoreFull,
-                    match limit.get() {
-                        1 => format!(
-                            "the only permit of this semaphore is held; it runs out in at most {} ms",
-                            retry_after.as_millis()
-                        ),
-                        n => format!(
-                            "all {n} permits of this semaphore are held; the earliest runs out in at most {} ms",
-                            retry_after.as_millis()
-                        ),
-                    },
-                )
-                .retry_after(retry_after),
-                limit,
-            ),
-            Refusal::LimitMismatch { held } => (
-                Self::new(
-                    Kind::LimitMismatch,
-                    format!(
-                        "the permits of this semaphore are held under limit {}; ask with that limit, or a new one once every permit is given back or has run out",
-                        held.get()
-                    ),
-                ),
-                held,
-            ),
-        };
-        error.limit = Some(limit.get());
-        error
     }
 }
 

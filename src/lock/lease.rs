@@ -20,7 +20,7 @@ pub struct AcquireRequest {
     pub token: Token,
     /// The lease length.
     pub ttl: Ttl,
-    /// A label for the holder, shown by [`super::Store::inspect`].
+    /// A label for the holder, shown by [`super::LockStore::inspect`].
     pub owner: Option<Owner>,
     /// Whether lockd generated the token. Nobody else can then hold the
     /// lock under it, so a grant whose answer was lost (a timeout, a caller

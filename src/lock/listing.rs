@@ -22,18 +22,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Serialize};
 
 use super::semaphore::SemaphoreInfo;
-use super::{InvalidInput, LockInfo, LockName};
-
-/// What a listing walks: locks, or semaphores (whose keys differ).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Listed {
-    /// Held locks (`GET /locks`).
-    #[serde(rename = "l")]
-    Locks,
-    /// Semaphores with a permit held (`GET /semaphores`).
-    #[serde(rename = "s")]
-    Semaphores,
-}
+use super::{InvalidInput, Kind, LockInfo, LockName};
 
 /// The start of the names to list: 0 to [`LockName::MAX_LEN`] characters
 /// of the names' alphabet (`[A-Za-z0-9._:@-]`); empty lists every name.
@@ -231,7 +220,7 @@ pub const MAX_CURSOR_LEN: usize = 8192;
 const CURSOR_VERSION: u8 = 1;
 
 /// The opaque cursor of a listing: base64url (no padding) of a small JSON
-/// document holding the format's version, what is listed, the prefix asked
+/// document holding the format's version, what is kind, the prefix asked
 /// for (a cursor serves only the listing it came from), which of the
 /// caller's prefixes is being walked (see [`crate::auth::ListScope`]) and
 /// the backend's [`Position`]. Clients must treat it as opaque; lockd
@@ -240,19 +229,19 @@ const CURSOR_VERSION: u8 = 1;
 #[serde(deny_unknown_fields)]
 pub struct Cursor {
     v: u8,
-    k: Listed,
+    k: Kind,
     q: String,
     s: usize,
     at: Position,
 }
 
 impl Cursor {
-    /// The cursor of a walk of `listed` for prefix `asked` (empty: none),
+    /// The cursor of a walk of `kind` for prefix `asked` (empty: none),
     /// at the `scope`-th of the caller's prefixes and `at` in it.
-    pub fn new(listed: Listed, asked: &str, scope: usize, at: Position) -> Self {
+    pub fn new(kind: Kind, asked: &str, scope: usize, at: Position) -> Self {
         Self {
             v: CURSOR_VERSION,
-            k: listed,
+            k: kind,
             q: asked.to_owned(),
             s: scope,
             at,
@@ -265,7 +254,7 @@ impl Cursor {
         URL_SAFE_NO_PAD.encode(serde_json::to_vec(self).unwrap_or_default())
     }
 
-    /// Parses a cursor given with a listing of `listed` for prefix `asked`
+    /// Parses a cursor given with a listing of `kind` for prefix `asked`
     /// (empty: none) over `scopes` prefixes: the prefix index and the
     /// backend's position.
     ///
@@ -275,7 +264,7 @@ impl Cursor {
     /// version, another kind or prefix, or a prefix index out of range.
     pub fn parse(
         raw: &str,
-        listed: Listed,
+        kind: Kind,
         asked: &str,
         scopes: usize,
     ) -> Result<(usize, Position), InvalidInput> {
@@ -289,7 +278,7 @@ impl Cursor {
         // Only the canonical text of a cursor: base64 with stray trailing
         // bits decodes too.
         if cursor.v != CURSOR_VERSION
-            || cursor.k != listed
+            || cursor.k != kind
             || cursor.q != asked
             || cursor.s >= scopes
             || cursor.encode() != raw
@@ -300,56 +289,9 @@ impl Cursor {
     }
 }
 
-/// Escapes the glob characters of Redis patterns (`*?[]\`).
-pub fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// The `SCAN MATCH` pattern of the keys that stand for one held lock (or
-/// semaphore) under key prefix `key_prefix` whose name starts with
-/// `prefix`: `P{prefix*}` for a lock (its `:fence` and `:meta` keys do not
-/// end with `}`), `Psem:{prefix*}:permits` for a semaphore.
-pub fn match_pattern(listed: Listed, key_prefix: &str, prefix: &NamePrefix) -> String {
-    let (key_prefix, prefix) = (glob_escape(key_prefix), glob_escape(prefix.as_str()));
-    match listed {
-        Listed::Locks => format!("{key_prefix}{{{prefix}*}}"),
-        Listed::Semaphores => format!("{key_prefix}sem:{{{prefix}*}}:permits"),
-    }
-}
-
-/// The name of the lock (or semaphore) a key found by [`match_pattern`]
-/// stands for, when it is one under `prefix`; `None` for any other key (a
-/// foreign client's, say).
-pub fn name_of_key(
-    listed: Listed,
-    key_prefix: &str,
-    prefix: &NamePrefix,
-    key: &str,
-) -> Option<LockName> {
-    let rest = key.strip_prefix(key_prefix)?;
-    let name = match listed {
-        Listed::Locks => rest.strip_prefix('{')?.strip_suffix('}')?,
-        Listed::Semaphores => rest.strip_prefix("sem:{")?.strip_suffix("}:permits")?,
-    };
-    LockName::parse(name)
-        .ok()
-        .filter(|n| prefix.covers(n.as_str()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn prefix(p: &str) -> NamePrefix {
-        NamePrefix::parse(p).expect("valid prefix")
-    }
 
     #[test]
     fn prefixes_take_the_names_alphabet_and_may_be_empty() {
@@ -397,29 +339,29 @@ mod tests {
                 pending: vec!["a:1".into()],
             }),
         };
-        let text = Cursor::new(Listed::Locks, "a:", 0, at.clone()).encode();
+        let text = Cursor::new(Kind::Lock, "a:", 0, at.clone()).encode();
         assert!(
             text.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         );
-        assert_eq!(Cursor::parse(&text, Listed::Locks, "a:", 1), Ok((0, at)));
-        for (listed, asked, scopes) in [
-            (Listed::Semaphores, "a:", 1),
-            (Listed::Locks, "b:", 1),
-            (Listed::Locks, "", 1),
-            (Listed::Locks, "a:", 0),
+        assert_eq!(Cursor::parse(&text, Kind::Lock, "a:", 1), Ok((0, at)));
+        for (kind, asked, scopes) in [
+            (Kind::Semaphore, "a:", 1),
+            (Kind::Lock, "b:", 1),
+            (Kind::Lock, "", 1),
+            (Kind::Lock, "a:", 0),
         ] {
             assert_eq!(
-                Cursor::parse(&text, listed, asked, scopes),
+                Cursor::parse(&text, kind, asked, scopes),
                 Err(InvalidInput::Cursor),
-                "{listed:?} {asked:?} {scopes}"
+                "{kind:?} {asked:?} {scopes}"
             );
         }
     }
 
     #[test]
     fn a_cursor_lockd_did_not_write_is_refused() {
-        let good = Cursor::new(Listed::Locks, "", 0, Position::Start).encode();
+        let good = Cursor::new(Kind::Lock, "", 0, Position::Start).encode();
         let json = |s: &str| URL_SAFE_NO_PAD.encode(s);
         for bad in [
             String::new(),
@@ -436,38 +378,11 @@ mod tests {
             json(r#"{"v":1,"k":"x","q":"","s":0,"at":"0"}"#),
         ] {
             assert_eq!(
-                Cursor::parse(&bad, Listed::Locks, "", 1),
+                Cursor::parse(&bad, Kind::Lock, "", 1),
                 Err(InvalidInput::Cursor),
                 "{bad:?}"
             );
         }
-        assert!(Cursor::parse(&good, Listed::Locks, "", 1).is_ok());
-    }
-
-    #[test]
-    fn the_pattern_matches_the_lock_key_only_and_names_are_read_back() {
-        let p = prefix("a:");
-        assert_eq!(match_pattern(Listed::Locks, "lockd:", &p), "lockd:{a:*}");
-        assert_eq!(
-            match_pattern(Listed::Semaphores, "lockd:", &p),
-            "lockd:sem:{a:*}:permits"
-        );
-        assert_eq!(match_pattern(Listed::Locks, "x*[", &p), "x\\*\\[{a:*}");
-        let name = |key| name_of_key(Listed::Locks, "lockd:", &p, key).map(|n| n.to_string());
-        assert_eq!(name("lockd:{a:1}").as_deref(), Some("a:1"));
-        assert_eq!(name("lockd:{a:1}:fence"), None);
-        assert_eq!(name("lockd:{a:1}:meta"), None);
-        assert_eq!(name("lockd:{b:1}"), None);
-        assert_eq!(name("lockd:{a:}x}"), None);
-        assert_eq!(name("other:{a:1}"), None);
-        let sem = |key| name_of_key(Listed::Semaphores, "lockd:", &p, key).map(|n| n.to_string());
-        assert_eq!(sem("lockd:sem:{a:pool}:permits").as_deref(), Some("a:pool"));
-        assert_eq!(sem("lockd:sem:{a:pool}:holders"), None);
-    }
-
-    #[test]
-    fn glob_characters_are_escaped() {
-        assert_eq!(glob_escape("lockd:"), "lockd:");
-        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+        assert!(Cursor::parse(&good, Kind::Lock, "", 1).is_ok());
     }
 }

@@ -19,14 +19,17 @@
 //! - [`change`]: the change messages a backend publishes with each change
 //!   (`acquired`, `extended`, `released`, `expired`, a probe's marker).
 //! - [`listing`]: the shapes of a walk over the held locks and semaphores,
-//!   the opaque cursor between pages, and the key patterns a walk matches.
+//!   and the opaque cursor between pages (the Redis key patterns a walk
+//!   matches are `redis::listing`'s).
 //! - [`node`]: the traits of one lock server, one per kind of lease
 //!   ([`LockNode`], [`SemaphoreNode`]) over what every server does
 //!   ([`Node`]); [`Backend`] is a server of every kind. Also
 //!   [`ChangeListener`] and [`WaitInterest`], between a node's change
 //!   stream and the service.
-//! - [`store`]: the [`Store`] trait that the service calls, and
-//!   [`Single`], the store of one [`Backend`].
+//! - [`store`]: what the service calls, split by kind as a node is:
+//!   [`LockStore`], [`SemaphoreStore`], and [`Store`] for what they share
+//!   and to reach each kind (a store without a kind refuses it once, in
+//!   its accessor); [`Single`], the store of one [`Backend`].
 //! - [`reaper`]: the one background compare-and-delete of a grant nobody
 //!   will use (Redlock's partial grants, orphaned grants, timed-out ones),
 //!   shared by the backends and the service. The one module here that
@@ -82,11 +85,13 @@
 //! writes:
 //!
 //! 1. **one rules module** here (`x.rs`: its request and answer types and
-//!    their arithmetic), its trait in [`node`] (`XNode: Node`, which
-//!    [`Backend`] then also requires), its methods on [`Store`] (with
-//!    [`Single`] passing them to the backend and [`redlock`] refusing or
-//!    serving them), a [`subject::Kind`] variant, and a `Listed` variant in
-//!    [`listing`] when it can be listed;
+//!    their arithmetic), and beside the others in the registries of kinds:
+//!    its node trait in [`node`] (`XNode: Node`, which [`Backend`] then
+//!    also requires), its store trait in [`store`] (`XStore`, with
+//!    [`Single`] passing each call to the backend) and its accessor on
+//!    [`Store`] (`fn x(&self) -> Result<&dyn XStore, LockError>`, where a
+//!    store without it, such as [`redlock`], refuses it once), and a
+//!    [`subject::Kind`] variant, which also names it in listing cursors;
 //! 2. **one script set per backend**: `redis/scripts/x*.lua` with
 //!    `redis/x.rs` (its keys, and its channel through
 //!    `redis::events::channel` and the subscription patterns there), and
@@ -95,10 +100,11 @@
 //! 3. **one service module**, `service/x.rs`, its waits through
 //!    `wait_turn` and the same queues (keyed by its [`Subject`]), its
 //!    watches through `service::watch` (which reads it by its kind);
-//! 4. **one `http` folder** (`http/x/`, a file per action, its routes in
-//!    `http::routes`, its refusals in `http::problem`), and **one metrics
-//!    module** (`metrics/x.rs`), with its calls timed in
-//!    `metrics::Instrumented`.
+//! 4. **one `http` folder** (`http/x/`, a file per action and its own
+//!    problem types in `http/x/problem.rs`, as `http/semaphores/` does,
+//!    joined to the one list by a `problem::Kind` variant; its routes in
+//!    `http::routes`), and **one metrics module** (`metrics/x.rs`), with
+//!    its node calls timed in `metrics::Instrumented`.
 //!
 //! Outside the server, a kind that has limits of its own adds them to the
 //! settings (`config`, `cli`, docs/configuration.md), and the clients
@@ -108,7 +114,8 @@
 //! "unsupported" body per method: a backend either keeps a kind or is not
 //! used for it, the compiler says which, and no call can reach a method
 //! the backend never wrote. Redlock keeps locks only, so it takes
-//! [`LockNode`]s and answers the other kinds itself at the [`Store`].
+//! [`LockNode`]s, and its [`Store`] refuses the other kinds in their
+//! accessors, each with its reason.
 
 pub mod change;
 pub mod error;
@@ -132,6 +139,6 @@ pub(crate) use lease::unix_millis;
 pub use lease::{AcquireRequest, Acquired, ExtendTtl, Lease, LockInfo, Released};
 pub use node::{Backend, ChangeListener, LockNode, Node, SemaphoreNode, WaitInterest};
 pub use service::Locks;
-pub use store::{Single, Store};
+pub use store::{LockStore, SemaphoreStore, Single, Store};
 pub use subject::{Kind, Subject};
 pub use types::{InvalidInput, LockName, Owner, Token, Ttl};

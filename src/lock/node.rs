@@ -16,7 +16,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use super::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
+use super::Kind;
+use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, Change, ExtendTtl, Lease, LockError, LockInfo, LockName, Released,
@@ -41,7 +42,7 @@ pub trait Node: Send + Sync + 'static {
     /// fails.
     async fn scan(
         &self,
-        listed: Listed,
+        kind: Kind,
         prefix: &NamePrefix,
         at: &Position,
         limit: PageSize,
@@ -135,7 +136,7 @@ pub trait LockNode: Node {
         Ok(found)
     }
 
-    /// Describes the holder as [`super::Store::inspect`] does and, in the same
+    /// Describes the holder as [`super::LockStore::inspect`] does and, in the same
     /// atomic step, publishes [`Change::Probe`]`(marker)` on the lock's
     /// change channel: the watcher that hears its marker knows that every
     /// change before the read has reached it (see `service::watch`).

@@ -1,8 +1,14 @@
-//! [`Store`]: the lock (and semaphore) store that [`super::Locks`] calls,
-//! made of one or more lock servers ([`super::node`]). [`Single`] is one
-//! backend as it is (a Redis server, the master a Sentinel set names, a
-//! Redis Cluster, or memory: the Redis topologies are the backend's own);
-//! [`super::redlock`] spreads each lock over several independent masters.
+//! [`Store`]: what [`super::Locks`] calls, made of one or more lock
+//! servers ([`super::node`]). [`Single`] is one backend as it is (a Redis
+//! server, the master a Sentinel set names, a Redis Cluster, or memory:
+//! the Redis topologies are the backend's own); [`super::redlock`] spreads
+//! each lock over several independent masters.
+//!
+//! A store is split by kind of lease as a node is: [`LockStore`] for locks,
+//! [`SemaphoreStore`] for semaphores, and [`Store`] for what they share
+//! (readiness, change events, watches) and to reach each kind. A store
+//! without a kind says so once, in its accessor ([`Store::semaphores`]),
+//! with the reason, rather than in every method of that kind.
 //!
 //! No method returns a token: a lock's token is known to the caller that
 //! chose or was given it, and to no one else (`inspect` gives a
@@ -13,18 +19,56 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use super::listing::{Listed, LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
+use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
-    AcquireRequest, Acquired, Backend, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
+    AcquireRequest, Acquired, Backend, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
     LockName, Released, Subject, Token, WaitInterest,
 };
 
-/// A lock store. Every store gives the same answers for the same sequence
-/// of calls; the HTTP conformance tests (`backend_tests!`) run against each
-/// of them.
+/// A lock store: its kinds of lease, and what they share. Every store
+/// gives the same answers for the same sequence of calls; the HTTP
+/// conformance tests (`backend_tests!`) run against each of them.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// Its locks. Every store has them.
+    fn locks(&self) -> &dyn LockStore;
+
+    /// Its semaphores.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`], with the reason, from a store without
+    /// them (Redlock).
+    fn semaphores(&self) -> Result<&dyn SemaphoreStore, LockError>;
+
+    /// Whether `subject` can be watched here (its kind kept, and its
+    /// changes told on one stream).
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`], with the reason, when it cannot.
+    fn watchable(&self, subject: &Subject) -> Result<(), LockError>;
+
+    /// Checks that the store answers, for `/readyz`.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`], [`LockError::QuorumUnavailable`] or
+    /// [`LockError::Backend`] when the store fails.
+    async fn ping(&self) -> Result<(), LockError>;
+
+    /// Starts telling `listener` about releases and extends, on every node,
+    /// until `stop` is cancelled; returns the [`WaitInterest`] to tell
+    /// which locks are waited for when the store hears only those (see
+    /// [`super::Node::watch_releases`]).
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ChangeListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>>;
+}
+
+/// The locks of a store.
+#[async_trait]
+pub trait LockStore: Send + Sync {
     /// Takes the lock if it is free, or renews it if `req.token` already
     /// holds it.
     ///
@@ -41,7 +85,7 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// [`LockError::NotHeld`] when nobody holds it, [`LockError::NotOwner`]
     /// when another token does, or a store failure as for
-    /// [`Store::acquire`].
+    /// [`LockStore::acquire`].
     async fn extend(
         &self,
         name: &LockName,
@@ -53,21 +97,47 @@ pub trait Store: Send + Sync + 'static {
     /// it was granted.
     ///
     /// # Errors
-    /// As for [`Store::extend`].
+    /// As for [`LockStore::extend`].
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
 
     /// Describes the current holder (never its token), or `None` when the
     /// lock is free.
     ///
     /// # Errors
-    /// A store failure as for [`Store::acquire`].
+    /// A store failure as for [`LockStore::acquire`].
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError>;
 
+    /// Describes a lock and publishes a watcher's marker in the same step
+    /// (see [`super::LockNode::probe`]).
+    ///
+    /// # Errors
+    /// As for [`LockStore::acquire`]; [`LockError::Unsupported`] from a
+    /// store whose locks cannot be watched (Redlock, which
+    /// [`Store::watchable`] says first).
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError>;
+
+    /// One page of the held locks whose names start with `prefix`, from
+    /// `at` (see [`super::listing`]): at most `limit` of them, never a
+    /// token, and where the walk goes on.
+    ///
+    /// # Errors
+    /// [`LockError::BadCursor`] when `at` is not a position of this store;
+    /// a store failure as for [`LockStore::acquire`].
+    async fn list_locks(
+        &self,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<Page<LockEntry>, LockError>;
+}
+
+/// The semaphores of a store (see [`super::semaphore`]).
+#[async_trait]
+pub trait SemaphoreStore: Send + Sync {
     /// Takes one permit (see [`super::SemaphoreNode::take_permit`]).
     ///
     /// # Errors
-    /// As for [`super::SemaphoreNode::take_permit`]; [`LockError::Unsupported`] from a
-    /// store without semaphores (Redlock).
+    /// As for [`super::SemaphoreNode::take_permit`].
     async fn take_permit(
         &self,
         req: &PermitRequest,
@@ -76,7 +146,7 @@ pub trait Store: Send + Sync + 'static {
     /// Gives back a permit (see [`super::SemaphoreNode::give_back_permit`]).
     ///
     /// # Errors
-    /// As for [`Store::take_permit`].
+    /// A store failure as for [`LockStore::acquire`].
     async fn give_back_permit(
         &self,
         name: &LockName,
@@ -86,7 +156,7 @@ pub trait Store: Send + Sync + 'static {
     /// Extends a permit (see [`super::SemaphoreNode::extend_permit`]).
     ///
     /// # Errors
-    /// As for [`Store::take_permit`].
+    /// A store failure as for [`LockStore::acquire`].
     async fn extend_permit(
         &self,
         name: &LockName,
@@ -97,79 +167,31 @@ pub trait Store: Send + Sync + 'static {
     /// Describes a semaphore (see [`super::SemaphoreNode::inspect_semaphore`]).
     ///
     /// # Errors
-    /// As for [`Store::take_permit`].
+    /// A store failure as for [`LockStore::acquire`].
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError>;
-
-    /// Describes a lock and publishes a watcher's marker in the same step
-    /// (see [`super::LockNode::probe`]).
-    ///
-    /// # Errors
-    /// As for [`Store::acquire`]; [`LockError::Unsupported`] from a store
-    /// that cannot be watched (Redlock).
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError>;
 
     /// Describes a semaphore and publishes a watcher's marker in the same
     /// step (see [`super::SemaphoreNode::probe_semaphore`]).
     ///
     /// # Errors
-    /// As for [`Store::probe`].
+    /// A store failure as for [`LockStore::acquire`].
     async fn probe_semaphore(
         &self,
         name: &LockName,
         marker: &str,
     ) -> Result<Option<SemaphoreInfo>, LockError>;
 
-    /// Whether `subject` can be watched here.
-    ///
-    /// # Errors
-    /// [`LockError::Unsupported`], with the reason, when it cannot (the
-    /// default is that it can).
-    fn watchable(&self, subject: &Subject) -> Result<(), LockError> {
-        let _ = subject;
-        Ok(())
-    }
-    /// One page of the held locks whose names start with `prefix`, from
-    /// `at` (see [`super::listing`]): at most `limit` of them, never a
-    /// token, and where the walk goes on.
-    ///
-    /// # Errors
-    /// [`LockError::BadCursor`] when `at` is not a position of this store;
-    /// a store failure as for [`Store::acquire`].
-    async fn list_locks(
-        &self,
-        prefix: &NamePrefix,
-        at: &Position,
-        limit: PageSize,
-    ) -> Result<Page<LockEntry>, LockError>;
-
     /// One page of the semaphores with a permit held, as
-    /// [`Store::list_locks`].
+    /// [`LockStore::list_locks`].
     ///
     /// # Errors
-    /// As for [`Store::list_locks`]; [`LockError::Unsupported`] from a
-    /// store without semaphores (Redlock).
+    /// As for [`LockStore::list_locks`].
     async fn list_semaphores(
         &self,
         prefix: &NamePrefix,
         at: &Position,
         limit: PageSize,
     ) -> Result<Page<SemaphoreEntry>, LockError>;
-
-    /// Checks that the store answers, for `/readyz`.
-    ///
-    /// # Errors
-    /// A store failure as for [`Store::acquire`].
-    async fn ping(&self) -> Result<(), LockError>;
-
-    /// Starts telling `listener` about releases and extends, on every node,
-    /// until `stop` is cancelled; returns the [`WaitInterest`] to tell
-    /// which locks are waited for when the store hears only those (see
-    /// [`super::Node::watch_releases`]).
-    fn watch_releases(
-        &self,
-        listener: Arc<dyn ChangeListener>,
-        stop: CancellationToken,
-    ) -> Option<Arc<dyn WaitInterest>>;
 }
 
 /// The store of one backend (one Redis server, Sentinel's master, a Redis
@@ -187,6 +209,34 @@ impl Single {
 
 #[async_trait]
 impl Store for Single {
+    fn locks(&self) -> &dyn LockStore {
+        self
+    }
+
+    fn semaphores(&self) -> Result<&dyn SemaphoreStore, LockError> {
+        Ok(self)
+    }
+
+    /// Every subject of one backend is told on that backend's one stream.
+    fn watchable(&self, _subject: &Subject) -> Result<(), LockError> {
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        self.node.ping().await
+    }
+
+    fn watch_releases(
+        &self,
+        listener: Arc<dyn ChangeListener>,
+        stop: CancellationToken,
+    ) -> Option<Arc<dyn WaitInterest>> {
+        self.node.watch_releases(listener, stop)
+    }
+}
+
+#[async_trait]
+impl LockStore for Single {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         self.node.acquire(req).await
     }
@@ -208,6 +258,34 @@ impl Store for Single {
         Ok(self.node.holder(name).await?.map(|(_, info)| info))
     }
 
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+        self.node.probe(name, marker).await
+    }
+
+    async fn list_locks(
+        &self,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<Page<LockEntry>, LockError> {
+        let found = self.node.scan(Kind::Lock, prefix, at, limit).await?;
+        let holders = self.node.holders(&found.names).await?;
+        // A name freed between the walk and the read is left out.
+        let items = found
+            .names
+            .into_iter()
+            .zip(holders)
+            .filter_map(|(name, holder)| holder.map(|(_, info)| LockEntry { name, info }))
+            .collect();
+        Ok(Page {
+            items,
+            next: found.next,
+        })
+    }
+}
+
+#[async_trait]
+impl SemaphoreStore for Single {
     async fn take_permit(
         &self,
         req: &PermitRequest,
@@ -236,10 +314,6 @@ impl Store for Single {
         self.node.inspect_semaphore(name).await
     }
 
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
-        self.node.probe(name, marker).await
-    }
-
     async fn probe_semaphore(
         &self,
         name: &LockName,
@@ -248,37 +322,13 @@ impl Store for Single {
         self.node.probe_semaphore(name, marker).await
     }
 
-    async fn list_locks(
-        &self,
-        prefix: &NamePrefix,
-        at: &Position,
-        limit: PageSize,
-    ) -> Result<Page<LockEntry>, LockError> {
-        let found = self.node.scan(Listed::Locks, prefix, at, limit).await?;
-        let holders = self.node.holders(&found.names).await?;
-        // A name freed between the walk and the read is left out.
-        let items = found
-            .names
-            .into_iter()
-            .zip(holders)
-            .filter_map(|(name, holder)| holder.map(|(_, info)| LockEntry { name, info }))
-            .collect();
-        Ok(Page {
-            items,
-            next: found.next,
-        })
-    }
-
     async fn list_semaphores(
         &self,
         prefix: &NamePrefix,
         at: &Position,
         limit: PageSize,
     ) -> Result<Page<SemaphoreEntry>, LockError> {
-        let found = self
-            .node
-            .scan(Listed::Semaphores, prefix, at, limit)
-            .await?;
+        let found = self.node.scan(Kind::Semaphore, prefix, at, limit).await?;
         let infos = self.node.semaphores(&found.names).await?;
         let items = found
             .names
@@ -290,17 +340,5 @@ impl Store for Single {
             items,
             next: found.next,
         })
-    }
-
-    async fn ping(&self) -> Result<(), LockError> {
-        self.node.ping().await
-    }
-
-    fn watch_releases(
-        &self,
-        listener: Arc<dyn ChangeListener>,
-        stop: CancellationToken,
-    ) -> Option<Arc<dyn WaitInterest>> {
-        self.node.watch_releases(listener, stop)
     }
 }

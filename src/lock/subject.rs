@@ -9,11 +9,18 @@ use super::LockName;
 
 /// The kinds of lease lockd keeps. A lock and a semaphore of the same name
 /// are two subjects: their leases, queues and changes never mix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// A listing's cursor names the kind it walks (`l` or `s`), so that a
+/// cursor serves only the listing it came from.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum Kind {
     /// A lock: one holder at a time.
+    #[serde(rename = "l")]
     Lock,
     /// A semaphore: at most `limit` holders, each holding a permit.
+    #[serde(rename = "s")]
     Semaphore,
 }
 

@@ -9,7 +9,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
-use crate::lock::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
+use crate::lock::Kind;
+use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use crate::lock::{
     AcquireRequest, Acquired, Backend, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
@@ -106,12 +107,12 @@ impl Instrumented {
 impl Node for Instrumented {
     async fn scan(
         &self,
-        listed: Listed,
+        kind: Kind,
         prefix: &NamePrefix,
         at: &Position,
         limit: PageSize,
     ) -> Result<ScanPage, LockError> {
-        self.time("scan", self.inner.scan(listed, prefix, at, limit))
+        self.time("scan", self.inner.scan(kind, prefix, at, limit))
             .await
     }
 

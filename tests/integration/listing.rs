@@ -18,7 +18,8 @@ use crate::support::{
     PREFIX, RedisServer, Reply, TestApp, backend_tests, key_entry, random_token, shared_cluster,
 };
 use lockd::auth::Permission;
-use lockd::lock::listing::{Cursor, Listed, Position};
+use lockd::lock::Kind;
+use lockd::lock::listing::{Cursor, Position};
 
 backend_tests!(
     a_walk_lists_every_held_lock_under_the_prefix_and_no_released_one,
@@ -303,7 +304,7 @@ async fn bad_listing_input_is_refused_with_a_problem(app: &TestApp) {
         "/semaphores?prefix=%C3%A9".to_owned(),
     ];
     // Well-formed cursors with a position no store here can continue from.
-    let position = |at| Cursor::new(Listed::Locks, "", 0, at).encode();
+    let position = |at| Cursor::new(Kind::Lock, "", 0, at).encode();
     bad.push(format!(
         "/locks?cursor={}",
         position(Position::Node {

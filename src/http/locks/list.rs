@@ -11,8 +11,8 @@ use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::StrictQuery;
 use crate::http::listing::{ListQuery, ListRequest};
 use crate::http::problem::{ApiError, KeyRefusals, Problem, StoreError};
+use crate::lock::Kind;
 use crate::lock::Locks;
-use crate::lock::listing::Listed;
 use crate::metrics::Metrics;
 
 /// List the held locks whose names start with `prefix`, as `GET
@@ -48,7 +48,7 @@ pub async fn list(
     Extension(scope): Extension<ListScope>,
     StrictQuery(query): StrictQuery<ListQuery>,
 ) -> Result<Json<LockList>, ApiError> {
-    let req = ListRequest::parse(Listed::Locks, query, &scope)?;
+    let req = ListRequest::parse(Kind::Lock, query, &scope)?;
     let outcome = within(
         deadline,
         locks.list_locks(&req.prefixes, req.from.clone(), req.limit),

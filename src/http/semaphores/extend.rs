@@ -60,6 +60,6 @@ pub async fn extend(
     metrics.observe_permit_extend(&name, &outcome);
     match outcome.map_err(timeout_or)? {
         Some(permit) => Ok(Json(PermitExtended::new(&name, &permit))),
-        None => Err(ApiError::permit_not_held()),
+        None => Err(super::problem::permit_not_held()),
     }
 }

@@ -50,6 +50,6 @@ pub async fn give_back(
     metrics.observe_permit_release(&name, &outcome);
     match outcome.map_err(timeout_or)? {
         Some(_) => Ok(StatusCode::NO_CONTENT),
-        None => Err(ApiError::permit_not_held()),
+        None => Err(super::problem::permit_not_held()),
     }
 }

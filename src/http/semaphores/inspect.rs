@@ -9,7 +9,7 @@ use super::model::SemaphoreStatus;
 use crate::http::deadline::{Deadline, timeout_or, within};
 use crate::http::extract::{LockPath, StrictQuery};
 use crate::http::locks::model::{LockNameSchema, NoQuery};
-use crate::http::problem::{ApiError, KeyRefusals, Kind, Problem, StoreError};
+use crate::http::problem::{ApiError, KeyRefusals, Problem, StoreError};
 use crate::lock::Locks;
 use crate::metrics::Metrics;
 
@@ -42,9 +42,6 @@ pub async fn inspect(
     metrics.observe_inspect(&outcome);
     match outcome.map_err(timeout_or)? {
         Some(info) => Ok(Json(SemaphoreStatus::new(&name, info))),
-        None => Err(ApiError::new(
-            Kind::SemaphoreFree,
-            "no permit of this semaphore is held: all are free",
-        )),
+        None => Err(super::problem::semaphore_free()),
     }
 }

@@ -13,8 +13,8 @@ use crate::http::extract::StrictQuery;
 use crate::http::listing::{ListQuery, ListRequest};
 use crate::http::locks::model::{CursorSchema, NamePrefixSchema, PageLimitSchema};
 use crate::http::problem::{ApiError, KeyRefusals, Problem, StoreError};
+use crate::lock::Kind;
 use crate::lock::Locks;
-use crate::lock::listing::Listed;
 use crate::metrics::Metrics;
 
 /// List the semaphores with at least one permit held whose names start
@@ -47,7 +47,7 @@ pub async fn list(
     Extension(scope): Extension<ListScope>,
     StrictQuery(query): StrictQuery<ListQuery>,
 ) -> Result<Json<SemaphoreList>, ApiError> {
-    let req = ListRequest::parse(Listed::Semaphores, query, &scope)?;
+    let req = ListRequest::parse(Kind::Semaphore, query, &scope)?;
     let outcome = within(
         deadline,
         locks.list_semaphores(&req.prefixes, req.from.clone(), req.limit),

@@ -2,7 +2,8 @@
 //! `/locks/{name}`, each a thin handler that parses input ([`input`]),
 //! calls the lock core's permits and shapes the answer ([`model`]):
 //! [`take`] (`POST`), [`extend`] (`PATCH`), [`give_back`] (`DELETE`),
-//! [`inspect`] (`GET`) and [`list`] (`GET /semaphores`).
+//! [`inspect`] (`GET`) and [`list`] (`GET /semaphores`); [`problem`] holds
+//! the semaphores' own problem types.
 
 pub mod extend;
 pub mod give_back;
@@ -10,4 +11,5 @@ pub mod input;
 pub mod inspect;
 pub mod list;
 pub mod model;
+pub mod problem;
 pub mod take;

@@ -9,7 +9,8 @@ use std::ops::Bound;
 use tokio::time::Instant;
 
 use super::MemoryBackend;
-use crate::lock::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
+use crate::lock::Kind;
+use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
 use crate::lock::{LockError, LockName};
 
 /// How many entries one page may look at, per name it may list: expired
@@ -25,7 +26,7 @@ impl MemoryBackend {
     /// under `prefix`.
     pub fn scan(
         &self,
-        listed: Listed,
+        kind: Kind,
         prefix: &NamePrefix,
         at: &Position,
         limit: PageSize,
@@ -66,15 +67,15 @@ impl MemoryBackend {
             true
         };
         let range = (from, Bound::Unbounded);
-        match listed {
-            Listed::Locks => {
+        match kind {
+            Kind::Lock => {
                 for (name, holder) in state.holders.range::<str, _>(range) {
                     if !prefix.covers(name) || !visit(name, holder.expires > now) {
                         break;
                     }
                 }
             }
-            Listed::Semaphores => {
+            Kind::Semaphore => {
                 for (name, permits) in state.semaphores.range_mut::<str, _>(range) {
                     if !prefix.covers(name) || !visit(name, permits.live(at_us) > 0) {
                         break;
@@ -113,9 +114,7 @@ mod tests {
         let mut at = Position::Start;
         let mut pages = Vec::new();
         loop {
-            let page = store
-                .scan(Listed::Locks, &prefix, &at, limit)
-                .expect("scan");
+            let page = store.scan(Kind::Lock, &prefix, &at, limit).expect("scan");
             assert!(page.names.len() <= limit.get());
             pages.push(page.names.iter().map(ToString::to_string).collect());
             match page.next {
@@ -155,7 +154,7 @@ mod tests {
             },
         ] {
             assert!(matches!(
-                store.scan(Listed::Locks, &prefix, &at, PageSize::DEFAULT),
+                store.scan(Kind::Lock, &prefix, &at, PageSize::DEFAULT),
                 Err(LockError::BadCursor)
             ));
         }

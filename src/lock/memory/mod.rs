@@ -20,7 +20,7 @@ use super::fence::{self, DEFAULT_RETENTION, unix_micros};
 
 mod listing;
 mod semaphores;
-use super::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
+use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
@@ -228,12 +228,12 @@ const SWEEP_EVERY: u64 = 1024;
 impl Node for MemoryBackend {
     async fn scan(
         &self,
-        listed: Listed,
+        kind: Kind,
         prefix: &NamePrefix,
         at: &Position,
         limit: PageSize,
     ) -> Result<ScanPage, LockError> {
-        MemoryBackend::scan(self, listed, prefix, at, limit)
+        MemoryBackend::scan(self, kind, prefix, at, limit)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

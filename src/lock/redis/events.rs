@@ -42,7 +42,6 @@ use super::connect::{ConnectReport, PushHandler, RedisTls};
 use super::pool::{ClusterTarget, KnownNodes};
 use super::sentinel::Sentinels;
 use crate::backoff::ExponentialBackoff;
-use crate::lock::listing::glob_escape;
 use crate::lock::{Change, ChangeListener, Kind, LockError, LockName, Subject, WaitInterest};
 
 /// The pauses between tries to (re)subscribe: 50 ms doubling up to 2 s.
@@ -484,9 +483,27 @@ impl ShardedEvents {
     }
 }
 
+/// Escapes the glob characters of Redis patterns (`*?[]\`).
+pub fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn glob_characters_are_escaped() {
+        assert_eq!(glob_escape("lockd:"), "lockd:");
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
 
     fn name(name: &str) -> LockName {
         LockName::parse(name).expect("a name")

@@ -23,13 +23,12 @@ use redis::{FromRedisValue, ScriptInvocation};
 use tokio::time::Instant;
 
 use super::RedisBackend;
+use super::events::glob_escape;
 use super::pool::{Conn, cluster_nodes};
 use super::semaphores::semaphore_of;
-use crate::lock::listing::{
-    Listed, NamePrefix, PageSize, Position, ScanPage, match_pattern, name_of_key,
-};
+use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
 use crate::lock::semaphore::SemaphoreInfo;
-use crate::lock::{LockError, LockName};
+use crate::lock::{Kind, LockError, LockName};
 
 /// The most `SCAN` calls one page makes.
 const MAX_SCANS: usize = 8;
@@ -97,7 +96,7 @@ impl NodeWalk {
 
 /// One page being filled.
 struct Filling<'a> {
-    listed: Listed,
+    kind: Kind,
     key_prefix: &'a str,
     prefix: &'a NamePrefix,
     pattern: String,
@@ -151,7 +150,7 @@ impl Filling<'_> {
             self.calls += 1;
             let mut found: Vec<LockName> = keys
                 .iter()
-                .filter_map(|key| name_of_key(self.listed, self.key_prefix, self.prefix, key))
+                .filter_map(|key| name_of_key(self.kind, self.key_prefix, self.prefix, key))
                 .filter(|name| !self.seen.contains(name))
                 .collect();
             found.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
@@ -217,7 +216,7 @@ impl RedisBackend {
     /// fails.
     pub async fn scan(
         &self,
-        listed: Listed,
+        kind: Kind,
         prefix: &NamePrefix,
         at: &Position,
         limit: PageSize,
@@ -227,10 +226,10 @@ impl RedisBackend {
             let mut conn = (*pooled).clone();
             let held = (!self.shares_connections()).then_some(pooled);
             let mut page = Filling {
-                listed,
+                kind,
                 key_prefix: &self.prefix,
                 prefix,
-                pattern: match_pattern(listed, &self.prefix, prefix),
+                pattern: match_pattern(kind, &self.prefix, prefix),
                 limit: limit.get(),
                 names: Vec::new(),
                 seen: HashSet::new(),
@@ -424,5 +423,62 @@ impl RedisBackend {
             .into_iter()
             .map(|answer| semaphore_of(answer, read_at))
             .collect()
+    }
+}
+
+/// The `SCAN MATCH` pattern of the keys that stand for one held lock (or
+/// semaphore) under key prefix `key_prefix` whose name starts with
+/// `prefix`: `P{prefix*}` for a lock (its `:fence` and `:meta` keys do not
+/// end with `}`), `Psem:{prefix*}:permits` for a semaphore.
+pub fn match_pattern(kind: Kind, key_prefix: &str, prefix: &NamePrefix) -> String {
+    let (key_prefix, prefix) = (glob_escape(key_prefix), glob_escape(prefix.as_str()));
+    match kind {
+        Kind::Lock => format!("{key_prefix}{{{prefix}*}}"),
+        Kind::Semaphore => format!("{key_prefix}sem:{{{prefix}*}}:permits"),
+    }
+}
+
+/// The name of the lock (or semaphore) a key found by [`match_pattern`]
+/// stands for, when it is one under `prefix`; `None` for any other key (a
+/// foreign client's, say).
+pub fn name_of_key(
+    kind: Kind,
+    key_prefix: &str,
+    prefix: &NamePrefix,
+    key: &str,
+) -> Option<LockName> {
+    let rest = key.strip_prefix(key_prefix)?;
+    let name = match kind {
+        Kind::Lock => rest.strip_prefix('{')?.strip_suffix('}')?,
+        Kind::Semaphore => rest.strip_prefix("sem:{")?.strip_suffix("}:permits")?,
+    };
+    LockName::parse(name)
+        .ok()
+        .filter(|n| prefix.covers(n.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pattern_matches_the_lock_key_only_and_names_are_read_back() {
+        let p = NamePrefix::parse("a:").expect("valid prefix");
+        assert_eq!(match_pattern(Kind::Lock, "lockd:", &p), "lockd:{a:*}");
+        assert_eq!(
+            match_pattern(Kind::Semaphore, "lockd:", &p),
+            "lockd:sem:{a:*}:permits"
+        );
+        assert_eq!(match_pattern(Kind::Lock, "x*[", &p), "x\\*\\[{a:*}");
+        let name = |key| name_of_key(Kind::Lock, "lockd:", &p, key).map(|n| n.to_string());
+        assert_eq!(name("lockd:{a:1}").as_deref(), Some("a:1"));
+        assert_eq!(name("lockd:{a:1}:fence"), None);
+        assert_eq!(name("lockd:{a:1}:meta"), None);
+        assert_eq!(name("lockd:{b:1}"), None);
+        assert_eq!(name("lockd:{a:}x}"), None);
+        assert_eq!(name("other:{a:1}"), None);
+        let sem = |key| name_of_key(Kind::Semaphore, "lockd:", &p, key).map(|n| n.to_string());
+        assert_eq!(sem("lockd:sem:{a:pool}:permits").as_deref(), Some("a:pool"));
+        assert_eq!(sem("lockd:sem:{a:pool}:holders"), None);
     }
 }

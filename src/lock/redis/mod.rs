@@ -76,7 +76,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::restart::RestartWatch;
 use self::sentinel::Sentinels;
-use super::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
+use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::reaper::{Attempt, Reap, Reaped};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
@@ -797,12 +797,12 @@ impl Node for RedisBackend {
 
     async fn scan(
         &self,
-        listed: Listed,
+        kind: Kind,
         prefix: &NamePrefix,
         at: &Position,
         limit: PageSize,
     ) -> Result<ScanPage, LockError> {
-        RedisBackend::scan(self, listed, prefix, at, limit).await
+        RedisBackend::scan(self, kind, prefix, at, limit).await
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -12,7 +12,8 @@
 
 use super::Redlock;
 use super::tally::{Counting, agreed, fan_out};
-use crate::lock::listing::{Listed, LockEntry, NamePrefix, Page, PageSize, Position};
+use crate::lock::Kind;
+use crate::lock::listing::{LockEntry, NamePrefix, Page, PageSize, Position};
 use crate::lock::{LockError, LockInfo, Token};
 
 /// The most nodes a listing walks: one bit each in the cursor.
@@ -44,7 +45,7 @@ pub(super) async fn list_locks(
         _ => return Err(LockError::BadCursor),
     };
     let (names, next, skipped) = match redlock.nodes[index]
-        .scan(Listed::Locks, prefix, &inner, limit)
+        .scan(Kind::Lock, prefix, &inner, limit)
         .await
     {
         Ok(page) => (page.names, page.next, skipped),

@@ -48,15 +48,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Released, Store, Subject, Token, Ttl, WaitInterest,
+    LockName, LockNode, LockStore, Released, SemaphoreStore, Store, Subject, Token, Ttl,
+    WaitInterest,
 };
 
 mod listing;
 mod tally;
 
-use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
+use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position};
 use super::reaper::{Attempt, Reap, Reaper};
-use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use tally::{Counting, Tally, agreed, fan_out};
 
 /// The clock drift allowance added to every validity computation, on top
@@ -177,7 +177,7 @@ pub const NO_REDLOCK_WATCH: &str = "watches are not available in Redlock mode: e
 pub const NO_REDLOCK_SEMAPHORES: &str = "semaphores are not available in Redlock mode: a permit granted on a majority of independent nodes can be granted to more holders than the limit; use a single Redis, Sentinel or a Redis Cluster for semaphores";
 
 #[async_trait]
-impl Store for Redlock {
+impl LockStore for Redlock {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         self.reaper.stop(&req.name, &req.token).await;
         let started = Instant::now();
@@ -317,67 +317,31 @@ impl Store for Redlock {
         listing::list_locks(self, prefix, at, limit).await
     }
 
-    /// Refused: see [`NO_REDLOCK_SEMAPHORES`].
-    async fn list_semaphores(
-        &self,
-        _prefix: &NamePrefix,
-        _at: &Position,
-        _limit: PageSize,
-    ) -> Result<Page<SemaphoreEntry>, LockError> {
-        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
-    }
-
-    /// Refused: see [`NO_REDLOCK_SEMAPHORES`].
-    async fn take_permit(
-        &self,
-        _req: &PermitRequest,
-    ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
-        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
-    }
-
-    async fn give_back_permit(
-        &self,
-        _name: &LockName,
-        _token: &Token,
-    ) -> Result<Option<Released>, LockError> {
-        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
-    }
-
-    async fn extend_permit(
-        &self,
-        _name: &LockName,
-        _token: &Token,
-        _ttl: ExtendTtl,
-    ) -> Result<Option<Permit>, LockError> {
-        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
-    }
-
-    async fn inspect_semaphore(
-        &self,
-        _name: &LockName,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
-        Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
-    }
-
-    fn watchable(&self, subject: &Subject) -> Result<(), LockError> {
-        Err(LockError::Unsupported(match subject.kind() {
-            Kind::Lock => NO_REDLOCK_WATCH,
-            Kind::Semaphore => NO_REDLOCK_SEMAPHORES,
-        }))
-    }
-
-    /// Refused: see [`NO_REDLOCK_WATCH`].
+    /// Refused: see [`NO_REDLOCK_WATCH`] ([`Store::watchable`] says so
+    /// before a watch starts).
     async fn probe(&self, _name: &LockName, _marker: &str) -> Result<Option<LockInfo>, LockError> {
         Err(LockError::Unsupported(NO_REDLOCK_WATCH))
     }
+}
+
+#[async_trait]
+impl Store for Redlock {
+    fn locks(&self) -> &dyn LockStore {
+        self
+    }
 
     /// Refused: see [`NO_REDLOCK_SEMAPHORES`].
-    async fn probe_semaphore(
-        &self,
-        _name: &LockName,
-        _marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
+    fn semaphores(&self) -> Result<&dyn SemaphoreStore, LockError> {
         Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
+    }
+
+    /// Refused: see [`NO_REDLOCK_WATCH`]; a semaphore is refused by
+    /// [`Store::semaphores`].
+    fn watchable(&self, subject: &Subject) -> Result<(), LockError> {
+        match subject.kind() {
+            Kind::Lock => Err(LockError::Unsupported(NO_REDLOCK_WATCH)),
+            Kind::Semaphore => self.semaphores().map(|_| ()),
+        }
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -53,7 +53,7 @@ impl Locks {
     ///
     /// # Errors
     /// [`LockError::BadCursor`] when `from` does not fit; as for
-    /// [`crate::lock::Store::list_locks`].
+    /// [`crate::lock::LockStore::list_locks`].
     pub async fn list_locks(
         &self,
         prefixes: &[NamePrefix],
@@ -63,14 +63,14 @@ impl Locks {
         let Some((prefix, index, at)) = step(prefixes, from)? else {
             return Ok(nothing());
         };
-        let page = self.store.list_locks(prefix, &at, limit).await?;
+        let page = self.store.locks().list_locks(prefix, &at, limit).await?;
         Ok(walked(page, index, prefixes.len()))
     }
 
     /// As [`Self::list_locks`], for the semaphores with a permit held.
     ///
     /// # Errors
-    /// As for [`crate::lock::Store::list_semaphores`] (Redlock has no
+    /// As for [`crate::lock::SemaphoreStore::list_semaphores`] (Redlock has no
     /// semaphores).
     pub async fn list_semaphores(
         &self,
@@ -81,7 +81,11 @@ impl Locks {
         let Some((prefix, index, at)) = step(prefixes, from)? else {
             return Ok(nothing());
         };
-        let page = self.store.list_semaphores(prefix, &at, limit).await?;
+        let page = self
+            .store
+            .semaphores()?
+            .list_semaphores(prefix, &at, limit)
+            .await?;
         Ok(walked(page, index, prefixes.len()))
     }
 }

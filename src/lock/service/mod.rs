@@ -233,7 +233,7 @@ impl Locks {
     /// An acquire that does not wait: one try, counted as contention when
     /// the lock is held.
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
-        let outcome = self.store.acquire(req).await;
+        let outcome = self.store.locks().acquire(req).await;
         if matches!(outcome, Err(LockError::Held { .. })) {
             self.contended(&req.name);
         }
@@ -310,7 +310,7 @@ impl Locks {
                 caller_gone,
                 || self.contended(&req.name),
                 || async {
-                    match self.store.acquire(req).await {
+                    match self.store.locks().acquire(req).await {
                         Err(LockError::Held { retry_after }) => Tried::Busy {
                             retry_after,
                             refusal: (),
@@ -471,6 +471,7 @@ impl Locks {
         }
         match self
             .store
+            .locks()
             .extend(&req.name, &req.token, ExtendTtl::To(req.ttl))
             .await
         {
@@ -484,7 +485,7 @@ impl Locks {
     /// so a store that fails (a master failing over) leaves the waiter
     /// waiting, where a failed acquire would end its wait with 503.
     async fn look(&self, name: &LockName) -> Looked {
-        match self.store.inspect(name).await {
+        match self.store.locks().inspect(name).await {
             Ok(None) => Looked::Free,
             Ok(Some(LockInfo {
                 remaining: Some(remaining),
@@ -495,33 +496,33 @@ impl Locks {
         }
     }
 
-    /// See [`Store::extend`].
+    /// See [`LockStore::extend`](crate::lock::LockStore::extend).
     ///
     /// # Errors
-    /// As for [`Store::extend`].
+    /// As for [`LockStore::extend`](crate::lock::LockStore::extend).
     pub async fn extend(
         &self,
         name: &LockName,
         token: &Token,
         ttl: ExtendTtl,
     ) -> Result<Lease, LockError> {
-        self.store.extend(name, token, ttl).await
+        self.store.locks().extend(name, token, ttl).await
     }
 
-    /// See [`Store::release`].
+    /// See [`LockStore::release`](crate::lock::LockStore::release).
     ///
     /// # Errors
-    /// As for [`Store::release`].
+    /// As for [`LockStore::release`](crate::lock::LockStore::release).
     pub async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
-        self.store.release(name, token).await
+        self.store.locks().release(name, token).await
     }
 
-    /// See [`Store::inspect`].
+    /// See [`LockStore::inspect`](crate::lock::LockStore::inspect).
     ///
     /// # Errors
-    /// As for [`Store::inspect`].
+    /// As for [`LockStore::inspect`](crate::lock::LockStore::inspect).
     pub async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {
-        self.store.inspect(name).await
+        self.store.locks().inspect(name).await
     }
 
     /// See [`Store::ping`].
@@ -628,7 +629,7 @@ mod tests {
     //! the instants at which its waiters were answered.
 
     use super::*;
-    use crate::lock::listing::{Listed, NamePrefix, PageSize, Position, ScanPage};
+    use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
     use crate::lock::memory::MemoryBackend;
     use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
     use crate::lock::{LockError, LockNode, Node, SemaphoreNode, Single, Ttl};
@@ -854,12 +855,12 @@ mod tests {
     impl Node for Slow {
         async fn scan(
             &self,
-            listed: Listed,
+            kind: Kind,
             prefix: &NamePrefix,
             at: &Position,
             limit: PageSize,
         ) -> Result<ScanPage, LockError> {
-            Node::scan(&self.inner, listed, prefix, at, limit).await
+            Node::scan(&self.inner, kind, prefix, at, limit).await
         }
 
         async fn ping(&self) -> Result<(), LockError> {

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Attached, Locks, Looked, Orphan, Tried, Waited};
 use crate::lock::reaper::{Attempt, Reap, Reaped};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
-use crate::lock::{ExtendTtl, LockError, LockName, Released, Subject, Token};
+use crate::lock::{ExtendTtl, LockError, LockName, Released, SemaphoreStore, Subject, Token};
 
 /// The most semaphores [`Known`] remembers.
 const MAX_KNOWN: usize = 1_000;
@@ -86,8 +86,11 @@ impl Locks {
     /// with none left is forgotten.
     pub async fn permits_held(&self, timeout: Duration) -> Vec<(String, usize)> {
         let names: Vec<LockName> = self.known.names().iter().cloned().collect();
+        let Ok(store) = self.store.semaphores() else {
+            return Vec::new();
+        };
         let reads = names.iter().map(|name| async move {
-            let read = tokio::time::timeout(timeout, self.store.inspect_semaphore(name)).await;
+            let read = tokio::time::timeout(timeout, store.inspect_semaphore(name)).await;
             (name, read)
         });
         let mut held = Vec::new();
@@ -112,8 +115,9 @@ impl Locks {
         wait: Duration,
         caller_gone: Option<&CancellationToken>,
     ) -> Result<Result<PermitOutcome, Refusal>, LockError> {
+        let store = self.store.semaphores()?;
         if wait.is_zero() {
-            return self.store.take_permit(req).await;
+            return store.take_permit(req).await;
         }
         let waited = self
             .wait_turn(
@@ -122,7 +126,7 @@ impl Locks {
                 caller_gone,
                 || {},
                 || async {
-                    match self.store.take_permit(req).await {
+                    match store.take_permit(req).await {
                         Ok(Err(refusal @ Refusal::Full { retry_after, .. })) => Tried::Busy {
                             retry_after,
                             refusal,
@@ -130,8 +134,8 @@ impl Locks {
                         other => Tried::Ended(other),
                     }
                 },
-                || self.look_at_semaphore(&req.name),
-                || self.answer_behind_others(req),
+                || look_at_semaphore(store, &req.name),
+                || answer_behind_others(store, req),
             )
             .await?;
         match waited {
@@ -149,59 +153,16 @@ impl Locks {
         }
     }
 
-    /// For a permit request queued behind other waiters: a limit other
-    /// than the one held is refused at once (waiting would not change it),
-    /// and a token (one the client chose) that holds a permit renews it at
-    /// once (an extend to the requested TTL, keeping the fence), as at the
-    /// head of the queue; otherwise it waits its turn. Nothing is taken
-    /// ahead of the queue.
-    async fn answer_behind_others(
-        &self,
-        req: &PermitRequest,
-    ) -> Option<Result<Result<PermitOutcome, Refusal>, LockError>> {
-        if let Ok(Some(info)) = self.store.inspect_semaphore(&req.name).await
-            && info.limit != req.limit
-        {
-            return Some(Ok(Err(Refusal::LimitMismatch { held: info.limit })));
-        }
-        if req.token_generated {
-            return None;
-        }
-        match self
-            .store
-            .extend_permit(&req.name, &req.token, ExtendTtl::To(req.ttl))
-            .await
-        {
-            Ok(Some(permit)) if permit.limit == req.limit => {
-                Some(Ok(Ok(PermitOutcome::Renewed(permit))))
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether semaphore `name` has a free permit, for a waiter woken to
-    /// look (see [`Locks::wait_turn`]).
-    async fn look_at_semaphore(&self, name: &LockName) -> Looked {
-        match self.store.inspect_semaphore(name).await {
-            Ok(None) => Looked::Free,
-            Ok(Some(info)) if info.permits.len() < info.limit.get() as usize => Looked::Free,
-            Ok(Some(info)) => info
-                .permits
-                .iter()
-                .map(|p| p.remaining)
-                .min()
-                .map_or(Looked::Unknown, Looked::HeldFor),
-            Err(_) => Looked::Unknown,
-        }
-    }
-
     /// Gives back a permit granted to a caller who went away: one attempt
     /// of the [`Reaper`](crate::lock::reaper).
     async fn give_back_orphan(&self, req: &PermitRequest) {
         let reap = Reap::at_once(Duration::ZERO);
+        let Ok(store) = self.store.semaphores() else {
+            return;
+        };
         let outcome = reap
             .run(None, || async {
-                match self.store.give_back_permit(&req.name, &req.token).await {
+                match store.give_back_permit(&req.name, &req.token).await {
                     Ok(_) => Attempt::Done,
                     Err(e) => Attempt::Retry(e),
                 }
@@ -230,7 +191,7 @@ impl Locks {
         name: &LockName,
         token: &Token,
     ) -> Result<Option<Released>, LockError> {
-        self.store.give_back_permit(name, token).await
+        self.store.semaphores()?.give_back_permit(name, token).await
     }
 
     /// Resets the lease of the permit `token` holds to `ttl`; `None` when
@@ -244,7 +205,10 @@ impl Locks {
         token: &Token,
         ttl: ExtendTtl,
     ) -> Result<Option<Permit>, LockError> {
-        self.store.extend_permit(name, token, ttl).await
+        self.store
+            .semaphores()?
+            .extend_permit(name, token, ttl)
+            .await
     }
 
     /// The semaphore's limit and live permits (never a token), or `None`
@@ -256,6 +220,51 @@ impl Locks {
         &self,
         name: &LockName,
     ) -> Result<Option<SemaphoreInfo>, LockError> {
-        self.store.inspect_semaphore(name).await
+        self.store.semaphores()?.inspect_semaphore(name).await
+    }
+}
+
+/// For a permit request queued behind other waiters: a limit other
+/// than the one held is refused at once (waiting would not change it),
+/// and a token (one the client chose) that holds a permit renews it at
+/// once (an extend to the requested TTL, keeping the fence), as at the
+/// head of the queue; otherwise it waits its turn. Nothing is taken
+/// ahead of the queue.
+async fn answer_behind_others(
+    store: &dyn SemaphoreStore,
+    req: &PermitRequest,
+) -> Option<Result<Result<PermitOutcome, Refusal>, LockError>> {
+    if let Ok(Some(info)) = store.inspect_semaphore(&req.name).await
+        && info.limit != req.limit
+    {
+        return Some(Ok(Err(Refusal::LimitMismatch { held: info.limit })));
+    }
+    if req.token_generated {
+        return None;
+    }
+    match store
+        .extend_permit(&req.name, &req.token, ExtendTtl::To(req.ttl))
+        .await
+    {
+        Ok(Some(permit)) if permit.limit == req.limit => {
+            Some(Ok(Ok(PermitOutcome::Renewed(permit))))
+        }
+        _ => None,
+    }
+}
+
+/// Whether semaphore `name` has a free permit, for a waiter woken to
+/// look (see `Locks::wait_turn`).
+async fn look_at_semaphore(store: &dyn SemaphoreStore, name: &LockName) -> Looked {
+    match store.inspect_semaphore(name).await {
+        Ok(None) => Looked::Free,
+        Ok(Some(info)) if info.permits.len() < info.limit.get() as usize => Looked::Free,
+        Ok(Some(info)) => info
+            .permits
+            .iter()
+            .map(|p| p.remaining)
+            .min()
+            .map_or(Looked::Unknown, Looked::HeldFor),
+        Err(_) => Looked::Unknown,
     }
 }

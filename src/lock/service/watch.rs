@@ -616,12 +616,19 @@ impl Follower {
         let marker = new_marker();
         let name = self.subject.name();
         let read = match self.subject.kind() {
-            Kind::Lock => self.store.probe(name, &marker).await.map(Read::of_lock),
-            Kind::Semaphore => self
+            Kind::Lock => self
                 .store
-                .probe_semaphore(name, &marker)
+                .locks()
+                .probe(name, &marker)
                 .await
-                .map(Read::of_semaphore),
+                .map(Read::of_lock),
+            Kind::Semaphore => match self.store.semaphores() {
+                Ok(semaphores) => semaphores
+                    .probe_semaphore(name, &marker)
+                    .await
+                    .map(Read::of_semaphore),
+                Err(e) => Err(e),
+            },
         };
         let read = match read {
             Ok(read) => read,
