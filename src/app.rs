@@ -15,6 +15,7 @@ use crate::auth::{Auth, KeysError};
 use crate::cli::RedisMode;
 use crate::config::{RedisUrl, Settings, StoreSettings, node_address};
 use crate::http::admission::Admission;
+use crate::http::browsers::Browsers;
 use crate::http::limits::Limits;
 use crate::http::routes::{metrics_router, router};
 use crate::http::state::{App, AppState};
@@ -141,7 +142,10 @@ impl Application {
         let transport = Transport::from_settings(&settings.listen)?;
         let listener = bind(settings.listen.addr).await?;
         let metrics = match settings.metrics.listen {
-            Some(addr) => Some((bind(addr).await?, metrics_router(state.clone()))),
+            Some(addr) => {
+                let browsers = Browsers::new(addr, false, &[], &settings.listen.allowed_hosts);
+                Some((bind(addr).await?, metrics_router(state.clone(), &browsers)))
+            }
             None => None,
         };
         Ok(Self {
@@ -287,6 +291,12 @@ fn shared_state(
         admission: Admission::new(
             settings.limits.max_requests.get(),
             settings.limits.max_waiters.get(),
+        ),
+        browsers: Browsers::new(
+            settings.listen.addr,
+            settings.listen.tls.is_some(),
+            &settings.listen.cors_allow_origins,
+            &settings.listen.allowed_hosts,
         ),
     });
     Ok((state, auth, stopping))

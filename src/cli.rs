@@ -82,6 +82,35 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_MAX_HEADER_BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_header_bytes: Option<usize>,
+    /// A web origin (`scheme://host[:port]`, such as
+    /// `https://dash.example.com`) whose pages may call lockd from a browser:
+    /// its CORS preflights are answered and its answers carry
+    /// Access-Control-Allow-Origin. Give it more than once (or
+    /// comma-separated in LOCKD_CORS_ALLOW_ORIGIN) for several. A browser
+    /// request from any other origin (its Origin header, or
+    /// Sec-Fetch-Site: cross-site) is refused 403 and writes nothing
+    /// [default: none; pages served by lockd itself are always allowed].
+    #[arg(
+        long,
+        env = "LOCKD_CORS_ALLOW_ORIGIN",
+        value_delimiter = ',',
+        value_name = "ORIGIN"
+    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cors_allow_origin: Vec<String>,
+    /// On a loopback --listen, a host name that a request's Host may name
+    /// beside the loopback names and addresses (localhost, *.localhost,
+    /// 127.0.0.0/8, `[::1]`); any other is refused 421, which stops DNS
+    /// rebinding. Give it more than once (or comma-separated in
+    /// LOCKD_ALLOWED_HOST) for several [default: none].
+    #[arg(
+        long,
+        env = "LOCKD_ALLOWED_HOST",
+        value_delimiter = ',',
+        value_name = "HOST"
+    )]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_host: Vec<String>,
     /// Redis URL, e.g. redis://:password@host:6379/0, or rediss://... for TLS
     /// [default: redis://127.0.0.1:6379].
     /// Give it more than once (or comma-separated in LOCKD_REDIS_URL) to run

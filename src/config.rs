@@ -23,7 +23,7 @@
 //!
 //! | Field of `Settings` | Concern | Keys |
 //! | --- | --- | --- |
-//! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes` |
+//! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes`, `cors_allow_origin`, `allowed_host` |
 //! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
 //! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`, `max_semaphore_limit`, `max_watchers`, `watch_keepalive_ms` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
@@ -91,7 +91,8 @@ pub struct Settings {
 }
 
 /// The main listener (keys `listen`, `tls_cert`, `tls_key`,
-/// `header_read_timeout_ms`, `max_header_bytes`).
+/// `header_read_timeout_ms`, `max_header_bytes`, `cors_allow_origin`,
+/// `allowed_host`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenSettings {
     /// Address to listen on; port 0 picks a free port (`listen`).
@@ -107,6 +108,14 @@ pub struct ListenSettings {
     /// Largest request head (request line and headers), in bytes; at least
     /// [`MIN_HEADER_BYTES`] (`max_header_bytes`).
     pub max_header_bytes: usize,
+    /// The web origins whose browser pages may call lockd, each in its
+    /// serialized form (`https://dash.example.com`, `http://127.0.0.1:3000`:
+    /// lower case, no default port, no path), none twice
+    /// (`cors_allow_origin`; see [`crate::http::browsers`]).
+    pub cors_allow_origins: Vec<String>,
+    /// Host names a request to a loopback listener may name beside the
+    /// loopback ones, lower case, without a port (`allowed_host`).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The files of HTTPS, both PEM.
@@ -269,6 +278,8 @@ impl Default for ListenSettings {
             tls: None,
             header_read_timeout: Duration::from_millis(5_000),
             max_header_bytes: 16_384,
+            cors_allow_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -351,9 +362,17 @@ pub struct RawSettings {
     pub header_read_timeout_ms: u64,
     /// Largest request head (request line and headers), in bytes.
     pub max_header_bytes: usize,
+    /// Web origins whose browser pages may call lockd. A TOML file may give
+    /// one string or a list.
+    #[serde(default, deserialize_with = "strings")]
+    pub cors_allow_origin: Vec<String>,
+    /// Host names a request to a loopback `listen` may name beside the
+    /// loopback ones. A TOML file may give one string or a list.
+    #[serde(default, deserialize_with = "strings")]
+    pub allowed_host: Vec<String>,
     /// Redis URLs: one runs the single-instance backend, several run Redlock
     /// over them. A TOML file may give one string or a list.
-    #[serde(deserialize_with = "one_or_many")]
+    #[serde(deserialize_with = "redis_urls")]
     pub redis_url: Vec<RedisUrl>,
     /// What the Redis URLs are: `single`, `redlock`, `cluster` or
     /// `sentinel`; unset: single for one URL, redlock for several.
@@ -463,6 +482,8 @@ impl From<&Settings> for RawSettings {
             tls_key: listen.tls.as_ref().map(|tls| tls.key.clone()),
             header_read_timeout_ms: whole_millis(listen.header_read_timeout),
             max_header_bytes: listen.max_header_bytes,
+            cors_allow_origin: listen.cors_allow_origins.clone(),
+            allowed_host: listen.allowed_hosts.clone(),
             redis_url: store.redis_urls.clone(),
             redis_mode: store.redis_mode,
             sentinel_master: store.sentinel_master.clone(),
@@ -662,22 +683,98 @@ pub fn node_address(url: &str) -> String {
 }
 
 /// Accepts one URL or a list of them.
-fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<RedisUrl>, D::Error> {
+fn redis_urls<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<RedisUrl>, D::Error> {
+    one_or_many(d, "a Redis URL (a string) or a list of them")
+}
+
+fn strings<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    one_or_many(d, "a string or a list of strings")
+}
+
+/// One value of `T` or a list of them, as a list; refused with "expected
+/// `what`".
+fn one_or_many<'de, D, T>(d: D, what: &str) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
     #[derive(Deserialize)]
     #[serde(untagged)]
-    enum OneOrMany {
-        One(RedisUrl),
-        Many(Vec<RedisUrl>),
+    enum OneOrMany<T> {
+        One(T),
+        Many(Vec<T>),
     }
     // The untagged enum's own error ("data did not match any variant of
     // untagged enum OneOrMany") tells a user nothing.
-    let urls = OneOrMany::deserialize(d).map_err(|_| {
-        serde::de::Error::custom("expected a Redis URL (a string) or a list of them")
-    })?;
-    Ok(match urls {
-        OneOrMany::One(url) => vec![url],
-        OneOrMany::Many(urls) => urls,
+    let values = OneOrMany::deserialize(d)
+        .map_err(|_| serde::de::Error::custom(format!("expected {what}")))?;
+    Ok(match values {
+        OneOrMany::One(value) => vec![value],
+        OneOrMany::Many(values) => values,
     })
+}
+
+/// `values` checked, each at most once, in their given order.
+fn distinct(
+    key: &str,
+    values: impl Iterator<Item = Result<String, String>>,
+) -> Result<Vec<String>, String> {
+    let mut seen = Vec::new();
+    for value in values {
+        let value = value.map_err(|e| format!("{key}: {e}"))?;
+        if seen.contains(&value) {
+            return Err(format!("{key} lists {value} twice"));
+        }
+        seen.push(value);
+    }
+    Ok(seen)
+}
+
+/// A web origin as given to `cors_allow_origin`, in its serialized form
+/// (RFC 6454 §6.2: `scheme://host[:port]`, lower case, no default port).
+fn web_origin(raw: &str) -> Result<String, String> {
+    let wrong = || {
+        format!(
+            "{raw:?} is not a web origin; give scheme://host[:port] with scheme http or https \
+             and no path, such as https://dash.example.com or http://127.0.0.1:3000"
+        )
+    };
+    let url = url::Url::parse(raw.trim()).map_err(|_| wrong())?;
+    if !matches!(url.scheme(), "http" | "https")
+        || url.host().is_none()
+        || !matches!(url.path(), "" | "/")
+        || url.query().is_some()
+        || url.fragment().is_some()
+        || !url.username().is_empty()
+        || url.password().is_some()
+    {
+        return Err(wrong());
+    }
+    Ok(url.origin().ascii_serialization())
+}
+
+/// A host name as given to `allowed_host`: a DNS name or an IP address,
+/// lower case, without a port.
+fn host_name(raw: &str) -> Result<String, String> {
+    let name = raw.trim().trim_end_matches('.').to_ascii_lowercase();
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && (name.parse::<std::net::IpAddr>().is_ok()
+            || name.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            }));
+    if ok {
+        Ok(name)
+    } else {
+        Err(format!(
+            "{raw:?} is not a host name; give a DNS name or an IP address without a port, \
+             such as lockd.internal"
+        ))
+    }
 }
 
 impl Settings {
@@ -1035,11 +1132,21 @@ impl ListenSettings {
                 "max_header_bytes must be at least {MIN_HEADER_BYTES} (hyper's smallest read buffer)"
             ));
         }
+        let cors_allow_origins = distinct(
+            "cors_allow_origin",
+            raw.cors_allow_origin.iter().map(|o| web_origin(o)),
+        )?;
+        let allowed_hosts = distinct(
+            "allowed_host",
+            raw.allowed_host.iter().map(|h| host_name(h)),
+        )?;
         Ok(Self {
             addr: raw.listen,
             tls,
             header_read_timeout,
             max_header_bytes: raw.max_header_bytes,
+            cors_allow_origins,
+            allowed_hosts,
         })
     }
 }
@@ -1153,8 +1260,10 @@ mod tests {
         let defaults = serde_json::to_value(RawSettings::default()).expect("serializes");
         let text = std::fs::read_to_string(path).expect("read example");
         for (key, default) in defaults.as_object().expect("an object") {
-            // A setting with no default is shown commented out.
-            let line = if default.is_null() {
+            // A setting with no default (or an empty list) is shown
+            // commented out.
+            let unset = default.is_null() || default.as_array().is_some_and(Vec::is_empty);
+            let line = if unset {
                 format!("\n# {key} = ")
             } else {
                 format!("\n{key} = ")
@@ -1165,7 +1274,7 @@ mod tests {
 
     /// The settings table of docs/configuration.md: one row per key of
     /// [`RawSettings`], with its flag, its environment variable and its default
-    /// (`none` for an unset one, or the setting it falls back to; `off` and
+    /// (`none` for an unset one or an empty list, or the setting it falls back to; `off` and
     /// `on` for a switch; otherwise the value in backticks).
     #[test]
     fn the_configuration_doc_lists_every_setting_with_its_default() {
@@ -1207,6 +1316,7 @@ mod tests {
                             && defaults.contains_key(default.trim_matches('`')))
                 }
                 serde_json::Value::Bool(on) => default == if *on { "on" } else { "off" },
+                serde_json::Value::Array(all) if all.is_empty() => default == "none",
                 serde_json::Value::Array(all) => {
                     default == all.iter().map(code).collect::<Vec<_>>().join(", ")
                 }
@@ -1506,6 +1616,46 @@ mod tests {
                 r.max_waiters = 0;
             })
             .starts_with("max_waiters")
+        );
+    }
+
+    #[test]
+    fn allowed_origins_are_web_origins_and_hosts_are_names() {
+        assert_eq!(
+            web_origin("https://Dash.Example.com:443/"),
+            Ok("https://dash.example.com".to_owned())
+        );
+        assert_eq!(
+            web_origin("http://127.0.0.1:3000"),
+            Ok("http://127.0.0.1:3000".to_owned())
+        );
+        for bad in [
+            "dash.example.com",
+            "ftp://dash.example.com",
+            "https://dash.example.com/app",
+            "https://user@dash.example.com",
+            "https://dash.example.com?x",
+            "*",
+            "null",
+            "",
+        ] {
+            assert!(web_origin(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            host_name("Lockd.Internal."),
+            Ok("lockd.internal".to_owned())
+        );
+        assert_eq!(host_name("10.0.0.5"), Ok("10.0.0.5".to_owned()));
+        for bad in ["lockd.internal:8080", "", "a..b", "http://x", "a b"] {
+            assert!(host_name(bad).is_err(), "{bad}");
+        }
+        let twice = Settings::try_from(RawSettings {
+            cors_allow_origin: vec!["https://a.example".into(), "https://A.example/".into()],
+            ..RawSettings::default()
+        });
+        assert_eq!(
+            twice.err().map(|e| e.to_string()),
+            Some("invalid settings: cors_allow_origin lists https://a.example twice".to_owned())
         );
     }
 }

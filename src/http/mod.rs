@@ -21,45 +21,53 @@
 //!    than `chunked`: 400; a declared `Content-Length` over the body limit
 //!    ([`extract::BODY_LIMIT`], 64 KiB): 413. Both before anything reads
 //!    the body.
-//! 3. The body limit of axum's extractors: a chunked body over it is cut
+//! 3. [`browsers`]: an HTTP/1.1 request without exactly one `Host`: 400;
+//!    on a loopback listener, a `Host` that is not a loopback name (or an
+//!    `--allowed-host`): 421; a browser request from another origin
+//!    (`Origin`, `Sec-Fetch-Site: cross-site`) not in
+//!    `--cors-allow-origin`: 403. With allowed origins, tower-http's CORS
+//!    layer (inside the checks, around each route) answers their
+//!    preflights and marks their answers.
+//! 4. The body limit of axum's extractors: a chunked body over it is cut
 //!    as it is read. Both checks run inside the telemetry's own layer, not
 //!    as layers of their own (each router layer boxes every request once
 //!    more).
-//! 4. An unknown path ends here, at the fallback: 404.
+//! 5. An unknown path ends here, at the fallback: 404.
 //!
 //! On `/locks/{name}` and `/semaphores/{name}`, and the listings `/locks`
 //! and `/semaphores`, then, in one layer (`routes::gate_locks`):
 //!
-//! 5. [`admission`]: a slot in the request's room (acquires and inspects,
+//! 6. [`admission`]: a slot in the request's room (acquires and inspects,
 //!    or extends and releases), else 503 `overloaded` at once.
-//! 6. [`auth`]: with API keys on, the key must be known, within its rate
+//! 7. [`auth`]: with API keys on, the key must be known, within its rate
 //!    and allowed this method on this name (401, 429, 403); a listing
 //!    needs `read`, and its handler gets the key's prefixes to check the
 //!    `prefix` asked for. Nothing has read the body yet.
-//! 7. [`deadline`]: the request's [`deadline::Deadline`] (the request
+//! 8. [`deadline`]: the request's [`deadline::Deadline`] (the request
 //!    timeout from its arrival) is set, and the whole body is read before
 //!    it (413, or 503 `timeout`).
-//! 8. The method router: a method the route lacks, 405. No `TimeoutLayer`
+//! 9. The method router: a method the route lacks, 405. No `TimeoutLayer`
 //!    here: every wait of a `/locks` request is bounded by its deadline
 //!    already (the body read, the lock core call), and a backstop layer
 //!    cost each request a boxed future and a timer.
-//! 9. The handler ([`locks`], or [`semaphores`] alike): the extractors ([`extract`]) parse the name,
-//!    the query and the JSON body; `locks::input` turns them into the lock
-//!    core's types under the server's [`limits`]; the lock core is called
-//!    within the deadline (an acquire: plus its wait, cancel-safe); the
-//!    outcome is counted; the answer is a [`locks::model`] type, or an
-//!    [`problem::ApiError`].
+//! 10. The handler ([`locks`], or [`semaphores`] alike): the extractors
+//!     ([`extract`]) parse the name, the query and the JSON body;
+//!     `locks::input` turns them into the lock core's types under the
+//!     server's [`limits`]; the lock core is called within the deadline (an
+//!     acquire: plus its wait, cancel-safe); the outcome is counted; the
+//!     answer is a [`locks::model`] type, or an [`problem::ApiError`].
 //!
 //! On the watches, `/locks/{name}/events` and `/semaphores/{name}/events`
-//! (`routes::gate_watches`): the key check of step 6 alone (a stream lasts
+//! (`routes::gate_watches`): the key check of step 7 alone (a stream lasts
 //! until the client leaves or shutdown, so it takes no admission slot and
 //! no deadline), then the handler ([`watch`]).
 //!
 //! On `/healthz`, `/readyz`, `/metrics` (with its own key check) and
 //! `/openapi.json`: the request timeout, then the handler ([`ops`]);
 //! `/docs` is utoipa-scalar's page of the document. The `--metrics-listen` router (`/metrics`, `/healthz`,
-//! `/readyz`) has steps 1 and 2, the request timeout and the handlers, and
-//! no key check.
+//! `/readyz`) has steps 1 to 3 (no origin but its own, and on loopback
+//! loopback names only), the request timeout and the handlers, and no key
+//! check.
 //!
 //! # Dependencies
 //!
@@ -83,7 +91,7 @@
 //!      |
 //!  inputs       locks::input  semaphores::input  listing
 //!      |
-//!  middleware   telemetry  auth  admission  target -> deadline
+//!  middleware   telemetry  auth  admission  browsers  target -> deadline
 //!      |
 //!  leaves       problem  extract  limits  locks::model  semaphores::model
 //! ```
@@ -91,19 +99,22 @@
 //! In detail: `problem` and `locks::model` import nothing from here, and
 //! `semaphores::model` only `locks::model` (the shapes they share);
 //! `extract`, `limits`, `listing`, `admission`, `auth` and `telemetry`
-//! import `problem` alone; `deadline` also `extract` and `limits`;
+//! import `problem` alone, and `browsers` `problem` and `telemetry` (the
+//! request ID header); `deadline` also `extract` and `limits`;
 //! `target` also `deadline` (its `closing`) and `extract` (the body limit);
 //! `locks::input` imports `limits`, `locks::model` and `problem`, and
 //! `semaphores::input` also `locks::input`; the handlers import their
 //! inputs and models (the semaphore ones the lock ones too), `deadline`,
 //! `extract`, `limits` and `problem`, and the listings `listing`; `watch`
 //! imports `extract`, `limits`, `problem` and the models; `ops` imports
-//! `limits` and `problem`; `state` imports `admission` and `limits`;
+//! `limits` and `problem`; `state` imports `admission`, `browsers` and
+//! `limits`;
 //! `openapi` imports `ops`, `locks::model`, `limits` and `problem`;
 //! `routes` imports the rest.
 
 pub mod admission;
 pub mod auth;
+pub mod browsers;
 pub mod deadline;
 pub mod extract;
 pub mod limits;

@@ -225,11 +225,7 @@ impl Kind {
             Self::InvalidRequest => (S::BAD_REQUEST, "invalid-request", "Invalid request"),
             Self::Unauthorized => (S::UNAUTHORIZED, "unauthorized", "API key required"),
             Self::Forbidden => (S::FORBIDDEN, "forbidden", "Not allowed for this API key"),
-            Self::CrossOrigin => (
-                S::FORBIDDEN,
-                "cross-origin",
-                "Cross-origin request refused",
-            ),
+            Self::CrossOrigin => (S::FORBIDDEN, "cross-origin", "Cross-origin request refused"),
             Self::MisdirectedRequest => (
                 S::MISDIRECTED_REQUEST,
                 "misdirected-request",

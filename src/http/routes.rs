@@ -21,6 +21,7 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter, UtoipaMethodRouterE
 use utoipa_axum::routes;
 use utoipa_scalar::{Scalar, Servable as _};
 
+use super::browsers::Browsers;
 use super::extract::BODY_LIMIT;
 use super::limits::Limits;
 use super::locks::{acquire, extend, inspect, list, release};
@@ -160,11 +161,18 @@ pub fn router(state: AppState, with_metrics: bool) -> Router {
     let metrics = state.metrics.clone();
     // The target checks (a declared Content-Length over the limit among
     // them), then the body limit of axum's extractors.
+    let browsers = state.browsers.clone();
+    let mut app = Router::from(served).with_state(state);
+    if let Some(cors) = browsers.cors() {
+        app = app.layer(cors);
+    }
+    // The target checks, then who may call from a browser, then the body
+    // limit of axum's extractors.
     let checks = Stack::new(
-        DefaultBodyLimit::max(BODY_LIMIT),
+        Stack::new(DefaultBodyLimit::max(BODY_LIMIT), browsers.guard()),
         layer_fn(target::refuse_malformed),
     );
-    telemetry::wrap(Router::from(served).with_state(state), metrics, checks)
+    telemetry::wrap(app, metrics, checks)
 }
 
 /// What every `/locks/{name}` request passes before its method router, in
@@ -228,13 +236,16 @@ fn declare_routes(metrics: &Metrics, doc: &OpenApi) {
 /// The router of `--metrics-listen`: `/metrics`, `/healthz` and `/readyz`,
 /// so that a private address can carry everything a monitoring system
 /// needs, including readiness during a shutdown.
-pub fn metrics_router(state: AppState) -> Router {
+///
+/// `browsers` is the policy of its own address: no page calls it from a
+/// browser, and on loopback it answers loopback names only.
+pub fn metrics_router(state: AppState, browsers: &Browsers) -> Router {
     let app = Router::new()
         .route("/metrics", get(ops::metrics))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .layer(timeout(state.limits.request_timeout));
     let metrics = state.metrics.clone();
-    let checks = layer_fn(target::refuse_malformed);
+    let checks = Stack::new(browsers.guard(), layer_fn(target::refuse_malformed));
     telemetry::wrap(app.with_state(state), metrics, checks)
 }

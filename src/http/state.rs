@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Auth;
 use crate::http::admission::Admission;
+use crate::http::browsers::Browsers;
 use crate::http::limits::Limits;
 use crate::lock::Locks;
 use crate::metrics::Metrics;
@@ -34,6 +35,8 @@ pub struct App {
     pub auth: Option<Arc<Auth>>,
     /// The cap on `/locks` requests in flight.
     pub admission: Admission,
+    /// Who may call the main listener from a browser, and by which names.
+    pub browsers: Browsers,
 }
 
 /// The router's state: the one [`App`], shared.

@@ -1029,7 +1029,7 @@ async fn a_declared_oversized_body_is_refused_before_it_is_sent(app: &TestApp) {
     let mut stream = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");
-    let head = "POST /locks/big:k HTTP/1.1\r\nHost: lockd\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n{";
+    let head = "POST /locks/big:k HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n{";
     stream.write_all(head.as_bytes()).await.expect("send head");
     let mut answer = vec![0u8; 4096];
     let read = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut answer))

@@ -17,10 +17,19 @@ fn router() -> Router {
     build_router(&settings).unwrap()
 }
 
+/// `request` with the `Host` an HTTP/1.1 client sends (a loopback
+/// listener answers loopback names only).
+fn on_localhost(mut request: Request<Body>) -> Request<Body> {
+    request
+        .headers_mut()
+        .insert(header::HOST, "localhost".parse().unwrap());
+    request
+}
+
 /// Sends `request` to a fresh router; the status, the `Content-Type` and
 /// the body as JSON.
 async fn send(request: Request<Body>) -> (StatusCode, String, Value) {
-    let response = router().oneshot(request).await.unwrap();
+    let response = router().oneshot(on_localhost(request)).await.unwrap();
     let status = response.status();
     let content_type = response
         .headers()
@@ -75,7 +84,7 @@ async fn an_unknown_route_is_a_404_problem() {
 #[tokio::test]
 async fn a_method_the_route_lacks_is_a_405_problem_with_allow() {
     let request = Request::put("/locks/jobs:1").body(Body::empty()).unwrap();
-    let response = router().oneshot(request).await.unwrap();
+    let response = router().oneshot(on_localhost(request)).await.unwrap();
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(
         response.headers().get(header::CONTENT_TYPE).unwrap(),

@@ -16,7 +16,7 @@ async fn stalled_request(app: &TestApp, name: &str) -> TcpStream {
     let addr = app.url("").trim_start_matches("http://").to_owned();
     let mut stream = TcpStream::connect(&addr).await.unwrap();
     let head = format!(
-        "POST /locks/{name} HTTP/1.1\r\nHost: lockd\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
+        "POST /locks/{name} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{"
     );
     stream.write_all(head.as_bytes()).await.unwrap();
     stream

@@ -6,6 +6,7 @@ mod support;
 
 mod api;
 mod auth;
+mod browsers;
 mod cases;
 mod cluster;
 mod dashboard;

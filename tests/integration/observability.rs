@@ -1298,7 +1298,7 @@ async fn a_slow_body_is_cut_off_at_the_request_timeout() {
             .await
             .expect("connect");
         let head = format!(
-            "{method} /locks/slow:1 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nLock-Token: {}\r\nContent-Length: 16\r\n\r\n{{\"tt",
+            "{method} /locks/slow:1 HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nLock-Token: {}\r\nContent-Length: 16\r\n\r\n{{\"tt",
             random_token()
         );
         let started = Instant::now();

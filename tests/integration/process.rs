@@ -69,7 +69,7 @@ async fn a_client_that_never_finishes_its_request_cannot_hold_shutdown() {
         .await
         .expect("connect");
     stalled
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .expect("send half a request");
     tokio::time::sleep(Duration::from_millis(100)).await;

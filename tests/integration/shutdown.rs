@@ -104,7 +104,7 @@ async fn answers_on_a_new_connection(addr: &str) -> bool {
         return false;
     };
     let ask = stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: lockd\r\nConnection: close\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await;
     if ask.is_err() {
         return false;

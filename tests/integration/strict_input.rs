@@ -126,7 +126,7 @@ async fn a_transfer_coding_other_than_plain_chunked_is_refused() {
     let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
     for coding in ["gzip, chunked", "identity, chunked", "chunked, chunked"] {
         let request = format!(
-            "POST /locks/te:a HTTP/1.1\r\nHost: lockd\r\nTransfer-Encoding: {coding}\r\n\r\n{chunked}"
+            "POST /locks/te:a HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: {coding}\r\n\r\n{chunked}"
         );
         let r = once(&app, &request).await;
         r.expect_invalid("chunked");
@@ -134,14 +134,14 @@ async fn a_transfer_coding_other_than_plain_chunked_is_refused() {
     }
     // Two Transfer-Encoding fields are two codings.
     let request = format!(
-        "POST /locks/te:a HTTP/1.1\r\nHost: lockd\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}"
+        "POST /locks/te:a HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}"
     );
     once(&app, &request).await.expect_invalid("chunked");
     assert_eq!(app.lock_key_count().await, 0, "a refused request wrote");
 
     // `chunked` alone is served.
     let request = format!(
-        "POST /locks/te:a HTTP/1.1\r\nHost: lockd\r\nTransfer-Encoding: Chunked\r\n\r\n{chunked}"
+        "POST /locks/te:a HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: Chunked\r\n\r\n{chunked}"
     );
     let r = once(&app, &request).await;
     assert_eq!(r.status, 201, "{r:?}");
@@ -157,10 +157,11 @@ async fn a_fragment_in_the_request_target_is_refused() {
         "/locks/frag:a?ttl_ms=1000#x",
         "/locks/frag:a#",
     ] {
-        let request = format!("POST {target} HTTP/1.1\r\nHost: lockd\r\nContent-Length: 0\r\n\r\n");
+        let request =
+            format!("POST {target} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n");
         once(&app, &request).await.expect_invalid("fragment");
     }
-    once(&app, "GET /healthz#top HTTP/1.1\r\nHost: lockd\r\n\r\n")
+    once(&app, "GET /healthz#top HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .expect_invalid("fragment");
     assert_eq!(app.lock_key_count().await, 0, "a refused request wrote");
@@ -172,7 +173,7 @@ async fn a_fragment_in_the_request_target_is_refused() {
     let grant = exchange(
         &mut stream,
         &format!(
-            "POST /locks/frag:b HTTP/1.1\r\nHost: lockd\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /locks/frag:b HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         ),
     )
@@ -186,7 +187,7 @@ async fn a_fragment_in_the_request_target_is_refused() {
     let extended = exchange(
         &mut stream,
         &format!(
-            "PATCH /locks/frag:b HTTP/1.1\r\nHost: lockd\r\nLock-Token: {token}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{extend}\r\n0\r\n\r\n",
+            "PATCH /locks/frag:b HTTP/1.1\r\nHost: localhost\r\nLock-Token: {token}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{extend}\r\n0\r\n\r\n",
             extend.len()
         ),
     )
@@ -194,7 +195,9 @@ async fn a_fragment_in_the_request_target_is_refused() {
     assert_eq!(extended.status, 200, "{extended:?}");
     exchange(
         &mut stream,
-        &format!("DELETE /locks/frag:b#x HTTP/1.1\r\nHost: lockd\r\nLock-Token: {token}\r\n\r\n"),
+        &format!(
+            "DELETE /locks/frag:b#x HTTP/1.1\r\nHost: localhost\r\nLock-Token: {token}\r\n\r\n"
+        ),
     )
     .await
     .expect_invalid("fragment");
@@ -205,7 +208,7 @@ async fn a_fragment_in_the_request_target_is_refused() {
     );
     let released = exchange(
         &mut stream,
-        &format!("DELETE /locks/frag:b HTTP/1.1\r\nHost: lockd\r\nLock-Token: {token}\r\n\r\n"),
+        &format!("DELETE /locks/frag:b HTTP/1.1\r\nHost: localhost\r\nLock-Token: {token}\r\n\r\n"),
     )
     .await;
     assert_eq!(released.status, 204, "{released:?}");

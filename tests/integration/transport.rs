@@ -174,7 +174,7 @@ async fn send_raw(addr: &str, bytes: Vec<u8>) -> Closed {
 /// A request head of exactly `len` bytes: `GET /healthz` padded with an
 /// `X-Pad` header.
 fn head_of(len: usize) -> Vec<u8> {
-    let start = b"GET /healthz HTTP/1.1\r\nHost: a\r\nX-Pad: ";
+    let start = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Pad: ";
     let mut head = start.to_vec();
     head.resize(len - 4, b'a');
     head.extend_from_slice(b"\r\n\r\n");
@@ -292,7 +292,7 @@ async fn https_serves_the_lock_api_and_plain_http_gets_nothing() {
     assert!(plain.is_err(), "plain HTTP got an answer: {plain:?}");
     let raw = send_raw(
         lockd.addr(),
-        b"POST /locks/tls:b HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        b"POST /locks/tls:b HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n".to_vec(),
     )
     .await;
     assert!(raw.by_server, "{raw:?}");
@@ -393,7 +393,11 @@ async fn a_request_head_not_complete_within_the_header_read_timeout_is_cut_off()
     .await;
     let addr = lockd.addr().to_owned();
 
-    let half = send_raw(&addr, b"POST /locks/x HTTP/1.1\r\nHost: a\r\n".to_vec()).await;
+    let half = send_raw(
+        &addr,
+        b"POST /locks/x HTTP/1.1\r\nHost: localhost\r\n".to_vec(),
+    )
+    .await;
     assert_cut_off_in_time(&half, "half a head");
 
     let a = addr.clone();
@@ -408,7 +412,8 @@ async fn a_request_head_not_complete_within_the_header_read_timeout_is_cut_off()
     let a = addr.clone();
     let dripped = tokio::task::spawn_blocking(move || {
         let mut stream = connect(&a);
-        let head = b"POST /locks/x HTTP/1.1\r\nHost: a\r\nX-Drip: aaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+        let head =
+            b"POST /locks/x HTTP/1.1\r\nHost: localhost\r\nX-Drip: aaaaaaaaaaaaaaaaaaaa\r\n\r\n";
         let since = Instant::now();
         for byte in head {
             // A write fails once the server has closed the connection.
@@ -427,7 +432,7 @@ async fn a_request_head_not_complete_within_the_header_read_timeout_is_cut_off()
     let (answer, idle) = tokio::task::spawn_blocking(move || {
         let mut stream = connect(&a);
         stream
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
             .unwrap();
         let mut buf = [0_u8; 4096];
         let n = stream.read(&mut buf).unwrap();
@@ -446,7 +451,7 @@ async fn a_request_head_not_complete_within_the_header_read_timeout_is_cut_off()
         stream.write_all(b"GET /healthz HTTP/1.1\r\n").unwrap();
         std::thread::sleep(Duration::from_millis(HEADER_TIMEOUT_MS / 3));
         stream
-            .write_all(b"Host: a\r\nConnection: close\r\n\r\n")
+            .write_all(b"Host: localhost\r\nConnection: close\r\n\r\n")
             .unwrap();
         read_until_closed(&mut stream, since)
     })
@@ -508,7 +513,7 @@ async fn over_tls_the_handshake_and_the_head_each_get_the_header_read_timeout() 
         let alpn = stream.conn.alpn_protocol().map(<[u8]>::to_vec);
         let since = Instant::now();
         stream
-            .write_all(b"POST /locks/x HTTP/1.1\r\nHost: a\r\n")
+            .write_all(b"POST /locks/x HTTP/1.1\r\nHost: localhost\r\n")
             .unwrap();
         stream.flush().unwrap();
         (alpn, read_until_closed(&mut stream, since))
@@ -1026,8 +1031,10 @@ async fn logs_of_a_hostile_run_over_tls_name_no_secret_and_no_token() {
     // secret in it (over TLS), and a head that never completes.
     let plain = send_raw(
         lockd.addr(),
-        format!("GET /locks/a:job HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {a}\r\n\r\n")
-            .into_bytes(),
+        format!(
+            "GET /locks/a:job HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {a}\r\n\r\n"
+        )
+        .into_bytes(),
     )
     .await;
     assert!(!status_line(&plain.received).starts_with("HTTP/1.1 2"));
