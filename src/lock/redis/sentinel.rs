@@ -79,8 +79,9 @@ struct Named {
     epoch: u64,
     /// `failover_in_progress` is among its flags: this Sentinel leads a
     /// failover that has not switched yet. It then gives the failover's
-    /// new epoch beside the old master's address for about half a second,
-    /// while the other Sentinels already name the new master at that epoch.
+    /// new epoch beside the old master's address while the other Sentinels
+    /// already name the new master at that epoch: about a second after a
+    /// crash, about 5 s after a `SENTINEL FAILOVER` (see docs/redis.md).
     in_failover: bool,
 }
 
