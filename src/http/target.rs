@@ -7,6 +7,12 @@
 //!   and hyper would drop it silently.
 //! - A path or query string that is not UTF-8 once percent-decoded (such
 //!   as `owner=%FF%FE`): 400, rather than values patched with U+FFFD.
+//! - A malformed percent-escape in the query string (`%`, `%G0`, `a%2`):
+//!   400, rather than the characters taken literally (so that `%25` and
+//!   `%` would name the same owner).
+//! - A name with a `/` under `/locks/` or `/semaphores/` (`/locks/a/b`):
+//!   400 naming the rule, rather than 404; a sub-resource
+//!   (`/locks/{name}/events`) is a route.
 //! - A `token` in the query string: 400. URLs end up in access logs,
 //!   proxies and browser history.
 //! - A `Transfer-Encoding` other than `chunked` alone (such as `gzip,
@@ -126,7 +132,16 @@ fn target(request: &Request) -> Result<(), ApiError> {
             "the path is not UTF-8 once percent-decoded",
         ));
     }
+    if let Some(rule) = name_with_a_slash(uri.path()) {
+        return Err(ApiError::invalid(rule));
+    }
     let query = uri.query().unwrap_or("");
+    if let Some(bad) = malformed_escape(query) {
+        return Err(ApiError::invalid(format!(
+            "the query string has a malformed percent-escape at {bad:?}: `%` must be \
+             followed by two hex digits (send a literal `%` as %25)"
+        )));
+    }
     // `&`, `=` and `+` are ASCII, so the whole query decodes to UTF-8 exactly
     // when each of its names and values does.
     if percent_decode_str(query).decode_utf8().is_err() {
@@ -141,4 +156,79 @@ fn target(request: &Request) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// The sub-resources of a lock or a semaphore: `/locks/{name}/events`.
+const SUB_RESOURCES: [&str; 1] = ["events"];
+
+/// The rule a path under `/locks/` or `/semaphores/` breaks when its name
+/// holds a `/` (`/locks/a/b`), which no route takes: a name is one path
+/// segment. A sub-resource (`/locks/a/events`) is a route.
+fn name_with_a_slash(path: &str) -> Option<&'static str> {
+    let rest = path
+        .strip_prefix("/locks/")
+        .or_else(|| path.strip_prefix("/semaphores/"))?;
+    let (name, after) = rest.split_once('/')?;
+    if !name.is_empty() && SUB_RESOURCES.contains(&after) {
+        return None;
+    }
+    Some(
+        "a lock or semaphore name is one path segment and cannot contain `/`: names are \
+         1 to 200 of A-Z a-z 0-9 . _ - : @ (use `:` to group names, as in jobs:nightly)",
+    )
+}
+
+/// The first malformed percent-escape of `query` (a `%` not followed by two
+/// hex digits), from the `%` on, at most 3 characters.
+fn malformed_escape(query: &str) -> Option<&str> {
+    let bytes = query.as_bytes();
+    let at = bytes.iter().enumerate().position(|(i, b)| {
+        *b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    })?;
+    let end = (at + 3).min(query.len());
+    Some(query.get(at..end).unwrap_or(&query[at..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_percent_escape_is_found() {
+        for bad in ["%", "a=%", "owner=%G0", "owner=a%2", "x=%%41", "a=%2g"] {
+            assert!(malformed_escape(bad).is_some(), "{bad}");
+        }
+        for good in ["", "owner=%25", "owner=a%2Fb%41", "a=1&b=%e2%82%ac"] {
+            assert_eq!(malformed_escape(good), None, "{good}");
+        }
+        assert_eq!(malformed_escape("owner=a%2"), Some("%2"));
+        assert_eq!(malformed_escape("owner=%G0x"), Some("%G0"));
+    }
+
+    #[test]
+    fn a_name_with_a_slash_is_refused_and_sub_resources_are_not() {
+        for bad in [
+            "/locks/a/b",
+            "/locks/a/b/c",
+            "/semaphores/a/b",
+            "/locks/a/",
+            "/locks//events",
+            "/locks/a/events/x",
+            "/locks/a/b/events",
+        ] {
+            assert!(name_with_a_slash(bad).is_some(), "{bad}");
+        }
+        for good in [
+            "/locks/a",
+            "/locks",
+            "/locks/",
+            "/locks/a/events",
+            "/semaphores/a/events",
+            "/healthz",
+        ] {
+            assert_eq!(name_with_a_slash(good), None, "{good}");
+        }
+    }
 }

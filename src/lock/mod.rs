@@ -63,6 +63,8 @@
 //! Dependencies point one way: the rules use nothing below them, a backend
 //! uses the rules (and the reaper) but never the service or another
 //! backend, and the service uses the rules and the [`Store`] trait only.
+//! Outside `lock`, all of it may use `crate::backoff` (the one retry pause)
+//! and nothing else of the crate.
 //!
 //! # Where to look
 //! - **Following a failover:** in `redis/`. Under Sentinel, `redis::sentinel`
@@ -81,34 +83,47 @@
 //!   ([`Change::wakes_waiters`]), and to the watches.
 //!
 //! # Adding a kind of lease
-//! Semaphores were added this way; a new kind (a run, a shared lock)
-//! writes:
+//! Semaphores were added this way (their files: `semaphore.rs`,
+//! `redis/semaphores.rs` with `semaphore.lua` and `sem_*.lua`,
+//! `memory/semaphores.rs`, `service/permits.rs`, `http/semaphores/`,
+//! `metrics/semaphores.rs`); a new kind (a run, a shared lock) writes:
 //!
 //! 1. **one rules module** here (`x.rs`: its request and answer types and
 //!    their arithmetic), and beside the others in the registries of kinds:
 //!    its node trait in [`node`] (`XNode: Node`, which [`Backend`] then
-//!    also requires), its store trait in [`store`] (`XStore`, with
-//!    [`Single`] passing each call to the backend) and its accessor on
-//!    [`Store`] (`fn x(&self) -> Result<&dyn XStore, LockError>`, where a
-//!    store without it, such as [`redlock`], refuses it once), and a
+//!    also requires, so every backend and test double implements it), its
+//!    store trait in [`store`] (`XStore`, with [`Single`] passing each call
+//!    to the backend) and its accessor on [`Store`] (`fn x(&self) ->
+//!    Result<&dyn XStore, LockError>`, where a store without it, such as
+//!    [`redlock`], refuses it, its `watchable` deferring to that), and a
 //!    [`subject::Kind`] variant, which also names it in listing cursors;
 //! 2. **one script set per backend**: `redis/scripts/x*.lua` with
 //!    `redis/x.rs` (its keys, and its channel through
 //!    `redis::events::channel` and the subscription patterns there), and
 //!    `memory/x.rs`; each backend's `mod.rs` declares it and implements
 //!    `XNode` by calling into it;
-//! 3. **one service module**, `service/x.rs`, its waits through
+//! 3. **one service module**, `service/x.rs` (declared in `service/mod.rs`,
+//!    with any state of its own as a field of `Locks`), its waits through
 //!    `wait_turn` and the same queues (keyed by its [`Subject`]), its
 //!    watches through `service::watch` (which reads it by its kind);
 //! 4. **one `http` folder** (`http/x/`, a file per action and its own
 //!    problem types in `http/x/problem.rs`, as `http/semaphores/` does,
 //!    joined to the one list by a `problem::Kind` variant; its routes in
-//!    `http::routes`), and **one metrics module** (`metrics/x.rs`), with
-//!    its node calls timed in `metrics::Instrumented`.
+//!    `http::routes`), and **one metrics module** (`metrics/x.rs`,
+//!    declared in `metrics/mod.rs` with its part of the scrape), with its
+//!    node calls timed in `metrics::Instrumented`.
 //!
-//! Outside the server, a kind that has limits of its own adds them to the
-//! settings (`config`, `cli`, docs/configuration.md), and the clients
-//! (`client/`) and the OpenAPI document follow the API.
+//! A kind that can be listed also adds its entry type to [`listing`], its
+//! key pattern to `redis::listing` (`match_pattern`, `name_of_key`) and a
+//! branch to `memory::listing`, its walk to `service::listing` and
+//! [`Single`]'s `XStore`, and its route to `http::auth`'s `LISTINGS`, so
+//! that a listing needs `read` and gets the key's prefixes. A kind that
+//! can be watched adds its event types and stream to `http::watch`. A kind
+//! with limits of its own adds them to the settings (`config`, `cli`,
+//! `http::limits`, docs/configuration.md, `config/lockd.example.toml`).
+//! The OpenAPI document (`http::openapi`: a tag, limits shown), the
+//! request span's name field (`http::telemetry`), the clients (`client/`)
+//! and `ops`'s scrape of the queues follow the API.
 //!
 //! Why a trait per kind rather than one trait with a default
 //! "unsupported" body per method: a backend either keeps a kind or is not

@@ -274,3 +274,67 @@ async fn a_json_key_given_twice_is_refused_naming_the_key() {
     );
     assert_eq!(app.holder_token("dup:b").await, Some(token));
 }
+
+#[tokio::test]
+async fn a_malformed_percent_escape_in_the_query_is_refused() {
+    let app = TestApp::memory().await;
+    for query in [
+        "owner=%",
+        "owner=%G0",
+        "owner=a%2",
+        "ttl_ms=1000&owner=%2",
+        "%=1",
+    ] {
+        let path = format!("/locks/esc?{query}");
+        let r = app.send(Method::POST, &path, &[], None).await;
+        let problem = r.expect_problem(400, "invalid-request");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap()
+                .contains("percent-escape"),
+            "{path}: {problem}"
+        );
+        app.inspect("esc")
+            .await
+            .expect_problem(404, "lock-not-held");
+    }
+    // `%25` is a literal `%`.
+    let granted = app
+        .send(Method::POST, "/locks/esc?owner=100%25", &[], None)
+        .await;
+    granted.expect_status(201);
+    assert_eq!(app.inspect("esc").await.str("owner"), "100%");
+}
+
+#[tokio::test]
+async fn a_slash_in_a_name_is_a_400_that_names_the_rule() {
+    let app = TestApp::memory().await;
+    for path in [
+        "/locks/a/b",
+        "/locks/a/b/c",
+        "/semaphores/a/b",
+        "/locks/a/",
+        "/locks/a/b/events",
+    ] {
+        for method in [Method::POST, Method::GET, Method::DELETE] {
+            let r = app.send(method.clone(), path, &[], None).await;
+            let problem = r.expect_problem(400, "invalid-request");
+            assert!(
+                problem["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("cannot contain `/`"),
+                "{method} {path}: {problem}"
+            );
+        }
+    }
+    app.inspect("a").await.expect_problem(404, "lock-not-held");
+    // The sub-resources are routes still.
+    let watch = TestApp::client_with_timeout(std::time::Duration::from_secs(5))
+        .get(app.url("/locks/a/events"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), 200);
+}
