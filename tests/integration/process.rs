@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::support::{Lockd, RedisServer, free_port, lockd, random_token, run_blocking};
+use crate::support::{Lockd, RedisServer, free_port, lockd, random_token, run, run_blocking};
 
 /// Starts `lockd serve` with `args` and `LOCKD_LOG=log`; waits until
 /// `/healthz` answers. Returns the guard and `http://<address>`.
@@ -568,4 +568,47 @@ async fn logs_of_every_auth_outcome_name_the_key_id_never_a_secret_or_token() {
             "a secret or token is in the logs:\n{logs}"
         );
     }
+}
+
+/// Two Redlock URLs of one server (`127.0.0.1:P` and `localhost:P`) would
+/// count twice towards the quorum: start-up refuses them, naming both.
+#[tokio::test]
+async fn one_server_given_twice_to_redlock_is_refused() {
+    let a = RedisServer::spawn().await;
+    let b = RedisServer::spawn().await;
+    let by_address = a.url();
+    let by_name = format!("redis://localhost:{}", a.port());
+    let mut cmd = lockd();
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--redis-url", &by_address, "--redis-url", &by_name])
+        .args(["--redis-url", &b.url()]);
+    let exit = run(cmd).await;
+    exit.expect(2);
+    assert!(
+        exit.stderr.contains("the same Redis server")
+            && exit.stderr.contains(&format!("localhost:{}", a.port())),
+        "{}",
+        exit.stderr
+    );
+}
+
+/// A Redis that does not answer at start-up: one warning names the node,
+/// never its password, and lockd serves all the same.
+#[tokio::test]
+async fn an_unreachable_redis_at_start_up_is_named_in_one_warning() {
+    let port = free_port();
+    let url = format!("redis://:sekret-pw@127.0.0.1:{port}");
+    let (child, _) = start_lockd(&["--redis-url", &url], "info").await;
+    let (code, logs) = terminate(child).await;
+    assert_eq!(code, Some(0), "{logs}");
+    let warnings: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("did not answer at start-up"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{logs}");
+    assert!(warnings[0].contains(&format!("127.0.0.1:{port}")), "{logs}");
+    assert!(
+        !logs.contains("sekret-pw"),
+        "the password was logged:\n{logs}"
+    );
 }

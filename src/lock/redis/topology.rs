@@ -75,8 +75,11 @@ const TOPOLOGY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// and only cluster nodes there; Sentinels in Sentinel mode (and one of them
 /// knows the master by its name), and no Sentinel elsewhere. Redlock over
 /// the masters of one cluster would fail request after request with `MOVED`
-/// and a quorum it never reaches (field case C14). A URL that does not
-/// answer is not checked: lockd starts while Redis is down.
+/// and a quorum it never reaches (field case C14). In Redlock mode, no two
+/// URLs may reach one server (the same `run_id`: `127.0.0.1:6379` and
+/// `localhost:6379`), which would count twice towards the quorum. A URL
+/// that does not answer is not checked: lockd starts while Redis is down,
+/// and logs one warning naming the node (never the password).
 ///
 /// The probe connects as the backend will (`tls` for `rediss://` URLs); a
 /// TLS failure is reported to the target's `report`, which the
@@ -94,6 +97,9 @@ pub async fn check(
     let mut masters_known = None;
     // Each master once, as the first URL that told of it said.
     let mut short_of_replicas = BTreeMap::new();
+    // Each Redlock node's server, by its run_id: two URLs of one server
+    // are one node, and Redlock's quorum would count it twice.
+    let mut servers: BTreeMap<String, &str> = BTreeMap::new();
     for target in targets {
         let url = &target.shown;
         let acks_wanted = expected.min_replicas_acked > 0;
@@ -106,6 +112,11 @@ pub async fn check(
         )
         .await
         else {
+            tracing::warn!(
+                node = %target.node,
+                "Redis did not answer at start-up; lockd starts all the same, answers 503 \
+                 for what needs it, and keeps trying"
+            );
             continue;
         };
         let wrong = |what: &str, use_instead: &str| {
@@ -160,6 +171,17 @@ pub async fn check(
                 instead,
             );
         }
+        if mode == Mode::Redlock
+            && !probe.run_id.is_empty()
+            && let Some(first) = servers.insert(probe.run_id.clone(), url)
+        {
+            return Err(WrongTopology(format!(
+                "{first} and {url} are the same Redis server (run_id {}): Redlock's nodes \
+                 must be independent masters, and one server given twice would count twice \
+                 towards the quorum; give each server once",
+                probe.run_id
+            )));
+        }
         if let Some(known) = probe.knows_master {
             *masters_known.get_or_insert(false) |= known;
         }
@@ -200,6 +222,9 @@ struct Probe {
     knows_master: Option<bool>,
     /// `redis_version` of `INFO server`.
     version: String,
+    /// `run_id` of `INFO server`: the server process, whatever the
+    /// address it was reached by (empty when not told).
+    run_id: String,
     /// For a standalone server that is a replica (`role:slave` in `INFO
     /// replication`): its master's `host:port`.
     replica_of: Option<String>,
@@ -365,6 +390,11 @@ async fn probe(
             .unwrap_or_default()
             .to_owned();
         let version_major = version.split('.').next().and_then(|v| v.parse().ok());
+        let run_id = info
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("run_id:"))
+            .unwrap_or_default()
+            .to_owned();
         let replicas = if acks_wanted {
             replicas_up(&mut conn, &server_mode, sentinel_master).await
         } else {
@@ -384,6 +414,7 @@ async fn probe(
             server_mode,
             knows_master,
             version,
+            run_id,
             replica_of,
             version_major,
             replicas,
