@@ -108,6 +108,11 @@ impl Application {
     /// not an error, nor is a Redis server whose TLS certificate cannot be
     /// verified (it is logged): requests get 503 until it comes back.
     pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
+        // A keys file that does not load is a bad setting: said first, on
+        // its own, before anything reaches Redis.
+        if let Some(path) = &settings.auth.keys_file {
+            Auth::load(path)?;
+        }
         let tls = redis_tls(&settings.store)?;
         let reports = ConnectReports::default();
         if !settings.store.dev {

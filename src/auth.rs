@@ -315,7 +315,27 @@ fn toml_parse(text: &str) -> Result<KeysFile, String> {
     use figment::providers::{Format as _, Toml};
     Figment::from(Toml::string(text))
         .extract::<KeysFile>()
-        .map_err(|e| e.to_string())
+        .map_err(|e| one_line(&e.to_string()))
+}
+
+/// A TOML error on one line: its place and what was expected, without the
+/// excerpt of the file and its caret.
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            !l.is_empty()
+                && !l.starts_with('|')
+                && !l.split_once('|').is_some_and(|(n, _)| {
+                    !n.trim().is_empty() && n.trim().bytes().all(|b| b.is_ascii_digit())
+                })
+                && *l != "in TOML source string"
+        })
+        .collect::<Vec<_>>()
+        .join(": ")
+        .replace(" in TOML source string", "")
+        .replace("\"default.", "\"")
 }
 
 fn check_entry(entry: KeyEntry) -> Result<Key, String> {

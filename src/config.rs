@@ -865,7 +865,15 @@ impl LimitSettings {
         Ok(Self {
             default_ttl,
             max_ttl,
-            max_wait: Duration::from_millis(raw.max_wait_ms),
+            max_wait: match raw.max_wait_ms {
+                ms if ms > Ttl::CEILING_MS => {
+                    return Err(format!(
+                        "max_wait_ms must be at most {} (365 days)",
+                        Ttl::CEILING_MS
+                    ));
+                }
+                ms => Duration::from_millis(ms),
+            },
             max_waiters: at_least_one("max_waiters", raw.max_waiters)?,
             max_requests: at_least_one("max_requests", raw.max_requests)?,
             request_timeout: at_least_1_ms("request_timeout_ms", raw.request_timeout_ms)?,

@@ -3,9 +3,8 @@
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
-use clap::Parser;
 use lockd::app::{Application, shutdown_signal};
-use lockd::cli::{Cli, Command, LogFormat};
+use lockd::cli::{Command, LogFormat};
 use lockd::client;
 use lockd::config::Settings;
 use tracing_subscriber::EnvFilter;
@@ -19,7 +18,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = lockd::cli::parse();
     match cli.command {
         Command::Openapi => {
             println!("{}", lockd::http::routes::pretty_json());

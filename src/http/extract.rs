@@ -2,13 +2,14 @@
 //! error lockd answers.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use serde::Deserialize;
 use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::limits::Limits;
 use super::problem::{ApiError, Kind};
 use crate::lock::LockName;
 
@@ -44,7 +45,12 @@ impl<S: Send + Sync> FromRequestParts<S> for LockPath {
 /// otherwise keep the last.
 pub struct JsonBody<T>(pub T);
 
-impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+impl<T, S> FromRequest<S> for JsonBody<T>
+where
+    T: DeserializeOwned + Default,
+    S: Send + Sync,
+    Limits: FromRef<S>,
+{
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
@@ -76,9 +82,32 @@ impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for JsonBody<
         if !value.is_object() {
             return Err(ApiError::invalid("the JSON body must be an object"));
         }
-        serde_json::from_value(value)
-            .map(Self)
-            .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))
+        match T::deserialize(&value) {
+            Ok(body) => Ok(Self(body)),
+            Err(e) => Err(body_refusal::<T>(&value, &e, &Limits::from_ref(state))),
+        }
+    }
+}
+
+/// The 400 of a body object that `T` refused: naming the field at fault
+/// (the first that `T` refuses on its own), with the rule of that field
+/// when [`Limits::rule`] has one (so `{"ttl_ms": -1}` is told the TTLs
+/// allowed, as `?ttl_ms=-1` is), else serde's words.
+fn body_refusal<T: DeserializeOwned>(
+    value: &Value,
+    error: &serde_json::Error,
+    limits: &Limits,
+) -> ApiError {
+    let culprit = value.as_object().and_then(|fields| {
+        fields.iter().find_map(|(key, field)| {
+            let alone = Value::Object(Map::from_iter([(key.clone(), field.clone())]));
+            T::deserialize(&alone).err().map(|e| (key, e))
+        })
+    });
+    match culprit {
+        Some((key, _)) if let Some(rule) = limits.rule(key) => ApiError::invalid(rule),
+        Some((key, e)) => ApiError::invalid(format!("invalid JSON body: `{key}`: {e}")),
+        None => ApiError::invalid(format!("invalid JSON body: {error}")),
     }
 }
 
@@ -93,8 +122,41 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for StrictQuery<T>
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(q)| Self(q))
-            .map_err(|e| ApiError::invalid(format!("invalid query string: {}", e.body_text())))
+            .map_err(|e| ApiError::invalid(query_refusal(&e.body_text())))
     }
+}
+
+/// The words of a refused query string, from axum's rejection text
+/// (`Failed to deserialize query string: PATH: serde's words`), naming the
+/// parameter at fault.
+fn query_refusal(text: &str) -> String {
+    let words = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(text);
+    // serde_path_to_error's `field: ` before serde's own words.
+    let words = match words.split_once(": ") {
+        Some((path, rest)) if !path.contains(' ') => rest,
+        _ => words,
+    };
+    let quoted = |s: &str| s.split('`').nth(1).map(str::to_owned);
+    if let Some(rest) = words.strip_prefix("duplicate field ")
+        && let Some(name) = quoted(rest)
+    {
+        return format!("the query parameter `{name}` is given twice; give it once");
+    }
+    if let Some(rest) = words.strip_prefix("unknown field ")
+        && let Some(name) = quoted(rest)
+    {
+        let takes = match rest.split_once(", expected ") {
+            Some((_, expected)) => expected
+                .strip_prefix("one of ")
+                .unwrap_or(expected)
+                .to_owned(),
+            None => "none".to_owned(),
+        };
+        return format!("unknown query parameter `{name}`; this route takes {takes}");
+    }
+    format!("invalid query string: {words}")
 }
 
 /// A JSON value in which no object has a key twice: deserializing one with
@@ -168,5 +230,30 @@ impl<'de> Visitor<'de> for UniqueVisitor {
             object.insert(key, value);
         }
         Ok(Unique(Value::Object(object)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_query_names_its_parameter() {
+        assert_eq!(
+            query_refusal("Failed to deserialize query string: duplicate field `ttl_ms`"),
+            "the query parameter `ttl_ms` is given twice; give it once"
+        );
+        assert_eq!(
+            query_refusal(
+                "Failed to deserialize query string: foo: unknown field `foo`, expected one of `ttl_ms`, `owner`"
+            ),
+            "unknown query parameter `foo`; this route takes `ttl_ms`, `owner`"
+        );
+        assert_eq!(
+            query_refusal(
+                "Failed to deserialize query string: fence: unknown field `fence`, there are no fields"
+            ),
+            "unknown query parameter `fence`; this route takes none"
+        );
     }
 }

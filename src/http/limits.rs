@@ -46,6 +46,34 @@ impl Limits {
     }
 }
 
+impl Limits {
+    /// What a numeric field of a request must be, for a field that has a
+    /// rule here (`ttl_ms`, `wait_ms`, `limit`): the same words whether the
+    /// value came in the query string or in the body.
+    pub fn rule(&self, field: &str) -> Option<String> {
+        match field {
+            "ttl_ms" => Some(
+                InvalidInput::Ttl {
+                    field: "ttl_ms",
+                    max_ms: self.ttl.max_ms,
+                }
+                .to_string(),
+            ),
+            "wait_ms" => Some(self.wait.rule()),
+            "limit" => Some(limit_rule(self.max_semaphore_limit)),
+            _ => None,
+        }
+    }
+}
+
+/// What a semaphore's `limit` must be, with `max_limit` the server's
+/// `--max-semaphore-limit`.
+pub fn limit_rule(max_limit: u32) -> String {
+    format!(
+        "limit must be an integer from 1 to {max_limit}: the most holders of this semaphore at once"
+    )
+}
+
 /// The TTL rules of this server.
 #[derive(Debug, Clone, Copy)]
 pub struct TtlPolicy {
@@ -102,6 +130,14 @@ pub struct WaitPolicy {
 }
 
 impl WaitPolicy {
+    /// What a `wait_ms` must be.
+    pub fn rule(&self) -> String {
+        format!(
+            "wait_ms must be an integer number of milliseconds from 0 to {}",
+            self.max_ms
+        )
+    }
+
     /// The wait from a query's text or a body's integer (at most one of
     /// them), or zero.
     ///
@@ -109,12 +145,7 @@ impl WaitPolicy {
     /// 400 when both are given, or the value is not an integer in
     /// `0..=max_ms`.
     pub fn resolve(&self, query: Option<&str>, body: Option<u64>) -> Result<Duration, ApiError> {
-        let out_of_range = || {
-            ApiError::invalid(format!(
-                "wait_ms must be an integer number of milliseconds from 0 to {}",
-                self.max_ms
-            ))
-        };
+        let out_of_range = || ApiError::invalid(self.rule());
         let ms = match (query, body) {
             (Some(_), Some(_)) => return Err(ApiError::given_twice("wait_ms")),
             (Some(text), None) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {

@@ -98,8 +98,9 @@
 //!
 //! In detail: `problem` and `locks::model` import nothing from here, and
 //! `semaphores::model` only `locks::model` (the shapes they share);
-//! `extract`, `limits`, `listing`, `admission`, `auth` and `telemetry`
-//! import `problem` alone, and `browsers` `problem` and `telemetry` (the
+//! `limits`, `listing`, `admission`, `auth` and `telemetry` import
+//! `problem` alone, `extract` `problem` and `limits` (the rule of a
+//! refused field), and `browsers` `problem` and `telemetry` (the
 //! request ID header); `deadline` also `extract` and `limits`;
 //! `target` also `deadline` (its `closing`) and `extract` (the body limit);
 //! `locks::input` imports `limits`, `locks::model` and `problem`, and

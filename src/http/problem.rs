@@ -425,7 +425,7 @@ impl From<LockError> for ApiError {
                 let mut error = Self::new(
                     Kind::QuorumUnavailable,
                     format!(
-                        "only {answered} of the Redis nodes answered in time; {needed} are needed to tell; try again shortly"
+                        "only {answered} of the Redis nodes that count towards a quorum answered in time (a node in its restart delay, --redlock-restart-delay-ms, answers but counts towards none); {needed} are needed to tell; try again shortly"
                     ),
                 )
                 .retry_after(UNAVAILABLE_RETRY);

@@ -250,6 +250,17 @@ async fn a_majority_of_redlock_nodes_restarted_empty_lets_no_second_holder_in_du
         );
         if b.status == 503 {
             assert!(b.header("retry-after").is_some(), "{b:?}");
+            // Three nodes answered; the two in their delay count towards
+            // no quorum, and the answer says so rather than "only 1
+            // answered".
+            let problem = b.expect_problem(503, "quorum-unavailable");
+            assert!(
+                problem["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("restart delay"),
+                "{problem}"
+            );
         }
         refused += 1;
         gauge_seen |= app

@@ -1,6 +1,6 @@
 //! The `lockd` binary as an operator runs it: logs, secrets, signals.
 
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -610,5 +610,68 @@ async fn an_unreachable_redis_at_start_up_is_named_in_one_warning() {
     assert!(
         !logs.contains("sekret-pw"),
         "the password was logged:\n{logs}"
+    );
+}
+
+/// Bad values on the command line, in the environment and in the keys file
+/// say what is allowed and where the value came from, on one line.
+#[tokio::test]
+async fn bad_values_say_what_is_allowed_and_where_they_came_from() {
+    let serve = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = lockd();
+        cmd.arg("serve").args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd
+    };
+    let cases: Vec<(Command, &str)> = vec![
+        (
+            serve(&["--dev", "--listen", "localhost:18090"], &[]),
+            "an IP address and a port are needed",
+        ),
+        (
+            serve(&["--dev"], &[("LOCKD_MAX_TTL_MS", "abc")]),
+            "for LOCKD_MAX_TTL_MS (the variable of --max-ttl-ms)",
+        ),
+        (
+            serve(&["--dev", "--max-ttl-ms", "-1"], &[]),
+            "a whole number of milliseconds",
+        ),
+        (
+            serve(&["--dev", "--max-wait-ms", "18446744073709551615"], &[]),
+            "max_wait_ms must be at most 31536000000 (365 days)",
+        ),
+        (
+            {
+                let mut cmd = lockd();
+                cmd.args(["exec", "--ttl-ms", "-1", "x", "--", "true"]);
+                cmd
+            },
+            "a whole number of milliseconds",
+        ),
+    ];
+    for (cmd, says) in cases {
+        let shown = format!("{cmd:?}");
+        let exit = run(cmd).await;
+        exit.expect(2);
+        assert!(exit.stderr.contains(says), "{shown}: {}", exit.stderr);
+        assert!(!exit.stderr.contains("-- -1"), "{shown}: {}", exit.stderr);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    std::fs::write(&keys, "bad\n").unwrap();
+    let mut cmd = lockd();
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--auth-keys-file"])
+        .arg(&keys)
+        .args(["--redis-url", "redis://127.0.0.1:1"]);
+    let exit = run(cmd).await;
+    exit.expect(2);
+    let lines: Vec<&str> = exit.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{}", exit.stderr);
+    assert!(
+        lines[0].starts_with("lockd: invalid keys file") && lines[0].contains("line 1"),
+        "{}",
+        exit.stderr
     );
 }

@@ -338,3 +338,62 @@ async fn a_slash_in_a_name_is_a_400_that_names_the_rule() {
         .unwrap();
     assert_eq!(watch.status(), 200);
 }
+
+#[tokio::test]
+async fn a_refused_value_says_what_is_allowed_and_names_its_field() {
+    let app = TestApp::memory().await;
+    let says = |reply: crate::support::Reply, words: &str| {
+        let problem = reply.expect_problem(400, "invalid-request");
+        let detail = problem["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains(words), "{detail}");
+        assert!(
+            !detail.contains("u64") && !detail.contains("Failed to"),
+            "{detail}"
+        );
+    };
+    for (body, words) in [
+        (
+            r#"{"ttl_ms": -1}"#,
+            "ttl_ms must be an integer number of milliseconds from 1 to",
+        ),
+        (
+            r#"{"ttl_ms": "5"}"#,
+            "ttl_ms must be an integer number of milliseconds from 1 to",
+        ),
+        (
+            r#"{"ttl_ms": 1000, "wait_ms": 1.5}"#,
+            "wait_ms must be an integer number of milliseconds from 0 to",
+        ),
+        (r#"{"owner": 5}"#, "`owner`"),
+    ] {
+        let r = app
+            .send(
+                Method::POST,
+                "/locks/msg",
+                &[],
+                Some(body.as_bytes().to_vec()),
+            )
+            .await;
+        says(r, words);
+    }
+    let r = app
+        .send(
+            Method::POST,
+            "/semaphores/msg",
+            &[],
+            Some(br#"{"limit": -1}"#.to_vec()),
+        )
+        .await;
+    says(r, "limit must be an integer from 1 to");
+    let r = app
+        .send(Method::POST, "/locks/msg?ttl_ms=1&ttl_ms=2", &[], None)
+        .await;
+    says(r, "the query parameter `ttl_ms` is given twice");
+    let r = app
+        .send(Method::POST, "/locks/msg?colour=red", &[], None)
+        .await;
+    says(r, "unknown query parameter `colour`; this route takes");
+    app.inspect("msg")
+        .await
+        .expect_problem(404, "lock-not-held");
+}

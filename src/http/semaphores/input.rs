@@ -5,7 +5,7 @@
 use axum::http::HeaderMap;
 
 use super::model::{TakeBody, TakeQuery};
-use crate::http::limits::TtlPolicy;
+use crate::http::limits::{TtlPolicy, limit_rule};
 use crate::http::locks::input::acquire_request;
 use crate::http::problem::ApiError;
 use crate::lock::LockName;
@@ -27,11 +27,7 @@ pub fn permit_request(
 ) -> Result<PermitRequest, ApiError> {
     let (query_limit, query) = query.split();
     let (body_limit, body) = body.split();
-    let invalid = || {
-        ApiError::invalid(format!(
-            "limit must be an integer from 1 to {max_limit}: the most holders of this semaphore at once"
-        ))
-    };
+    let invalid = || ApiError::invalid(limit_rule(max_limit));
     let raw = match (query_limit, body_limit) {
         (Some(_), Some(_)) => return Err(ApiError::given_twice("limit")),
         (Some(text), None) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
