@@ -9,18 +9,32 @@
 # Then, for a whole run, scripts/schemathesis.sh fuzzes the HTTP API against
 # its OpenAPI document, with the release build of lockd.
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh c05; with any,
-# only those tests run (no Schemathesis).
+# only those tests run (no Schemathesis, and it says so).
+# Schemathesis runs even when a cargo test failed; the script then exits
+# non-zero, and its last lines say which parts failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # haproxy is in /usr/sbin, which is not on every user's PATH.
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 scripts/ensure-deps.sh redis-server redis-cli redis-sentinel setpriv curl python3 node promtool haproxy
-cargo test --locked --no-fail-fast "$@"
+failed=()
+cargo test --locked --no-fail-fast "$@" || failed+=("cargo test")
 if [ $# -eq 0 ]; then
   # The fuzzer sends the shortest lease there is (ttl_ms 1), which a debug
   # build's round trip (p50 2 ms here) often outlasts: such a grant is
   # answered 503, since nothing of it is left. The release build, which
   # users run, answers in under a millisecond: the fuzzing runs against it.
-  cargo build --release --locked --bin lockd
-  LOCKD_BIN="${CARGO_TARGET_DIR:-target}/release/lockd" scripts/schemathesis.sh
+  if cargo build --release --locked --bin lockd; then
+    LOCKD_BIN="${CARGO_TARGET_DIR:-target}/release/lockd" scripts/schemathesis.sh \
+      || failed+=("Schemathesis")
+  else
+    failed+=("the release build (so Schemathesis did not run)")
+  fi
+else
+  echo "test.sh: only the tests named ($*) ran; Schemathesis did not run (it runs with no arguments)" >&2
 fi
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
+fi
+echo "test.sh: every part passed: cargo test${1:+ ($*)}$([ $# -eq 0 ] && echo ' and Schemathesis')" >&2
