@@ -187,14 +187,27 @@ async fn a_server_certificate_that_cannot_be_verified_gets_503s_one_error_and_no
             "host name",
         ),
     ];
-    for (what, cert, reason) in cases {
+    // A self-signed CA:TRUE certificate given as the CA: rustls refuses a
+    // CA serving as the server's own, and the error says how to make one.
+    let self_signed = ca.self_signed_ca_as_server();
+    let self_signed_ca = self_signed.cert().to_owned();
+    let cases = cases
+        .into_iter()
+        .map(|(what, cert, reason)| (what, cert, reason, ca.cert_arg().to_owned()))
+        .chain([(
+            "a self-signed CA:TRUE certificate",
+            self_signed,
+            "CA:FALSE",
+            self_signed_ca,
+        )]);
+    for (what, cert, reason, trusted) in cases {
         let server = TlsRedisServer::spawn(&cert, &ca, false).await;
         let lockd = Lockd::serve(
             &[
                 "--redis-url",
                 &format!("rediss://:hunter2@127.0.0.1:{}", server.port()),
                 "--redis-ca-cert",
-                ca.cert_arg(),
+                &trusted,
                 "--redis-timeout-ms",
                 "500",
             ],

@@ -449,6 +449,8 @@ fn certificate_kind(cert: &CertificateError) -> &'static str {
         CertificateError::InvalidPurpose | CertificateError::InvalidPurposeContext { .. } => {
             "InvalidPurpose"
         }
+        // webpki's refusal of a certificate with CA:TRUE as the server's.
+        other if format!("{other:?}").contains("CaUsedAsEndEntity") => "CaUsedAsEndEntity",
         _ => "other",
     }
 }
@@ -472,7 +474,16 @@ fn certificate_kind_in(detail: &str) -> &'static str {
     ]
     .iter()
     .find(|(shown, _)| detail.starts_with(shown))
-    .map_or("other", |(_, kind)| kind)
+    .map_or_else(
+        || {
+            if detail.contains("CaUsedAsEndEntity") {
+                "CaUsedAsEndEntity"
+            } else {
+                "other"
+            }
+        },
+        |(_, kind)| kind,
+    )
 }
 
 /// A server certificate refused for `kind`; `detail` is rustls's account.
@@ -484,6 +495,13 @@ fn certificate_failure(kind: &str, detail: &str, unknown_issuer: &str) -> TlsFai
         "NotValidForName" => "it is not issued for the host name (or IP address) in the URL",
         "Revoked" => "it is revoked",
         "InvalidPurpose" => "it is not a server certificate",
+        "CaUsedAsEndEntity" => {
+            "it says it is a CA (basicConstraints CA:TRUE, which `openssl req -x509` \
+             makes by default) and serves as the server's own certificate, which rustls \
+             refuses even when it is the very certificate of --redis-ca-cert; make the \
+             server's certificate with `-addext basicConstraints=critical,CA:FALSE`, or \
+             sign a server certificate with the CA (docs/redis.md, TLS)"
+        }
         _ => "it is not valid",
     };
     TlsFailure {

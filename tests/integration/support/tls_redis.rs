@@ -144,6 +144,26 @@ impl TestCa {
         issued
     }
 
+    /// A self-signed certificate for `127.0.0.1` that says it is a CA
+    /// (`CA:TRUE`, as plain `openssl req -x509` makes), in this CA's
+    /// directory: a server's own and its clients' CA at once.
+    pub fn self_signed_ca_as_server(&self) -> IssuedCert {
+        let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("parameters");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "127.0.0.1");
+        let key = KeyPair::generate().expect("a key");
+        let cert = params.self_signed(&key).expect("self-signed");
+        let issued = IssuedCert {
+            cert: self.dir.path().join("self-signed-ca.pem"),
+            key: self.dir.path().join("self-signed-ca.key"),
+        };
+        std::fs::write(&issued.cert, cert.pem()).expect("write the certificate");
+        std::fs::write(&issued.key, key.serialize_pem()).expect("write the key");
+        issued
+    }
+
     /// A file in the CA's directory, for a test's own (broken) files.
     pub fn file(&self, name: &str, contents: &str) -> PathBuf {
         let path = self.dir.path().join(name);
