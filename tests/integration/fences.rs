@@ -366,6 +366,46 @@ async fn a_grant_that_arrives_after_its_lease_is_never_answered_201() {
     );
 }
 
+/// A stalled grant whose connection dies before its compare-and-delete
+/// (issue 16's "possible fault": a 503 whose grant stayed set for its
+/// TTL): the acquire's answer is held on the link past the Redis timeout,
+/// so lockd answers 503 and sends the delete behind it; the link is then
+/// cut with the delete still on it. lockd must send the delete again on a
+/// new connection, so the grant it answered 503 is gone long before its
+/// 10 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_grant_whose_connection_dies_before_its_delete_is_deleted_all_the_same() {
+    let redis = std::sync::Arc::new(RedisServer::spawn().await);
+    let proxy = crate::support::LinkProxy::start(redis.port()).await;
+    let url = proxy.url();
+    let app = TestApp::redis_on(redis.clone(), |s| {
+        s.store.redis_urls = vec![url.into()];
+        s.store.redis_timeout = Duration::from_millis(300);
+    })
+    .await;
+    app.acquire_ttl("cut:warm", 1000).await.expect_status(201);
+    // The acquire script's answer: {1, fence}, a fresh grant.
+    proxy.freeze_on_answer(b"*2\r\n:1\r\n:");
+    app.acquire_ttl("cut:k", 10_000)
+        .await
+        .expect_problem(503, "backend-unavailable");
+    assert!(proxy.is_frozen(), "the grant's answer was not held");
+    assert!(
+        redis.lock_token("cut:k").await.is_some(),
+        "Redis granted it (lockd never heard)"
+    );
+    proxy.cut();
+    let cut = std::time::Instant::now();
+    assert!(
+        crate::support::eventually(Duration::from_secs(8), || async {
+            redis.lock_token("cut:k").await.is_none()
+        })
+        .await,
+        "the grant answered 503 stayed set after its connection died"
+    );
+    assert!(cut.elapsed() < Duration::from_secs(8));
+}
+
 /// A lock held by nobody after Redis stalls longer than the TTL: the
 /// acquire times out (503) while Redis is paused, Redis runs the script
 /// when the pause ends, and lockd deletes that grant right after it, on the

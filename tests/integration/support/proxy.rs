@@ -28,6 +28,8 @@ struct LinkState {
     freeze_on: Mutex<Option<Vec<u8>>>,
     /// Freeze the link as soon as the server sends a chunk containing this.
     freeze_on_answer: Mutex<Option<Vec<u8>>>,
+    /// Bumped by [`LinkProxy::cut`]: every link open then ends.
+    cuts: watch::Sender<u64>,
 }
 
 impl LinkProxy {
@@ -43,6 +45,7 @@ impl LinkProxy {
             frozen: watch::Sender::new(false),
             freeze_on: Mutex::new(None),
             freeze_on_answer: Mutex::new(None),
+            cuts: watch::Sender::new(0),
         });
         let accept_state = state.clone();
         let accept = tokio::spawn(async move {
@@ -99,6 +102,14 @@ impl LinkProxy {
         self.state.frozen.send_replace(false);
     }
 
+    /// Ends every link open now, in both directions, dropping the bytes it
+    /// holds (a connection killed mid-partition); the next connections pass
+    /// freely.
+    pub fn cut(&self) {
+        self.state.cuts.send_modify(|n| *n += 1);
+        self.thaw();
+    }
+
     /// Whether the link is frozen (for example because [`Self::freeze_on`]
     /// fired).
     pub fn is_frozen(&self) -> bool {
@@ -113,10 +124,18 @@ impl LinkProxy {
         let _ = server.set_nodelay(true);
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        tokio::join!(
-            Self::pump(client_read, server_write, state.clone(), true),
-            Self::pump(server_read, client_write, state, false),
-        );
+        let mut cuts = state.cuts.subscribe();
+        cuts.mark_unchanged();
+        // A cut drops both pumps, and with them both sockets.
+        tokio::select! {
+            _ = async {
+                tokio::join!(
+                    Self::pump(client_read, server_write, state.clone(), true),
+                    Self::pump(server_read, client_write, state.clone(), false),
+                )
+            } => {}
+            _ = cuts.changed() => {}
+        }
     }
 
     /// Copies `from` to `to` through the delay line; `to_server` says the
