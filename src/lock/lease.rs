@@ -139,6 +139,19 @@ pub struct LockInfo {
     pub granted_at: Option<SystemTime>,
 }
 
+/// What a watcher's probe of a lock read, in one atomic step with its
+/// marker: the holder (never its token), and the lock's fence counter (the
+/// last fence granted, while it is kept), by which a watch that may have
+/// missed changes tells grants it did not hear of from none.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProbedLock {
+    /// The holder, or `None` when the lock is free.
+    pub holder: Option<LockInfo>,
+    /// The fence counter; `None` when there is none (never granted, past
+    /// `--fence-retention-ms`, or lost with the server's data).
+    pub counter: Option<u64>,
+}
+
 /// Milliseconds since the Unix epoch of a wall-clock time (0 before 1970).
 pub(crate) fn unix_millis(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)

@@ -151,7 +151,7 @@ pub mod types;
 pub use change::Change;
 pub use error::LockError;
 pub(crate) use lease::unix_millis;
-pub use lease::{AcquireRequest, Acquired, ExtendTtl, Lease, LockInfo, Released};
+pub use lease::{AcquireRequest, Acquired, ExtendTtl, Lease, LockInfo, ProbedLock, Released};
 pub use node::{Backend, ChangeListener, LockNode, Node, SemaphoreNode, WaitInterest};
 pub use service::Locks;
 pub use store::{LockStore, SemaphoreStore, Single, Store};

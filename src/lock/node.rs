@@ -11,6 +11,7 @@
 //! [`ChangeListener`] and [`WaitInterest`] are how a node's change stream
 //! reaches the service, and how the service tells a node what it waits for.
 
+use crate::lock::ProbedLock;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -136,14 +137,14 @@ pub trait LockNode: Node {
         Ok(found)
     }
 
-    /// Describes the holder as [`super::LockStore::inspect`] does and, in the same
-    /// atomic step, publishes [`Change::Probe`]`(marker)` on the lock's
-    /// change channel: the watcher that hears its marker knows that every
+    /// Describes the holder as [`super::LockStore::inspect`] does, with the
+    /// lock's fence counter ([`ProbedLock`]), and, in the same atomic step,
+    /// publishes [`Change::Probe`]`(marker)` on the lock's change channel: the watcher that hears its marker knows that every
     /// change before the read has reached it (see `service::watch`).
     ///
     /// # Errors
     /// [`LockError::Unavailable`] when the node fails;
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError>;
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<ProbedLock, LockError>;
 
     /// Raises the fencing counter of `name` to at least `fence`, and if
     /// `token` holds the lock, records `fence` as the holder's. Returns

@@ -14,6 +14,7 @@
 //! chose or was given it, and to no one else (`inspect` gives a
 //! [`LockInfo`] only).
 
+use crate::lock::ProbedLock;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -114,7 +115,7 @@ pub trait LockStore: Send + Sync {
     /// As for [`LockStore::acquire`]; [`LockError::Unsupported`] from a
     /// store whose locks cannot be watched (Redlock, which
     /// [`Store::watchable`] says first).
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError>;
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<ProbedLock, LockError>;
 
     /// One page of the held locks whose names start with `prefix`, from
     /// `at` (see [`super::listing`]): at most `limit` of them, never a
@@ -258,7 +259,7 @@ impl LockStore for Single {
         Ok(self.node.holder(name).await?.map(|(_, info)| info))
     }
 
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<ProbedLock, LockError> {
         self.node.probe(name, marker).await
     }
 

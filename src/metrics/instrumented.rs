@@ -1,6 +1,7 @@
 //! [`Instrumented`]: a decorator of a lock [`Node`] that times every call
 //! without the lock core knowing about metrics.
 
+use crate::lock::ProbedLock;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -167,7 +168,7 @@ impl LockNode for Instrumented {
             .await
     }
 
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<ProbedLock, LockError> {
         self.time("probe", self.inner.probe(name, marker)).await
     }
 

@@ -720,3 +720,34 @@ async fn lockd_watch_leaves_a_stream_that_went_silent_for_the_next_server() {
     );
     proxy.thaw();
 }
+
+/// Grants made and ended while a lockd's change subscription was down (the
+/// lock free before and after) are not silently skipped: once the
+/// subscription is back, the watch gets a fresh `state`, since the lock's
+/// fence counter moved (issue 28, item 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_missed_while_the_subscription_was_down_give_a_fresh_state() {
+    let redis = std::sync::Arc::new(crate::support::RedisServer::spawn().await);
+    let proxy = crate::support::LinkProxy::start(redis.port()).await;
+    let url = proxy.url();
+    let watched = TestApp::redis_on(redis.clone(), |s| s.store.redis_urls = vec![url.into()]).await;
+    let other = TestApp::redis_on(redis.clone(), |_| {}).await;
+    let (token, _) = take(&other, "gap", 30_000, "before").await;
+    other.release("gap", &token).await.expect_status(204);
+    let mut stream = watch(&watched, "gap").await;
+    assert_eq!(stream.expect("state").await.data["held"], json!(false));
+    // The watched lockd loses Redis, its subscription with it, and cannot
+    // come back yet; meanwhile the lock is taken and given back.
+    proxy.set_down(true);
+    proxy.cut();
+    let (token, fence) = take(&other, "gap", 30_000, "in the gap").await;
+    other.release("gap", &token).await.expect_status(204);
+    assert!(stream.next(Duration::from_millis(300)).await.is_none());
+    proxy.set_down(false);
+    let event = stream
+        .next(Duration::from_secs(15))
+        .await
+        .unwrap_or_else(|| panic!("no event after the gap (fence {fence} was missed)"));
+    assert_eq!(event.event, "state", "{event:?}");
+    assert_eq!(event.data["held"], json!(false), "{event:?}");
+}

@@ -8,6 +8,7 @@
 //! A std [`Mutex`] is right here (as in mini-redis's `db.rs`): the critical
 //! sections are short, never await, and a tokio mutex would only add cost.
 
+use crate::lock::ProbedLock;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -364,13 +365,18 @@ impl LockNode for MemoryBackend {
             .map(|h| (h.token.clone(), h.info(now))))
     }
 
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<ProbedLock, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let info = state.live(name, now).map(|h| h.info(now));
+        let holder = state.live(name, now).map(|h| h.info(now));
+        let counter = state
+            .fences
+            .get(name.as_str())
+            .filter(|c| c.forget_at > now)
+            .map(|c| c.fence);
         self.tell(Kind::Lock, name, &Change::Probe(marker.to_owned()));
         drop(state);
-        Ok(info)
+        Ok(ProbedLock { holder, counter })
     }
 
     async fn raise_fence(

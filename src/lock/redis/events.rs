@@ -112,6 +112,8 @@ impl PatternEvents {
         ];
         let mut backoff = EVENTS_BACKOFF.pauses();
         let mut fixed = self.clients.iter().cycle();
+        // Whether a subscription was lost, so that its return is logged.
+        let mut lost = false;
         loop {
             let mut changes = self.sentinels.as_ref().map(|s| s.changes());
             let client = match &self.sentinels {
@@ -131,6 +133,12 @@ impl PatternEvents {
             match self.subscribe(&client, &patterns).await {
                 Ok(mut stream) => {
                     backoff.reset();
+                    if std::mem::take(&mut lost) {
+                        tracing::info!(
+                            node = %client.get_connection_info().addr(),
+                            "release-event connection to Redis is back; waiters retry and watches read their locks again"
+                        );
+                    }
                     self.listener.resync();
                     loop {
                         let msg = match &mut changes {
@@ -147,6 +155,7 @@ impl PatternEvents {
                             self.listener.changed(&subject, &change);
                         }
                     }
+                    lost = true;
                     tracing::warn!(
                         node = %client.get_connection_info().addr(),
                         "release-event connection to Redis lost; waiters fall back to lease expiry until it is back"

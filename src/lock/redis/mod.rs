@@ -58,6 +58,7 @@
 //! A TLS failure is reported by [`connect`], once per node, and answered
 //! as [`LockError::Unavailable`].
 
+use crate::lock::ProbedLock;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
@@ -119,8 +120,16 @@ const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
 /// A watcher's marker (`probe.lua`), put in front of an inspect script.
 const PROBE_LUA: &str = include_str!("scripts/probe.lua");
 static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
-static PROBE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{PROBE_LUA}{INSPECT_LUA}")));
+/// A lock's probe: the marker, the holder as `inspect.lua` reads it, and
+/// the fence counter (KEYS[3]) after it, in one step.
+static PROBE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{PROBE_LUA}local function read_holder()\n{INSPECT_LUA}\nend\n\
+         local read = read_holder()\n\
+         read[#read + 1] = redis.call('GET', KEYS[3]) or ''\n\
+         return read\n"
+    ))
+});
 
 /// What a [`RedisBackend`] talks to.
 #[derive(Clone)]
@@ -1030,17 +1039,29 @@ impl LockNode for RedisBackend {
         Ok(holder_of(answer, read_at))
     }
 
-    async fn probe(&self, name: &LockName, marker: &str) -> Result<Option<LockInfo>, LockError> {
+    async fn probe(&self, name: &LockName, marker: &str) -> Result<ProbedLock, LockError> {
         let keys = Keys::new(&self.prefix, name);
         let mut call = PROBE.prepare_invoke();
         call.key(&keys.lock)
             .key(&keys.meta)
+            .key(&keys.fence)
             .arg(&keys.released)
             .arg(self.events.publish())
             .arg(marker);
         let read_at = Instant::now();
-        let answer = self.run(&call).await?;
-        Ok(holder_of(answer, read_at).map(|(_, info)| info))
+        let (pttl, token, fence, owner, granted_at, counter): (
+            i64,
+            String,
+            String,
+            String,
+            String,
+            String,
+        ) = self.run(&call).await?;
+        Ok(ProbedLock {
+            holder: holder_of((pttl, token, fence, owner, granted_at), read_at)
+                .map(|(_, info)| info),
+            counter: counter.parse().ok(),
+        })
     }
 
     async fn raise_fence(

@@ -39,6 +39,7 @@
 //! delayed restarts (a restarted node stays out for a TTL) or
 //! `appendfsync always` to avoid it.
 
+use crate::lock::ProbedLock;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -319,7 +320,7 @@ impl LockStore for Redlock {
 
     /// Refused: see [`NO_REDLOCK_WATCH`] ([`Store::watchable`] says so
     /// before a watch starts).
-    async fn probe(&self, _name: &LockName, _marker: &str) -> Result<Option<LockInfo>, LockError> {
+    async fn probe(&self, _name: &LockName, _marker: &str) -> Result<ProbedLock, LockError> {
         Err(LockError::Unsupported(NO_REDLOCK_WATCH))
     }
 }

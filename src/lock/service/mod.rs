@@ -939,7 +939,7 @@ mod tests {
             &self,
             name: &LockName,
             marker: &str,
-        ) -> Result<Option<LockInfo>, LockError> {
+        ) -> Result<crate::lock::ProbedLock, LockError> {
             self.inner.probe(name, marker).await
         }
 

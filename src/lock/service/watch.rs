@@ -21,7 +21,10 @@
 //! When the change stream may have lost messages (the subscription was
 //! lost and is back, a message this version does not understand), the
 //! follower probes and, if what it knew differs from what it reads, sends
-//! a fresh `state` event rather than guess what happened in between.
+//! a fresh `state` event rather than guess what happened in between. For a
+//! lock, what it knew includes the fence counter: grants made and ended in
+//! the gap (the lock free before and after) leave the counter moved, and a
+//! counter lost with Redis's data leaves none, so either gives a `state`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -35,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::{Backoff, ExponentialBackoff};
 use crate::lock::semaphore::{Limit, SemaphoreInfo};
 use crate::lock::{
-    Change, ChangeListener, Kind, LockError, LockInfo, Store, Subject, WaitInterest,
+    Change, ChangeListener, Kind, LockError, ProbedLock, Store, Subject, WaitInterest,
 };
 
 /// The default of `--max-watchers`: open watches at once, per instance.
@@ -423,11 +426,15 @@ impl Tracked {
 struct Read {
     limit: Option<Limit>,
     leases: BTreeMap<u64, Tracked>,
+    /// A lock's fence counter at the read (see [`ProbedLock`]); `None` for
+    /// a semaphore.
+    counter: Option<u64>,
 }
 
 impl Read {
-    fn of_lock(info: Option<LockInfo>) -> Self {
-        let leases = info
+    fn of_lock(probed: ProbedLock) -> Self {
+        let leases = probed
+            .holder
             .map(|info| {
                 let fence = info.fence.unwrap_or(0);
                 let tracked =
@@ -438,6 +445,7 @@ impl Read {
         Self {
             limit: None,
             leases,
+            counter: probed.counter,
         }
     }
 
@@ -456,6 +464,7 @@ impl Read {
         Self {
             limit: Some(info.limit),
             leases,
+            counter: None,
         }
     }
 }
@@ -515,6 +524,11 @@ struct Follower {
     backoff: Backoff,
     /// Whether the first read was made.
     read_once: bool,
+    /// A lock's fence counter as this follower knows it: from its last read,
+    /// raised by every grant it hears of. A read after changes may have
+    /// been missed that finds another tells of grants it did not hear of
+    /// (or of a counter lost), so it sends a fresh `state`.
+    counter: Option<u64>,
 }
 
 impl Follower {
@@ -530,6 +544,7 @@ impl Follower {
             retry: None,
             backoff: PROBE_BACKOFF.pauses(),
             read_once: false,
+            counter: None,
         }
     }
 
@@ -645,6 +660,7 @@ impl Follower {
         if purpose == Purpose::First {
             self.read_once = true;
             self.limit = read.limit;
+            self.counter = read.counter;
             self.leases = read.leases.clone();
             let snapshot = self.snapshot();
             self.emit(WatchEvent::State(snapshot));
@@ -678,10 +694,15 @@ impl Follower {
                     .collect();
                 let new = read.leases.keys().any(|f| !self.leases.contains_key(f));
                 let sure = heard && pending.purpose == Purpose::Expiry;
+                // After a gap, grants may have come and gone unheard: the
+                // counter tells (a lock free before and after included).
+                let missed = pending.purpose == Purpose::Resync && read.counter != self.counter;
+                // Every change before the marker is in the read.
+                self.counter = read.counter;
                 if read.limit.is_some() {
                     self.limit = read.limit;
                 }
-                if !new && (gone.is_empty() || sure) {
+                if !new && !missed && (gone.is_empty() || sure) {
                     // The leases both know take the read's ends.
                     for (fence, tracked) in read.leases {
                         if let Some(known) = self.leases.get_mut(&fence) {
@@ -730,6 +751,9 @@ impl Follower {
                         self.leases.remove(&ended);
                         self.emit(WatchEvent::Expired { fence: ended });
                     }
+                }
+                if self.subject.kind() == Kind::Lock {
+                    self.counter = Some(self.counter.map_or(fence, |c| c.max(fence)));
                 }
                 let granted_at = (granted_at_ms > 0)
                     .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms));

@@ -30,6 +30,8 @@ struct LinkState {
     freeze_on_answer: Mutex<Option<Vec<u8>>>,
     /// Bumped by [`LinkProxy::cut`]: every link open then ends.
     cuts: watch::Sender<u64>,
+    /// While set, a new connection is closed at once ([`LinkProxy::set_down`]).
+    down: std::sync::atomic::AtomicBool,
 }
 
 impl LinkProxy {
@@ -46,6 +48,7 @@ impl LinkProxy {
             freeze_on: Mutex::new(None),
             freeze_on_answer: Mutex::new(None),
             cuts: watch::Sender::new(0),
+            down: std::sync::atomic::AtomicBool::new(false),
         });
         let accept_state = state.clone();
         let accept = tokio::spawn(async move {
@@ -55,6 +58,10 @@ impl LinkProxy {
                 let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
+                if accept_state.down.load(AtomicOrdering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
                 links.spawn(Self::link(client, accept_state.clone()));
                 while links.try_join_next().is_some() {}
             }
@@ -108,6 +115,12 @@ impl LinkProxy {
     pub fn cut(&self) {
         self.state.cuts.send_modify(|n| *n += 1);
         self.thaw();
+    }
+
+    /// While `down`, closes every new connection at once (the server is
+    /// unreachable); the links already open are left as they are.
+    pub fn set_down(&self, down: bool) {
+        self.state.down.store(down, AtomicOrdering::SeqCst);
     }
 
     /// Whether the link is frozen (for example because [`Self::freeze_on`]
