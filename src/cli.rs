@@ -202,7 +202,7 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_REDIS_MODE", value_enum)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_mode: Option<RedisMode>,
-    /// After each grant and extend, wait (Redis `WAIT`) until this many
+    /// After each grant, extend and release, wait (Redis `WAIT`) until this many
     /// replicas acknowledged it; fewer within --replica-ack-timeout-ms undo
     /// a grant and answer 503 replication-lagging. Single, cluster and
     /// sentinel modes; 0 waits for none [default: 0].

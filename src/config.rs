@@ -145,7 +145,7 @@ pub struct StoreSettings {
     /// Sentinel mode: the name the Sentinels monitor the master by; set in
     /// that mode only (`sentinel_master`).
     pub sentinel_master: Option<String>,
-    /// How many replicas must acknowledge each grant and extend (Redis
+    /// How many replicas must acknowledge each grant, extend and release (Redis
     /// `WAIT`); 0: none. Not in Redlock mode (`min_replicas_acked`).
     pub min_replicas_acked: usize,
     /// How long a grant or extend waits for those replicas; at least 1 ms,
@@ -381,7 +381,7 @@ pub struct RawSettings {
     /// Sentinel mode: the name the Sentinels monitor the master by.
     #[serde(default)]
     pub sentinel_master: Option<String>,
-    /// Replicas that must acknowledge each grant and extend; 0: none.
+    /// Replicas that must acknowledge each grant, extend and release; 0: none.
     pub min_replicas_acked: usize,
     /// How long to wait for them, in milliseconds.
     pub replica_ack_timeout_ms: u64,

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::{IntoResponses, ToSchema};
 
-use crate::lock::{InvalidInput, LockError};
+use crate::lock::{InvalidInput, LaggingWrite, LockError};
 
 /// The media type of a problem document (RFC 9457 §3).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -435,17 +435,19 @@ impl From<LockError> for ApiError {
             LockError::ReplicationLagging {
                 acked,
                 needed,
-                undone,
+                write,
             } => {
-                tracing::warn!(acked, needed, undone, "too few replicas acknowledged a write");
-                let detail = if undone {
-                    format!(
+                tracing::warn!(acked, needed, ?write, "too few replicas acknowledged a write");
+                let detail = match write {
+                    LaggingWrite::GrantUndone => format!(
                         "only {acked} of the {needed} replicas lockd waits for acknowledged the grant in time, so it was undone and nothing is held; try again shortly"
-                    )
-                } else {
-                    format!(
+                    ),
+                    LaggingWrite::Lease => format!(
                         "only {acked} of the {needed} replicas lockd waits for acknowledged the new lease in time; count on the lease's old expiry, and extend again shortly"
-                    )
+                    ),
+                    LaggingWrite::Release => format!(
+                        "only {acked} of the {needed} replicas lockd waits for acknowledged the release in time: a failover now could bring the lease back; release again shortly (a 404 then says it is gone)"
+                    ),
                 };
                 Self::new(Kind::ReplicationLagging, detail).retry_after(UNAVAILABLE_RETRY)
             }

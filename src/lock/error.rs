@@ -61,8 +61,8 @@ pub enum LockError {
         acked: usize,
         /// How many must (`--min-replicas-acked`).
         needed: usize,
-        /// Whether the grant was deleted again.
-        undone: bool,
+        /// Which write fell short.
+        write: LaggingWrite,
     },
     /// Redlock: too few nodes answered to reach or to tell a quorum.
     #[error("{answered} of the nodes answered; {needed} are needed")]
@@ -86,6 +86,22 @@ pub enum LockError {
     /// URL). The text is for logs only; it never reaches a client.
     #[error("lock backend error: {0}")]
     Backend(String),
+}
+
+/// The write that too few replicas acknowledged, for
+/// [`LockError::ReplicationLagging`]: what the caller may count on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaggingWrite {
+    /// A new grant (of a lock or a permit): it was deleted again, and
+    /// nothing is held.
+    GrantUndone,
+    /// A new lease (an extend, or a renewal by the same token): it stands
+    /// on the master, and the holder counts on the old expiry.
+    Lease,
+    /// A release (of a lock, or a permit given back): done on the master,
+    /// but a failover now could bring the lease back; the caller releases
+    /// again (a 404 then says it is gone).
+    Release,
 }
 
 impl LockError {

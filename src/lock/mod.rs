@@ -149,7 +149,7 @@ pub mod subject;
 pub mod types;
 
 pub use change::Change;
-pub use error::LockError;
+pub use error::{LaggingWrite, LockError};
 pub(crate) use lease::unix_millis;
 pub use lease::{AcquireRequest, Acquired, ExtendTtl, Lease, LockInfo, ProbedLock, Released};
 pub use node::{Backend, ChangeListener, LockNode, Node, SemaphoreNode, WaitInterest};

@@ -178,7 +178,7 @@ pub struct Metrics {
     /// `lockd_quorum_failures_total{op}`: Redlock operations for which too
     /// few nodes answered.
     quorum_failures: IntCounterVec,
-    /// `lockd_replica_ack_failures_total{op}`: grants (undone) and extends
+    /// `lockd_replica_ack_failures_total{op}`: grants (undone), extends and releases
     /// that fewer than `--min-replicas-acked` replicas acknowledged.
     pub replica_ack_failures: IntCounterVec,
     /// `lockd_redis_pool_size{node}`, `..._available{node}`,
@@ -343,7 +343,7 @@ impl Metrics {
             )?,
             replica_ack_failures: b.counter(
                 "lockd_replica_ack_failures_total",
-                "Grants (undone) and extends that fewer than --min-replicas-acked replicas acknowledged in time.",
+                "Grants (undone), extends and releases that fewer than --min-replicas-acked replicas acknowledged in time.",
                 &["op"],
             )?,
             pool_size: b.gauge("lockd_redis_pool_size", "Connections open to a Redis node.", &["node"])?,

@@ -1,4 +1,4 @@
-//! `--min-replicas-acked`: grants and extends that must reach replicas
+//! `--min-replicas-acked`: grants, extends and releases that must reach replicas
 //! (Redis `WAIT`) before they are answered, over a real master with a
 //! replica, the shared Redis Cluster, and a Sentinel set.
 
@@ -28,7 +28,8 @@ async fn master_and_replica() -> (Arc<RedisServer>, RedisServer) {
 /// C17: with `--min-replicas-acked 1` and the only replica unable to
 /// acknowledge (SIGSTOP), an acquire answers 503 `replication-lagging`
 /// and leaves no lock on the master; an extend answers the same and the
-/// old lease stands; with the replica back, the next acquire is 201.
+/// old lease stands; a release answers the same (released on the master,
+/// a retry gets 404); with the replica back, the next acquire is 201.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn c17_replica_ack_a_wait_that_came_back_short_is_not_a_grant() {
     let (master, replica) = master_and_replica().await;
@@ -72,11 +73,27 @@ async fn c17_replica_ack_a_wait_that_came_back_short_is_not_a_grant() {
     let extend = app.extend_ttl("acked", &held.token(), 60_000).await;
     extend.expect_problem(503, "replication-lagging");
     assert_eq!(master.lock_token("acked").await, Some(held.token()));
+    // A release no replica heard of could come back with a failover: 503,
+    // so that the client releases again (issue 28, item 2), never a 204.
+    let release = app.release("acked", &held.token()).await;
+    let body = release.expect_problem(503, "replication-lagging");
+    assert!(release.header("retry-after").is_some(), "{}", release.text);
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("release again")),
+        "{}",
+        release.text
+    );
     replica.sigcont();
+    // Released on the master all the same: the retry says it is gone.
+    app.release("acked", &held.token())
+        .await
+        .expect_problem(404, "lock-not-held");
 
     app.acquire_ttl("unacked", 30_000).await.expect_status(201);
     let text = app.metrics().await;
-    for op in ["acquire", "extend"] {
+    for op in ["acquire", "extend", "release"] {
         assert_eq!(
             failures(&text, op) - failures(&before, op),
             1.0,
@@ -273,6 +290,24 @@ async fn c17_replica_ack_a_permit_short_of_acks_is_not_a_grant() {
         .await;
     extend.expect_problem(503, "replication-lagging");
     assert_eq!(app.get("/semaphores/acked").await.u64("holders"), 1);
+    let give_back = |token: String| {
+        let app = &app;
+        async move {
+            app.send(
+                reqwest::Method::DELETE,
+                "/semaphores/acked",
+                &[("Lock-Token", token.as_str())],
+                None,
+            )
+            .await
+        }
+    };
+    give_back(token.clone())
+        .await
+        .expect_problem(503, "replication-lagging");
     replica.sigcont();
+    give_back(token)
+        .await
+        .expect_problem(404, "permit-not-held");
     take("unacked").await.expect_status(201);
 }

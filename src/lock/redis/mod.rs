@@ -58,6 +58,7 @@
 //! A TLS failure is reported by [`connect`], once per node, and answered
 //! as [`LockError::Unavailable`].
 
+use crate::lock::LaggingWrite;
 use crate::lock::ProbedLock;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
@@ -185,7 +186,7 @@ pub struct RedisConfig {
     /// restarted (see `restart`); `None` outside Redlock, where
     /// restarts are not watched.
     pub restart_delay: Option<Duration>,
-    /// How many replicas must acknowledge each grant and extend (`WAIT`
+    /// How many replicas must acknowledge each grant, extend and release (`WAIT`
     /// on the connection that wrote it); 0: none.
     pub min_replicas_acked: usize,
     /// How long to wait for them.
@@ -559,6 +560,7 @@ impl RedisBackend {
         conn: Option<Conn>,
         key: &str,
         undo: Option<(Grant, ScriptInvocation<'static>)>,
+        otherwise: LaggingWrite,
     ) -> Result<(), LockError> {
         if self.min_replicas_acked == 0 {
             return Ok(());
@@ -573,7 +575,11 @@ impl RedisBackend {
             Ok(acked) => LockError::ReplicationLagging {
                 acked,
                 needed: self.min_replicas_acked,
-                undone: undo.is_some(),
+                write: if undo.is_some() {
+                    LaggingWrite::GrantUndone
+                } else {
+                    otherwise
+                },
             },
             Err(e) => e,
         };
@@ -940,7 +946,7 @@ impl LockNode for RedisBackend {
         if status == 1 || status == 2 {
             // A new grant short of acks is undone; a renewal stands.
             let undo = (status == 1).then(|| self.lock_undo(&keys, req));
-            self.check_replicas(sent_on.clone(), &keys.lock, undo)
+            self.check_replicas(sent_on.clone(), &keys.lock, undo, LaggingWrite::Lease)
                 .await?;
         }
         match status {
@@ -1002,7 +1008,8 @@ impl LockNode for RedisBackend {
         let (status, fence, ttl_ms): (i64, i64, i64) = self.run_on(&call, &mut sent_on).await?;
         match status {
             1 => {
-                self.check_replicas(sent_on, &keys.lock, None).await?;
+                self.check_replicas(sent_on, &keys.lock, None, LaggingWrite::Lease)
+                    .await?;
                 let set_to = u64::try_from(ttl_ms)
                     .ok()
                     .and_then(|ms| Ttl::from_millis(ms, Ttl::CEILING_MS, "ttl_ms").ok())
@@ -1022,12 +1029,20 @@ impl LockNode for RedisBackend {
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         let keys = Keys::new(&self.prefix, name);
-        let (verdict, granted_at): (i64, String) =
-            self.run(&self.release_call(&keys, token)).await?;
+        let mut sent_on = None;
+        let (verdict, granted_at): (i64, String) = self
+            .run_on(&self.release_call(&keys, token), &mut sent_on)
+            .await?;
         match verdict {
-            1 => Ok(Released {
-                granted_at: parse_unix_millis(&granted_at),
-            }),
+            1 => {
+                // A release the replicas did not hear of could come back
+                // with a failover: the caller is told to release again.
+                self.check_replicas(sent_on, &keys.lock, None, LaggingWrite::Release)
+                    .await?;
+                Ok(Released {
+                    granted_at: parse_unix_millis(&granted_at),
+                })
+            }
             0 => Err(LockError::NotHeld),
             _ => Err(LockError::NotOwner),
         }

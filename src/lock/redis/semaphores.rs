@@ -4,6 +4,7 @@
 //! `{name}` hash tag, so each script touches one node, on a single Redis,
 //! a Sentinel set's master or a Redis Cluster alike.
 
+use crate::lock::LaggingWrite;
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime};
 
@@ -117,7 +118,8 @@ impl RedisBackend {
             // As for a lock: a new permit short of acks is given back; a
             // renewal stands.
             let undo = (status == 1).then(|| self.permit_undo(&keys, req));
-            self.check_replicas(sent_on, &keys.permits, undo).await?;
+            self.check_replicas(sent_on, &keys.permits, undo, LaggingWrite::Lease)
+                .await?;
         }
         match status {
             0 => Ok(Err(Refusal::Full {
@@ -155,7 +157,12 @@ impl RedisBackend {
     ) -> Result<Option<Released>, LockError> {
         let keys = SemKeys::new(&self.prefix, name);
         let call = self.give_back_call(&keys, token);
-        let (released, granted_at_ms): (i64, u64) = self.run(&call).await?;
+        let mut sent_on = None;
+        let (released, granted_at_ms): (i64, u64) = self.run_on(&call, &mut sent_on).await?;
+        if released == 1 {
+            self.check_replicas(sent_on, &keys.permits, None, LaggingWrite::Release)
+                .await?;
+        }
         Ok((released == 1).then(|| Released {
             granted_at: (granted_at_ms > 0)
                 .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms)),
@@ -219,7 +226,8 @@ impl RedisBackend {
         if status != 1 {
             return Ok(None);
         }
-        self.check_replicas(sent_on, &keys.permits, None).await?;
+        self.check_replicas(sent_on, &keys.permits, None, LaggingWrite::Lease)
+            .await?;
         let set_to = Ttl::from_millis(ttl_ms, Ttl::CEILING_MS, "ttl_ms").unwrap_or(fallback);
         let Some(lease) = Lease::left(stored_number(&fence)?, set_to, sent, sent_wall) else {
             return Ok(None);
