@@ -148,7 +148,11 @@ impl Application {
         let listener = bind(settings.listen.addr).await?;
         let metrics = match settings.metrics.listen {
             Some(addr) => {
-                let browsers = Browsers::new(addr, false, &[], &settings.listen.allowed_hosts);
+                let browsers = Browsers::new(
+                    addr,
+                    &settings.listen.cors_allow_origins,
+                    &settings.listen.allowed_hosts,
+                );
                 Some((bind(addr).await?, metrics_router(state.clone(), &browsers)))
             }
             None => None,
@@ -299,7 +303,6 @@ fn shared_state(
         ),
         browsers: Browsers::new(
             settings.listen.addr,
-            settings.listen.tls.is_some(),
             &settings.listen.cors_allow_origins,
             &settings.listen.allowed_hosts,
         ),

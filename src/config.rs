@@ -740,8 +740,12 @@ fn web_origin(raw: &str) -> Result<String, String> {
         )
     };
     let url = url::Url::parse(raw.trim()).map_err(|_| wrong())?;
+    let plain_host = url.host_str().is_some_and(|h| {
+        h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'[' | b']' | b':'))
+    });
     if !matches!(url.scheme(), "http" | "https")
-        || url.host().is_none()
+        || !plain_host
         || !matches!(url.path(), "" | "/")
         || url.query().is_some()
         || url.fragment().is_some()
@@ -763,6 +767,8 @@ fn host_name(raw: &str) -> Result<String, String> {
             || name.split('.').all(|label| {
                 !label.is_empty()
                     && label.len() <= 63
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
                     && label
                         .bytes()
                         .all(|b| b.is_ascii_alphanumeric() || b == b'-')
@@ -1644,6 +1650,7 @@ mod tests {
             "https://user@dash.example.com",
             "https://dash.example.com?x",
             "*",
+            "https://*.example.com",
             "null",
             "",
         ] {
@@ -1654,7 +1661,15 @@ mod tests {
             Ok("lockd.internal".to_owned())
         );
         assert_eq!(host_name("10.0.0.5"), Ok("10.0.0.5".to_owned()));
-        for bad in ["lockd.internal:8080", "", "a..b", "http://x", "a b"] {
+        for bad in [
+            "lockd.internal:8080",
+            "",
+            "a..b",
+            "http://x",
+            "a b",
+            "-bad.test",
+            "bad-.test",
+        ] {
             assert!(host_name(bad).is_err(), "{bad}");
         }
         let twice = Settings::try_from(RawSettings {

@@ -12,12 +12,17 @@
 //!   `[::1]`) or a name given with `--allowed-host`: 421
 //!   `misdirected-request`. A DNS-rebinding page's requests carry its own
 //!   name, so they stop here.
+//!   An absolute-form target's host wins over `Host` (RFC 9112 §3.2.2).
 //! - **Origin.** A request with an `Origin` header that is neither lockd's
-//!   own origin (a page lockd served itself, such as `/docs`) nor one of
-//!   `--cors-allow-origin`: 403 `cross-origin`. Without `Origin`, a request
-//!   with `Sec-Fetch-Site: cross-site`: 403 too. Browsers send `Origin` on
-//!   every cross-origin request and on every `POST`, `PATCH` and `DELETE`;
-//!   curl and the clients send neither header, and pass unchanged.
+//!   own origin (the `Host` it names, by either scheme: a page lockd served
+//!   itself, such as `/docs`, behind a proxy or not) nor one of
+//!   `--cors-allow-origin`: 403 `cross-origin`; two `Origin` headers: 400.
+//!   Without `Origin`, a request with `Sec-Fetch-Site: cross-site` (in any
+//!   of its values): 403 too, but for a link followed from another site (a
+//!   top-level `GET` navigation, which that site cannot read). Browsers
+//!   send `Origin` on every cross-origin request and on every `POST`,
+//!   `PATCH` and `DELETE`; curl and the clients send neither header, and
+//!   pass unchanged.
 //!
 //! A refused request writes nothing. For the allowed origins, tower-http's
 //! CORS layer ([`Browsers::cors`]) answers the preflights and adds
@@ -49,6 +54,12 @@ const LOCK_TOKEN: HeaderName = HeaderName::from_static("lock-token");
 /// The `Sec-Fetch-Site` header (Fetch Metadata).
 const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
 
+/// The `Sec-Fetch-Mode` header (Fetch Metadata).
+const SEC_FETCH_MODE: HeaderName = HeaderName::from_static("sec-fetch-mode");
+
+/// The `Sec-Fetch-Dest` header (Fetch Metadata).
+const SEC_FETCH_DEST: HeaderName = HeaderName::from_static("sec-fetch-dest");
+
 /// How long a browser may keep a preflight's answer.
 const PREFLIGHT_MAX_AGE: Duration = Duration::from_secs(600);
 
@@ -58,8 +69,6 @@ const MAX_QUOTED: usize = 100;
 /// Who may call one listener from a browser, and by which names.
 #[derive(Debug, Clone)]
 pub struct Browsers {
-    /// `http` or `https`: the scheme of lockd's own origin.
-    scheme: &'static str,
     /// The serialized origins allowed besides lockd's own.
     allowed_origins: Arc<[String]>,
     /// On a loopback listener, the names allowed in `Host` besides the
@@ -68,12 +77,11 @@ pub struct Browsers {
 }
 
 impl Browsers {
-    /// The policy of a listener on `addr` (HTTPS when `tls`), with the
+    /// The policy of a listener on `addr`, with the
     /// origins of `--cors-allow-origin` (serialized, as the settings keep
     /// them) and the names of `--allowed-host` (lower case, no port).
-    pub fn new(addr: SocketAddr, tls: bool, origins: &[String], hosts: &[String]) -> Self {
+    pub fn new(addr: SocketAddr, origins: &[String], hosts: &[String]) -> Self {
         Self {
-            scheme: if tls { "https" } else { "http" },
             allowed_origins: origins.into(),
             loopback_hosts: addr.ip().is_loopback().then(|| hosts.into()),
         }
@@ -127,7 +135,8 @@ impl Browsers {
 
     /// Why `request` is refused, if it is.
     fn refusal(&self, request: &Request) -> Option<ApiError> {
-        let mut hosts = request.headers().get_all(header::HOST).iter();
+        let headers = request.headers();
+        let mut hosts = headers.get_all(header::HOST).iter();
         let host = hosts.next();
         if hosts.next().is_some() {
             return Some(ApiError::invalid(
@@ -144,6 +153,9 @@ impl Browsers {
             }
             None => None,
         };
+        // An absolute-form target names the host; Host is then ignored
+        // (RFC 9112 §3.2.2).
+        let host = request.uri().authority().map(|a| a.as_str()).or(host);
         if let (Some(allowed), Some(host)) = (&self.loopback_hosts, host)
             && !host_allowed(host, allowed)
         {
@@ -151,43 +163,65 @@ impl Browsers {
                 Kind::MisdirectedRequest,
                 format!(
                     "this lockd listens on a loopback address and answers requests for a \
-                     loopback name (localhost, 127.0.0.1, [::1]) only, not for Host {:?}: \
-                     a page that rebinds its DNS name to this machine is refused so; \
-                     start lockd with --allowed-host to serve another name",
+                     loopback name only (localhost, *.localhost, 127.0.0.0/8, [::1]), not for \
+                     Host {:?}: a page that rebinds its DNS name to this machine is refused \
+                     so; start lockd with --allowed-host to serve another name",
                     quoted(host)
                 ),
             ));
         }
-        match request.headers().get(header::ORIGIN) {
-            Some(origin) => {
-                let origin = origin.to_str().unwrap_or("");
-                let own = host.is_some_and(|host| same_origin(self.scheme, host, origin));
-                if own || self.allowed_origins.iter().any(|o| o == origin) {
-                    return None;
-                }
-                Some(ApiError::new(
-                    Kind::CrossOrigin,
-                    format!(
-                        "a browser page of origin {:?} may not call this lockd; start lockd \
-                         with --cors-allow-origin for an origin that may",
-                        quoted(origin)
-                    ),
-                ))
-            }
-            None if request
-                .headers()
-                .get(SEC_FETCH_SITE)
-                .is_some_and(|site| site.as_bytes().eq_ignore_ascii_case(b"cross-site")) =>
-            {
-                Some(ApiError::new(
-                    Kind::CrossOrigin,
-                    "a browser request from another site (Sec-Fetch-Site: cross-site) may not \
-                     call this lockd; start lockd with --cors-allow-origin for an origin that may",
-                ))
-            }
-            None => None,
+        let mut origins = headers.get_all(header::ORIGIN).iter();
+        let origin = origins.next();
+        if origins.next().is_some() {
+            return Some(ApiError::invalid(
+                "the request has more than one Origin header; a browser sends one",
+            ));
         }
+        if let Some(origin) = origin {
+            let origin = origin.to_str().unwrap_or("");
+            let own = host.is_some_and(|host| same_origin(host, origin));
+            if own || self.allowed_origins.iter().any(|o| o == origin) {
+                return None;
+            }
+            return Some(ApiError::new(
+                Kind::CrossOrigin,
+                format!(
+                    "a browser page of origin {:?} may not call this lockd; start lockd \
+                     with --cors-allow-origin for an origin that may",
+                    quoted(origin)
+                ),
+            ));
+        }
+        let said = |name: &HeaderName, value: &[u8]| {
+            headers.get_all(name).iter().any(|v| {
+                v.as_bytes()
+                    .split(|b| *b == b',')
+                    .any(|part| unquoted(part.trim_ascii()).eq_ignore_ascii_case(value))
+            })
+        };
+        // A link followed from another site opens a page (top-level, GET),
+        // which its page cannot read: let it through, so that a dashboard's
+        // link to /docs or /metrics works. Any other request from another
+        // site is refused.
+        let navigation = matches!(*request.method(), Method::GET | Method::HEAD)
+            && said(&SEC_FETCH_MODE, b"navigate")
+            && said(&SEC_FETCH_DEST, b"document");
+        if said(&SEC_FETCH_SITE, b"cross-site") && !navigation {
+            return Some(ApiError::new(
+                Kind::CrossOrigin,
+                "a browser request from another site (Sec-Fetch-Site: cross-site) may not \
+                 call this lockd; start lockd with --cors-allow-origin for an origin that may",
+            ));
+        }
+        None
     }
+}
+
+/// `part` without the double quotes around it, if any.
+fn unquoted(part: &[u8]) -> &[u8] {
+    part.strip_prefix(b"\"")
+        .and_then(|p| p.strip_suffix(b"\""))
+        .unwrap_or(part)
 }
 
 /// `text` cut to [`MAX_QUOTED`] characters.
@@ -219,7 +253,7 @@ fn host_part(host: &str) -> Option<String> {
 }
 
 fn is_port(port: &str) -> bool {
-    !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit())
+    port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok()
 }
 
 /// Whether `host` (a `Host` value) names this machine's loopback, or one
@@ -238,19 +272,19 @@ fn host_allowed(host: &str, allowed: &[String]) -> bool {
         || allowed.iter().any(|a| *a == name || *a == address)
 }
 
-/// Whether `origin` (an `Origin` value) is lockd's own: `scheme://host`,
-/// compared in their serialized forms (so `http://localhost:80` is
-/// `http://localhost`).
-fn same_origin(scheme: &str, host: &str, origin: &str) -> bool {
-    let own = url::Url::parse(&format!("{scheme}://{host}"));
-    let theirs = url::Url::parse(origin);
-    match (own, theirs) {
-        (Ok(own), Ok(theirs)) => {
-            own.origin().ascii_serialization() == theirs.origin().ascii_serialization()
-                && theirs.origin().is_tuple()
-        }
-        _ => false,
+/// Whether `origin` (an `Origin` value) is lockd's own: the host and port
+/// of `host` (a `Host` value), by either scheme (a proxy in front may serve
+/// lockd over HTTPS while it listens on HTTP), compared in their
+/// serialized forms (so `http://localhost:80` is `http://localhost`).
+fn same_origin(host: &str, origin: &str) -> bool {
+    let Ok(theirs) = url::Url::parse(origin) else {
+        return false;
+    };
+    if !matches!(theirs.scheme(), "http" | "https") || !theirs.origin().is_tuple() {
+        return false;
     }
+    let own = url::Url::parse(&format!("{}://{host}", theirs.scheme()));
+    own.is_ok_and(|own| own.origin().ascii_serialization() == theirs.origin().ascii_serialization())
 }
 
 /// The layer of [`Browsers::guard`].
@@ -339,33 +373,15 @@ mod tests {
     }
 
     #[test]
-    fn lockds_own_origin_is_its_scheme_and_host() {
-        assert!(same_origin(
-            "http",
-            "127.0.0.1:8080",
-            "http://127.0.0.1:8080"
-        ));
-        assert!(same_origin("http", "localhost", "http://localhost:80"));
-        assert!(same_origin(
-            "https",
-            "Lockd.example:443",
-            "https://lockd.example"
-        ));
-        assert!(!same_origin(
-            "http",
-            "127.0.0.1:8080",
-            "https://127.0.0.1:8080"
-        ));
-        assert!(!same_origin(
-            "http",
-            "127.0.0.1:8080",
-            "http://127.0.0.1:3000"
-        ));
-        assert!(!same_origin("http", "localhost:8080", "null"));
-        assert!(!same_origin(
-            "http",
-            "localhost:8080",
-            "http://evil.example"
-        ));
+    fn lockds_own_origin_is_its_host_and_port_by_either_scheme() {
+        assert!(same_origin("127.0.0.1:8080", "http://127.0.0.1:8080"));
+        assert!(same_origin("localhost", "http://localhost:80"));
+        assert!(same_origin("Lockd.example:443", "https://lockd.example"));
+        // Behind a proxy that serves HTTPS.
+        assert!(same_origin("lockd.example", "https://lockd.example"));
+        assert!(!same_origin("127.0.0.1:8080", "http://127.0.0.1:3000"));
+        assert!(!same_origin("localhost:8080", "null"));
+        assert!(!same_origin("localhost:8080", "http://evil.example"));
+        assert!(!same_origin("localhost:8080", "ftp://localhost:8080"));
     }
 }

@@ -237,8 +237,8 @@ fn declare_routes(metrics: &Metrics, doc: &OpenApi) {
 /// so that a private address can carry everything a monitoring system
 /// needs, including readiness during a shutdown.
 ///
-/// `browsers` is the policy of its own address: no page calls it from a
-/// browser, and on loopback it answers loopback names only.
+/// `browsers` is the policy of its own address: the main listener's
+/// allowed origins, and on loopback loopback names only.
 pub fn metrics_router(state: AppState, browsers: &Browsers) -> Router {
     let app = Router::new()
         .route("/metrics", get(ops::metrics))
@@ -246,6 +246,10 @@ pub fn metrics_router(state: AppState, browsers: &Browsers) -> Router {
         .route("/readyz", get(ops::readyz))
         .layer(timeout(state.limits.request_timeout));
     let metrics = state.metrics.clone();
+    let mut app = app.with_state(state);
+    if let Some(cors) = browsers.cors() {
+        app = app.layer(cors);
+    }
     let checks = Stack::new(browsers.guard(), layer_fn(target::refuse_malformed));
-    telemetry::wrap(app.with_state(state), metrics, checks)
+    telemetry::wrap(app, metrics, checks)
 }

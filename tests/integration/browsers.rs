@@ -310,3 +310,110 @@ async fn the_metrics_listener_answers_loopback_names_only() {
     .await;
     assert_eq!(status, 200, "{answer}");
 }
+
+#[tokio::test]
+async fn a_link_from_another_site_opens_a_page_and_nothing_else_gets_through() {
+    let app = TestApp::memory().await;
+    let navigate = |dest: &'static str| {
+        vec![
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "navigate"),
+            ("sec-fetch-dest", dest),
+        ]
+    };
+    // A dashboard's link to /docs: a top-level page its page cannot read.
+    app.send(Method::GET, "/docs", &navigate("document"), None)
+        .await
+        .expect_status(200);
+    // Framed (clickjacking), or sent as a POST: refused.
+    app.send(Method::GET, "/docs", &navigate("iframe"), None)
+        .await
+        .expect_problem(403, "cross-origin");
+    app.send(Method::POST, "/locks/nav", &navigate("document"), None)
+        .await
+        .expect_problem(403, "cross-origin");
+    // Every value of a repeated or listed Sec-Fetch-Site counts.
+    for site in ["cross-site, same-origin", "\"cross-site\""] {
+        app.send(
+            Method::POST,
+            "/locks/nav",
+            &[("sec-fetch-site", site)],
+            None,
+        )
+        .await
+        .expect_problem(403, "cross-origin");
+    }
+    assert_free(&app, "nav").await;
+}
+
+#[tokio::test]
+async fn tricks_a_browser_cannot_play_are_refused_too() {
+    let app = TestApp::memory().await;
+    let own = format!("http://{}", app.addr);
+    let (status, answer) = raw_status(
+        app.addr,
+        &format!(
+            "POST /locks/two HTTP/1.1\r\nHost: {}\r\nOrigin: {own}\r\nOrigin: http://evil.example\r\n\
+             Content-Length: 0\r\nConnection: close\r\n\r\n",
+            app.addr
+        ),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    // An absolute-form target names the host; its Host is not looked at.
+    let (status, answer) = raw_status(
+        app.addr,
+        &format!(
+            "POST http://evil.example/locks/two HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\n\
+             Connection: close\r\n\r\n",
+            app.addr
+        ),
+    )
+    .await;
+    assert_eq!(status, 421, "{answer}");
+    assert_free(&app, "two").await;
+}
+
+#[tokio::test]
+async fn behind_a_proxy_that_serves_https_lockds_own_pages_still_call_it() {
+    let app = TestApp::memory_with(|s| {
+        s.listen.addr = "0.0.0.0:0".parse().unwrap();
+        s.auth.insecure_no_auth = true;
+    })
+    .await;
+    app.send(
+        Method::POST,
+        "/locks/proxied",
+        &[
+            ("host", "lockd.example.com"),
+            ("origin", "https://lockd.example.com"),
+        ],
+        None,
+    )
+    .await
+    .expect_status(201);
+}
+
+#[tokio::test]
+async fn the_metrics_listener_serves_the_allowed_origins_too() {
+    let app = TestApp::memory_with(|s| {
+        s.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+        s.listen.cors_allow_origins = vec![DASHBOARD.to_owned()];
+    })
+    .await;
+    let addr = app.metrics_addr.expect("metrics listener");
+    let (status, answer) = raw_status(
+        addr,
+        &format!(
+            "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {DASHBOARD}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains(&format!("access-control-allow-origin: {DASHBOARD}")),
+        "{answer}"
+    );
+}
