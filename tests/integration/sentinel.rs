@@ -483,3 +483,96 @@ async fn two_instances_never_both_grant_a_name_through_a_failover() {
         doubles.first()
     );
 }
+
+/// Writes stop as soon as the Sentinels announce a failover, before
+/// `+switch-master` (issue 28, item 2): a write the old master took after
+/// its replica was promoted would be lost with it (a release answered 204
+/// that came back, 537 times in a new user's trial). Between the leader's
+/// `+selected-slave` and its `+switch-master` (about a second while the
+/// promotion is confirmed), lockd answers 503 with `Retry-After`, never a
+/// 2xx; after the switch it grants again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_stop_as_soon_as_the_sentinels_announce_a_failover() {
+    use futures::StreamExt as _;
+    let set = Arc::new(SentinelSet::start().await);
+    let app = TestApp::sentinel_on(set.clone(), |_| {}).await;
+    app.acquire_ttl("fo:warm", 1000).await.expect_status(201);
+    let leader = redis::Client::open(set.sentinel_urls()[0].clone()).unwrap();
+    let mut pubsub = leader.get_async_pubsub().await.unwrap();
+    pubsub
+        .subscribe(&["+selected-slave", "+switch-master"])
+        .await
+        .unwrap();
+    let mut events = pubsub.into_on_message();
+    // The switch is the first +switch-master of any Sentinel: the leader's
+    // own comes seconds after the others' (docs/redis.md).
+    let mut switches = Vec::new();
+    for url in set.sentinel_urls() {
+        let client = redis::Client::open(url).unwrap();
+        let mut pubsub = client.get_async_pubsub().await.unwrap();
+        pubsub.subscribe("+switch-master").await.unwrap();
+        switches.push(pubsub.into_on_message());
+    }
+    let mut switches = futures::stream::select_all(switches);
+    let mut ask = leader.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER_NAME)
+        .query_async(&mut ask)
+        .await
+        .unwrap();
+    let selected = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(msg) = events.next().await {
+            if msg.get_channel_name() == "+selected-slave" {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(selected, Ok(true), "no +selected-slave from the leader");
+    // From the announcement to the switch, as the leader tells it.
+    let app = Arc::new(app);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (app, stop) = (app.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let reply = app.acquire_ttl(&format!("fo:{i}"), 30_000).await;
+                if reply.status == 503 {
+                    assert!(reply.header("retry-after").is_some(), "{reply:?}");
+                }
+                answers.push(reply.status.as_u16());
+                i += 1;
+            }
+            answers
+        })
+    };
+    let switched = tokio::time::timeout(Duration::from_secs(20), switches.next())
+        .await
+        .is_ok_and(|m| m.is_some());
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut answers = writer.await.unwrap();
+    // The last answer may have come after the switch.
+    answers.pop();
+    assert!(switched, "no +switch-master within 20 s: {answers:?}");
+    let first_refusal = answers.iter().position(|s| *s == 503);
+    assert!(
+        first_refusal.is_some(),
+        "lockd kept writing to the old master until the switch: {answers:?}"
+    );
+    let after: Vec<u16> = answers[first_refusal.unwrap_or(0)..].to_vec();
+    assert!(
+        after.iter().all(|s| *s == 503),
+        "a write was answered after the failover was announced: {answers:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            app.acquire_ttl("fo:after", 30_000).await.status == 201
+        })
+        .await,
+        "no grant after the switch"
+    );
+}

@@ -13,6 +13,14 @@
 //!   subscription per Sentinel, see [`Sentinels::follow`]), lockd moves to
 //!   the new master the message names, at once: the old master may still
 //!   accept writes for seconds until Sentinel demotes it.
+//! - When a Sentinel announces that it is failing the master over
+//!   (`+failover-state-*`, `+selected-slave`, `+promoted-slave`), before
+//!   `+switch-master`, lockd stops writing to the master at once: it
+//!   forgets it, and every operation is unavailable (503 with
+//!   `Retry-After`) until the switch, the failover's abort
+//!   (`-failover-abort-*`), or [`HOLD_MAX`]. A write the old master took
+//!   after its replica was promoted would be lost with it (a release
+//!   answered 204 that comes back).
 //! - When a command fails with `READONLY` (the node was demoted) or its
 //!   connection drops, lockd forgets the master and asks again.
 //!
@@ -38,6 +46,11 @@ use crate::lock::LockError;
 
 /// How often the Sentinels are asked which master is current.
 const TOPOLOGY_CHECK: Duration = Duration::from_secs(1);
+
+/// The longest lockd holds off writing after a Sentinel announced a
+/// failover that neither switched nor aborted since (an announcement lost
+/// with its Sentinel's connection): then it asks the Sentinels again.
+pub const HOLD_MAX: Duration = Duration::from_secs(15);
 
 /// The pauses between reconnections to a Sentinel that was lost.
 const FOLLOW_BACKOFF: ExponentialBackoff =
@@ -67,6 +80,9 @@ pub struct Sentinels {
     failovers: AtomicU64,
     /// Tells the release-event subscriber to move to the new master.
     changes: watch::Sender<u64>,
+    /// Set while a failover the Sentinels announced has not switched or
+    /// aborted: until when lockd holds off writing.
+    held: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// One Sentinel's answer to `SENTINEL master NAME`.
@@ -163,6 +179,7 @@ impl Sentinels {
             generation: AtomicU64::new(0),
             failovers: AtomicU64::new(0),
             changes: watch::channel(0).0,
+            held: Mutex::new(None),
         })
     }
 
@@ -173,6 +190,11 @@ impl Sentinels {
     /// When no Sentinel answers in time, or none knows a master by that
     /// name that calls itself master.
     pub async fn master(&self) -> Result<(Client, u64), RedisError> {
+        if self.holding() {
+            return Err(unavailable(
+                "the Sentinels are failing the master over; lockd writes again once the new master is named",
+            ));
+        }
         if let Some(m) = self.kept() {
             return Ok((m.client, m.generation));
         }
@@ -320,6 +342,7 @@ impl Sentinels {
     /// Moves to the master at `host:port` at once; `why` says what named
     /// it (`+switch-master`, or the check every second).
     fn switch_to(&self, host: &str, port: u16, why: &str) {
+        self.release_hold();
         let Ok(client) = self.client_for(host.to_owned(), port) else {
             self.forget(self.generation(), why);
             return;
@@ -339,6 +362,43 @@ impl Sentinels {
         tracing::warn!(old = ?old.map(|m| m.addr), new = %addr, name = %self.name, reason = why, "the Redis master changed");
         self.note_master(&addr);
         self.changes.send_replace(generation);
+    }
+
+    /// Whether a failover the Sentinels announced holds writes off now.
+    fn holding(&self) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        match *held {
+            Some(until) if tokio::time::Instant::now() < until => true,
+            Some(_) => {
+                *held = None;
+                tracing::warn!(name = %self.name, "a failover the Sentinels announced neither switched nor aborted in time; asking the Sentinels again");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Stops writing to the master now: a Sentinel announced its failover
+    /// (`why`, the event).
+    fn hold(&self, why: &str) {
+        let first = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(tokio::time::Instant::now() + HOLD_MAX)
+            .is_none();
+        if first {
+            tracing::warn!(name = %self.name, event = why, "the Sentinels are failing the master over: no writes until the new master is named (503 meanwhile)");
+        }
+        self.forget(self.generation(), why);
+    }
+
+    /// Ends a hold (the switch came, or the failover aborted).
+    fn release_hold(&self) {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
     }
 
     fn kept(&self) -> Option<Master> {
@@ -424,14 +484,32 @@ impl Sentinels {
             let subscribed = async {
                 let mut pubsub = client.get_async_pubsub().await?;
                 pubsub.subscribe("+switch-master").await?;
+                pubsub
+                    .subscribe(&["+selected-slave", "+promoted-slave"])
+                    .await?;
+                pubsub
+                    .psubscribe(&["+failover-state-*", "-failover-abort-*"])
+                    .await?;
                 Ok::<_, RedisError>(pubsub.into_on_message())
             };
             match tokio::time::timeout(self.timeout, subscribed).await {
                 Ok(Ok(mut stream)) => {
                     backoff.reset();
                     while let Some(msg) = stream.next().await {
-                        // "<name> <old ip> <old port> <new ip> <new port>"
                         let payload: String = msg.get_payload().unwrap_or_default();
+                        let event = msg.get_channel_name();
+                        if event != "+switch-master" {
+                            if failover_of(&payload) == Some(self.name.as_str()) {
+                                if event.starts_with("-failover-abort") {
+                                    self.release_hold();
+                                    self.forget(self.generation(), event);
+                                } else {
+                                    self.hold(event);
+                                }
+                            }
+                            continue;
+                        }
+                        // "<name> <old ip> <old port> <new ip> <new port>"
                         let parts: Vec<&str> = payload.split_whitespace().collect();
                         if let [name, _, _, host, port] = parts.as_slice()
                             && *name == self.name
@@ -451,9 +529,34 @@ impl Sentinels {
     }
 }
 
+/// The master name a Sentinel's failover event is about: `master NAME ip
+/// port ...` (`+failover-state-*`, `-failover-abort-*`), or `slave ip:port
+/// ip port @ NAME ip port` (`+selected-slave`, `+promoted-slave`).
+fn failover_of(payload: &str) -> Option<&str> {
+    let parts: Vec<&str> = payload.split_whitespace().collect();
+    match parts.iter().position(|p| *p == "@") {
+        Some(at) => parts.get(at + 1).copied(),
+        None if parts.first() == Some(&"master") => parts.get(1).copied(),
+        None => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{Named, choose};
+    use super::{Named, choose, failover_of};
+
+    #[test]
+    fn a_failover_event_names_its_master() {
+        assert_eq!(
+            failover_of("master mymaster 127.0.0.1 6379"),
+            Some("mymaster")
+        );
+        assert_eq!(
+            failover_of("slave 127.0.0.1:6380 127.0.0.1 6380 @ mymaster 127.0.0.1 6379"),
+            Some("mymaster")
+        );
+        assert_eq!(failover_of("sentinel 1 2 3"), None);
+    }
 
     fn named(port: u16, epoch: u64, in_failover: bool) -> Named {
         Named {
