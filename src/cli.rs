@@ -10,22 +10,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::args::{AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, StatusArgs, WatchArgs};
 
-/// A flag's milliseconds: a whole number, 0 or more, no sign or unit.
-/// (Flags that take them also take a leading `-`, so that `--ttl-ms -1` is
-/// told what a value must be rather than read as a flag.)
-///
-/// # Errors
-/// The rule, for any other text.
-pub fn millis(text: &str) -> Result<u64, String> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(
-            "a whole number of milliseconds is needed: digits only, no sign or unit".into(),
-        );
-    }
-    text.parse()
-        .map_err(|_| format!("at most {} milliseconds", u64::MAX))
-}
-
 /// A listening address: an IP address and a port. A host name is refused
 /// with the rule, since which of its addresses to bind would be a guess.
 ///
@@ -144,7 +128,7 @@ pub struct ServeArgs {
     /// line and headers), in ms, counted from the connection's start or the
     /// previous answer; then the connection is closed. It also closes a
     /// keep-alive connection left idle that long [default: 5000].
-    #[arg(long, env = "LOCKD_HEADER_READ_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_HEADER_READ_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub header_read_timeout_ms: Option<u64>,
     /// Largest request head (request line and headers) accepted, in bytes;
@@ -211,7 +195,7 @@ pub struct ServeArgs {
     pub min_replicas_acked: Option<usize>,
     /// How long a grant or extend waits for --min-replicas-acked replicas,
     /// in ms; below --redis-timeout-ms [default: 200].
-    #[arg(long, env = "LOCKD_REPLICA_ACK_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_REPLICA_ACK_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replica_ack_timeout_ms: Option<u64>,
     /// The name the Sentinels monitor the master by (as in `sentinel
@@ -242,16 +226,16 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key_prefix: Option<String>,
     /// Lease length when a request gives no ttl_ms, in ms [default: 30000].
-    #[arg(long, env = "LOCKD_DEFAULT_TTL_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_DEFAULT_TTL_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_ttl_ms: Option<u64>,
     /// Longest lease a request may ask for, in ms [default: 3600000].
-    #[arg(long, env = "LOCKD_MAX_TTL_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_MAX_TTL_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_ttl_ms: Option<u64>,
     /// Longest time one Redis operation may take, connecting included, in ms;
     /// past it the request gets 503 [default: 1000].
-    #[arg(long, env = "LOCKD_REDIS_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_REDIS_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_timeout_ms: Option<u64>,
     /// Most pooled Redis connections [default: 16].
@@ -260,7 +244,7 @@ pub struct ServeArgs {
     pub pool_size: Option<usize>,
     /// Redlock: the longest one node may take to answer, in ms; far below
     /// the TTL [default: 50].
-    #[arg(long, env = "LOCKD_NODE_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_NODE_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_timeout_ms: Option<u64>,
     /// Redlock: clock drift allowed, as a fraction of the TTL (plus 2 ms)
@@ -272,7 +256,7 @@ pub struct ServeArgs {
     /// grant, in ms; at least 1000. A lock released that long ago leaves
     /// nothing in Redis; its next fence still comes out larger (see the
     /// guarantees in docs/design.md) [default: 3600000].
-    #[arg(long, env = "LOCKD_FENCE_RETENTION_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_FENCE_RETENTION_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fence_retention_ms: Option<u64>,
     /// Redlock: how long a node that restarted counts toward no quorum, in
@@ -282,12 +266,12 @@ pub struct ServeArgs {
         long,
         env = "LOCKD_REDLOCK_RESTART_DELAY_MS",
         allow_negative_numbers = true,
-        value_parser = crate::cli::millis
+        value_parser = crate::client::args::millis
     )]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redlock_restart_delay_ms: Option<u64>,
     /// Longest wait_ms a request may ask for, in ms [default: 60000].
-    #[arg(long, env = "LOCKD_MAX_WAIT_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_MAX_WAIT_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_wait_ms: Option<u64>,
     /// Most requests waiting for locks at once; beyond it, 503 [default: 10000].
@@ -305,7 +289,7 @@ pub struct ServeArgs {
     pub max_watchers: Option<usize>,
     /// Silence in ms after which a watch's stream gets a comment line, so
     /// that proxies keep it open [default: 15000].
-    #[arg(long, env = "LOCKD_WATCH_KEEPALIVE_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_WATCH_KEEPALIVE_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub watch_keepalive_ms: Option<u64>,
     /// Most /locks acquires and inspects served at once besides the
@@ -341,12 +325,12 @@ pub struct ServeArgs {
     pub metrics_max_namespaces: Option<usize>,
     /// Longest time a request other than a waiting acquire may take, in ms;
     /// an acquire may take its wait_ms on top. Past it: 503 [default: 10000].
-    #[arg(long, env = "LOCKD_REQUEST_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_REQUEST_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_timeout_ms: Option<u64>,
     /// On SIGTERM, longest time to finish the requests in flight before
     /// exiting, in ms [default: 10000].
-    #[arg(long, env = "LOCKD_SHUTDOWN_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, env = "LOCKD_SHUTDOWN_TIMEOUT_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shutdown_timeout_ms: Option<u64>,
     /// A TOML file of API keys (see `lockd keygen`); every /locks request,

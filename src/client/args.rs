@@ -64,6 +64,22 @@ impl std::fmt::Debug for ServerArg {
     }
 }
 
+/// A flag's milliseconds: a whole number, 0 or more, no sign or unit.
+/// (Flags that take them also take a leading `-`, so that `--ttl-ms -1` is
+/// told what a value must be rather than read as a flag.)
+///
+/// # Errors
+/// The rule, for any other text.
+pub fn millis(text: &str) -> Result<u64, String> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(
+            "a whole number of milliseconds is needed: digits only, no sign or unit".into(),
+        );
+    }
+    text.parse()
+        .map_err(|_| format!("at most {} milliseconds", u64::MAX))
+}
+
 /// `lockd exec [OPTIONS] NAME -- CMD [ARGS...]`.
 #[derive(Debug, Args)]
 pub struct ExecArgs {
@@ -71,18 +87,18 @@ pub struct ExecArgs {
     pub server: ServerArg,
     /// Lease length in ms, renewed at a third of it while the command runs
     /// [default: the server's default TTL].
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, allow_negative_numbers = true, value_parser = millis)]
     pub ttl_ms: Option<u64>,
     /// How long to wait for the lock when another holder has it, in ms; 0
     /// fails at once.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = millis)]
     pub wait_ms: u64,
     /// A label for the holder, shown by `lockd status` [default: hostname:pid].
     #[arg(long)]
     pub owner: Option<String>,
     /// After the lease is lost, how long the command gets between SIGTERM
     /// and SIGKILL, in ms.
-    #[arg(long, default_value_t = 5000, allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, default_value_t = 5000, allow_negative_numbers = true, value_parser = millis)]
     pub kill_grace_ms: u64,
     /// Run the command in lockd's own process group, so that it can read
     /// from the terminal; signals then reach the command only, not the
@@ -150,10 +166,10 @@ pub struct AcquireArgs {
     #[command(flatten)]
     pub semaphore: SemaphoreArg,
     /// Lease length in ms [default: the server's default TTL].
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, allow_negative_numbers = true, value_parser = millis)]
     pub ttl_ms: Option<u64>,
     /// How long the server may wait for a held lock, in ms; 0 fails at once.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = millis)]
     pub wait_ms: u64,
     /// A label for the holder.
     #[arg(long)]
@@ -194,7 +210,7 @@ pub struct ExtendArgs {
     pub token: TokenArg,
     /// New lease length from now, in ms [default: the lease's own TTL: the
     /// one it was granted with, or last extended to].
-    #[arg(long, allow_negative_numbers = true, value_parser = crate::cli::millis)]
+    #[arg(long, allow_negative_numbers = true, value_parser = millis)]
     pub ttl_ms: Option<u64>,
 }
 

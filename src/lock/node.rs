@@ -232,7 +232,7 @@ pub trait SemaphoreNode: Node {
         &self,
         name: &LockName,
         marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError>;
+    ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError>;
 }
 
 /// A server that keeps every kind of lease: what a [`super::Single`]

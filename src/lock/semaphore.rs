@@ -12,6 +12,17 @@ use std::time::{Duration, SystemTime};
 
 use super::{Lease, LockName, Owner, Token, Ttl};
 
+/// What a watcher's probe of a semaphore read, in one atomic step with its
+/// marker: its permits (never a token), and its fence counter, as for a
+/// lock ([`crate::lock::ProbedLock`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProbedSemaphore {
+    /// The limit and live permits, or `None` when no permit is held.
+    pub info: Option<SemaphoreInfo>,
+    /// The fence counter; `None` when there is none.
+    pub counter: Option<u64>,
+}
+
 /// The most holders of a semaphore at once: 1 to the server's
 /// `max_semaphore_limit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

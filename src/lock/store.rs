@@ -180,7 +180,7 @@ pub trait SemaphoreStore: Send + Sync {
         &self,
         name: &LockName,
         marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError>;
+    ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError>;
 
     /// One page of the semaphores with a permit held, as
     /// [`LockStore::list_locks`].
@@ -319,7 +319,7 @@ impl SemaphoreStore for Single {
         &self,
         name: &LockName,
         marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
+    ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError> {
         self.node.probe_semaphore(name, marker).await
     }
 

@@ -217,7 +217,7 @@ impl SemaphoreNode for Instrumented {
         &self,
         name: &LockName,
         marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
+    ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError> {
         self.time("probe_semaphore", self.inner.probe_semaphore(name, marker))
             .await
     }

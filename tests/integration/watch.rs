@@ -736,12 +736,32 @@ async fn grants_missed_while_the_subscription_was_down_give_a_fresh_state() {
     other.release("gap", &token).await.expect_status(204);
     let mut stream = watch(&watched, "gap").await;
     assert_eq!(stream.expect("state").await.data["held"], json!(false));
+    let mut permits = EventStream::open(&watched, "/semaphores/gap/events", &[]).await;
+    permits.expect("state").await;
     // The watched lockd loses Redis, its subscription with it, and cannot
     // come back yet; meanwhile the lock is taken and given back.
     proxy.set_down(true);
     proxy.cut();
     let (token, fence) = take(&other, "gap", 30_000, "in the gap").await;
     other.release("gap", &token).await.expect_status(204);
+    let permit = other
+        .send_json(
+            Method::POST,
+            "/semaphores/gap",
+            &[],
+            Some(json!({"limit": 2, "ttl_ms": 30_000})),
+        )
+        .await;
+    permit.expect_status(201);
+    other
+        .send(
+            Method::DELETE,
+            "/semaphores/gap",
+            &[("Lock-Token", permit.token().as_str())],
+            None,
+        )
+        .await
+        .expect_status(204);
     assert!(stream.next(Duration::from_millis(300)).await.is_none());
     proxy.set_down(false);
     let event = stream
@@ -750,4 +770,9 @@ async fn grants_missed_while_the_subscription_was_down_give_a_fresh_state() {
         .unwrap_or_else(|| panic!("no event after the gap (fence {fence} was missed)"));
     assert_eq!(event.event, "state", "{event:?}");
     assert_eq!(event.data["held"], json!(false), "{event:?}");
+    let event = permits
+        .next(Duration::from_secs(15))
+        .await
+        .expect("no semaphore event after the gap");
+    assert_eq!(event.event, "state", "{event:?}");
 }

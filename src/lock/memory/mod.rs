@@ -414,7 +414,7 @@ impl SemaphoreNode for MemoryBackend {
         &self,
         name: &LockName,
         marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
+    ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError> {
         MemoryBackend::probe_semaphore(self, name, marker)
     }
 

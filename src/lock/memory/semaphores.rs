@@ -1,6 +1,7 @@
 //! Semaphores in memory: the same answers as
 //! the Redis scripts, by [`crate::lock::semaphore::Permits`].
 
+use crate::lock::semaphore::ProbedSemaphore;
 use std::time::SystemTime;
 
 use tokio::time::Instant;
@@ -197,12 +198,18 @@ impl MemoryBackend {
         &self,
         name: &LockName,
         marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
+    ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError> {
         let mut state = self.state();
         let info = self.inspect_in(&mut state, name);
+        let now = Instant::now();
+        let counter = state
+            .semaphore_fences
+            .get(name.as_str())
+            .filter(|c| c.forget_at > now)
+            .map(|c| c.fence);
         self.tell(Kind::Semaphore, name, &Change::Probe(marker.to_owned()));
         drop(state);
-        Ok(info)
+        Ok(ProbedSemaphore { info, counter })
     }
 }
 

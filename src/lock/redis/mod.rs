@@ -1116,7 +1116,7 @@ impl SemaphoreNode for RedisBackend {
         &self,
         name: &LockName,
         marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
+    ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError> {
         RedisBackend::probe_semaphore(self, name, marker).await
     }
 

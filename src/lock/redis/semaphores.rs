@@ -5,6 +5,7 @@
 //! a Sentinel set's master or a Redis Cluster alike.
 
 use crate::lock::LaggingWrite;
+use crate::lock::semaphore::ProbedSemaphore;
 use std::sync::LazyLock;
 use std::time::{Duration, SystemTime};
 
@@ -42,8 +43,16 @@ static EXTEND: LazyLock<Script> = LazyLock::new(|| {
 const SEM_INSPECT_LUA: &str = include_str!("scripts/sem_inspect.lua");
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{SEMAPHORE_LUA}{SEM_INSPECT_LUA}")));
-static PROBE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(&format!("{PROBE_LUA}{SEMAPHORE_LUA}{SEM_INSPECT_LUA}")));
+/// A semaphore's probe: the marker, the fence counter (KEYS[3]), then the
+/// permits as `sem_inspect.lua` reads them, in one step.
+static PROBE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{PROBE_LUA}{SEMAPHORE_LUA}local function read_semaphore()\n{SEM_INSPECT_LUA}\nend\n\
+         local read = read_semaphore()\n\
+         table.insert(read, 1, redis.call('GET', KEYS[3]) or '')\n\
+         return read\n"
+    ))
+});
 
 /// The keys of semaphore `N` under prefix `P`: `Psem:{N}:permits`,
 /// `Psem:{N}:holders`, `Psem:{N}:fence`, and the release channel
@@ -262,17 +271,28 @@ impl RedisBackend {
         &self,
         name: &LockName,
         marker: &str,
-    ) -> Result<Option<SemaphoreInfo>, LockError> {
+    ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError> {
         let keys = SemKeys::new(&self.prefix, name);
         let mut call = PROBE.prepare_invoke();
         call.key(&keys.permits)
             .key(&keys.holders)
+            .key(&keys.fence)
             .arg(&keys.released)
             .arg(self.events.publish())
             .arg(marker);
         let read_at = Instant::now();
-        let answer: Vec<redis::Value> = self.run(&call).await?;
-        semaphore_of(answer, read_at)
+        let mut answer: Vec<redis::Value> = self.run(&call).await?;
+        let counter = if answer.is_empty() {
+            None
+        } else {
+            redis::from_redis_value::<String>(answer.remove(0))
+                .ok()
+                .and_then(|c| c.parse().ok())
+        };
+        Ok(ProbedSemaphore {
+            info: semaphore_of(answer, read_at)?,
+            counter,
+        })
     }
 
     /// The inspect script of semaphore `name`.

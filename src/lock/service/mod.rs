@@ -906,7 +906,7 @@ mod tests {
             &self,
             name: &LockName,
             marker: &str,
-        ) -> Result<Option<SemaphoreInfo>, LockError> {
+        ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError> {
             SemaphoreNode::probe_semaphore(&self.inner, name, marker).await
         }
     }

@@ -21,8 +21,9 @@
 //! When the change stream may have lost messages (the subscription was
 //! lost and is back, a message this version does not understand), the
 //! follower probes and, if what it knew differs from what it reads, sends
-//! a fresh `state` event rather than guess what happened in between. For a
-//! lock, what it knew includes the fence counter: grants made and ended in
+//! a fresh `state` event rather than guess what happened in between. What
+//! it knew includes the fence counter (of a lock, or of a semaphore's
+//! permits): grants made and ended in
 //! the gap (the lock free before and after) leave the counter moved, and a
 //! counter lost with Redis's data leaves none, so either gives a `state`.
 
@@ -36,7 +37,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{Backoff, ExponentialBackoff};
-use crate::lock::semaphore::{Limit, SemaphoreInfo};
+use crate::lock::semaphore::{Limit, ProbedSemaphore};
 use crate::lock::{
     Change, ChangeListener, Kind, LockError, ProbedLock, Store, Subject, WaitInterest,
 };
@@ -426,8 +427,7 @@ impl Tracked {
 struct Read {
     limit: Option<Limit>,
     leases: BTreeMap<u64, Tracked>,
-    /// A lock's fence counter at the read (see [`ProbedLock`]); `None` for
-    /// a semaphore.
+    /// The fence counter at the read (see [`ProbedLock`]).
     counter: Option<u64>,
 }
 
@@ -449,9 +449,13 @@ impl Read {
         }
     }
 
-    fn of_semaphore(info: Option<SemaphoreInfo>) -> Self {
-        let Some(info) = info else {
-            return Self::default();
+    fn of_semaphore(probed: ProbedSemaphore) -> Self {
+        let counter = probed.counter;
+        let Some(info) = probed.info else {
+            return Self {
+                counter,
+                ..Self::default()
+            };
         };
         let leases = info
             .permits
@@ -464,7 +468,7 @@ impl Read {
         Self {
             limit: Some(info.limit),
             leases,
-            counter: None,
+            counter,
         }
     }
 }
@@ -752,9 +756,7 @@ impl Follower {
                         self.emit(WatchEvent::Expired { fence: ended });
                     }
                 }
-                if self.subject.kind() == Kind::Lock {
-                    self.counter = Some(self.counter.map_or(fence, |c| c.max(fence)));
-                }
+                self.counter = Some(self.counter.map_or(fence, |c| c.max(fence)));
                 let granted_at = (granted_at_ms > 0)
                     .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms));
                 let ttl = Some(Duration::from_millis(ttl_ms));
