@@ -265,7 +265,7 @@ async fn unknown_routes_and_methods_are_problems(app: &TestApp) {
         Refusal::new(Method::POST, "/locks", 405, "method-not-allowed"),
         Refusal::new(Method::DELETE, "/semaphores", 405, "method-not-allowed"),
         Refusal::new(Method::GET, "/locks/", 404, "route-not-found"),
-        Refusal::new(Method::POST, "/locks/a/b", 404, "route-not-found"),
+        Refusal::new(Method::POST, "/locks/a/b", 400, "invalid-request"),
         Refusal::new(Method::PUT, "/locks/k", 405, "method-not-allowed"),
         Refusal::new(Method::POST, "/healthz", 405, "method-not-allowed"),
         Refusal::new(Method::DELETE, "/metrics", 405, "method-not-allowed"),
