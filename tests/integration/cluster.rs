@@ -307,7 +307,7 @@ struct Ledger {
 /// master, then a master is killed until a replica takes over. Through it
 /// all every answer is a 2xx, 404, 409 or 503 with `Retry-After`; never two
 /// holders at once; each name's fences keep growing; and grants come back
-/// within 10 s of each change.
+/// within 30 s of each change (a bound a busy machine meets).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fences() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -418,7 +418,7 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
     );
     assert!(
         grants_on_every_shard(&a, &names).await,
-        "no grants within 10 s of the reshard"
+        "no grants within 30 s of the reshard"
     );
     moved_waiter.release_and_expect_woken(&a, &cluster).await;
 
@@ -430,7 +430,7 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
     assert!(healed, "no replica took over within 30 s");
     assert!(
         grants_on_every_shard(&a, &names).await,
-        "no grants within 10 s of the failover ({:?} after the kill)",
+        "no grants within 30 s of the failover ({:?} after the kill)",
         killed_at.elapsed()
     );
     killed_waiter.release_and_expect_woken(&a, &cluster).await;
@@ -488,11 +488,12 @@ impl ParkedWaiter {
         }
     }
 
-    /// Releases the lock on `holder`; the waiter must be granted within 3 s
-    /// (its wait had 40 s and more left, the lease 30 s and more).
+    /// Releases the lock on `holder`; the waiter must be granted within 15 s
+    /// (its wait had 40 s and more left, the lease 30 s and more: a wake by
+    /// the lease's end would come later), a bound a busy machine meets.
     async fn release_and_expect_woken(self, holder: &TestApp, cluster: &crate::support::Cluster) {
         let last = std::sync::Mutex::new(String::new());
-        let released = eventually(Duration::from_secs(10), || async {
+        let released = eventually(Duration::from_secs(30), || async {
             let reply = holder.release(&self.name, &self.token).await;
             *last.lock().unwrap() = format!("{} {}", reply.status, reply.text);
             reply.status == 204
@@ -505,7 +506,7 @@ impl ParkedWaiter {
             last.lock().unwrap()
         );
         let at = Instant::now();
-        let status = tokio::time::timeout(Duration::from_secs(3), self.answer)
+        let status = tokio::time::timeout(Duration::from_secs(15), self.answer)
             .await
             .unwrap_or_else(|_| {
                 let channel = format!("{}:released", lock_key(&self.name));
@@ -516,7 +517,7 @@ impl ParkedWaiter {
                     .map(|port| (port, cluster.shard_subscribers(port, &channel)))
                     .collect();
                 panic!(
-                    "{}: the waiter was not woken within 3 s; subscribers per node {subscribed:?}; master {}; nodes:\n{}",
+                    "{}: the waiter was not woken within 15 s; subscribers per node {subscribed:?}; master {}; nodes:\n{}",
                     self.name,
                     cluster.master_of(&lock_key(&self.name)),
                     cluster.cli(cluster.master_of(&lock_key(&self.name)), &["CLUSTER", "NODES"])
@@ -531,7 +532,7 @@ impl ParkedWaiter {
 /// A master frozen (SIGSTOP: its connections stay open, nothing answers)
 /// until a replica takes over, one of lockd's two seeds: lockd leaves it
 /// behind while it is still
-/// frozen (grants on its slots within 10 s, a waiter parked across the
+/// frozen (grants on its slots within 30 s, a waiter parked across the
 /// failover woken by the release), and once it thaws, no acquire gets a
 /// second grant of a lock held on the new master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -577,7 +578,7 @@ async fn a_frozen_master_is_left_behind_and_grants_nothing_when_it_thaws() {
     let names = one_name_per_master_of(&cluster, "frozen-probe-");
     assert!(
         grants_on_every_shard(&a, &names).await && grants_on_every_shard(&b, &names).await,
-        "no grants within 10 s of the failover, the old master still frozen"
+        "no grants within 30 s of the failover, the old master still frozen"
     );
     parked.release_and_expect_woken(&a, &cluster).await;
     // X holds a lock on the new master; acquires race the thaw.
@@ -626,10 +627,10 @@ async fn eventually_granted(app: &TestApp, name: &str, ttl_ms: u64) -> crate::su
     }
 }
 
-/// Whether, within 10 s, a fresh name next to each of `names` (same hash
+/// Whether, within 30 s, a fresh name next to each of `names` (same hash
 /// tag prefix is not needed: any name on a live shard will do) is granted.
 async fn grants_on_every_shard(app: &TestApp, names: &[String]) -> bool {
-    eventually(Duration::from_secs(10), || async {
+    eventually(Duration::from_secs(30), || async {
         for name in names {
             let probe = format!("{name}-probe-{}", random_token().get(..6).unwrap_or("x"));
             if app.acquire_ttl(&probe, 1_000).await.status != 201 {
@@ -713,7 +714,7 @@ async fn losing_the_only_seed_does_not_lose_the_cluster() {
     let names = one_name_per_master_of(&cluster, "seed-");
     assert!(
         grants_on_every_shard(&app, &names).await,
-        "no grants within 10 s of the only seed's death"
+        "no grants within 30 s of the only seed's death"
     );
     // The promoted replica is named, the dead master no longer, and the
     // failover was counted.
