@@ -69,6 +69,16 @@ async fn readyz(lockd: &Lockd) -> StatusCode {
     send(http().get(lockd.url("/readyz"))).await.status
 }
 
+/// Waits until `/readyz` is 200 (a busy machine may take seconds to connect
+/// to every node), up to 30 s.
+async fn until_ready(lockd: &Lockd) {
+    let ready = crate::support::eventually(Duration::from_secs(30), || async {
+        readyz(lockd).await == StatusCode::OK
+    })
+    .await;
+    assert!(ready, "/readyz never answered 200:\n{}", lockd.stderr());
+}
+
 /// The `ERROR` lines of `stderr` that name `node`.
 fn errors_naming(stderr: &str, node: &str) -> Vec<String> {
     stderr
@@ -95,7 +105,7 @@ async fn lockd_over_rediss_with_the_ca_cert_takes_extends_and_releases_a_lock() 
         &[],
     )
     .await;
-    assert_eq!(readyz(&lockd).await, 200, "{}", lockd.stderr());
+    until_ready(&lockd).await;
     take_extend_release(&lockd, "tls:one", |token| {
         server.lock_token("tls:one") == token
     })
@@ -393,7 +403,7 @@ async fn redlock_over_three_tls_servers_takes_extends_and_releases_a_lock() {
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let lockd = Lockd::serve(&args, &[("LOCKD_NODE_TIMEOUT_MS", "1000")]).await;
-    assert_eq!(readyz(&lockd).await, 200, "{}", lockd.stderr());
+    until_ready(&lockd).await;
     take_extend_release(&lockd, "tls:redlock", |token| {
         nodes.iter().all(|n| n.lock_token("tls:redlock") == token)
     })
@@ -427,7 +437,7 @@ async fn a_redlock_set_may_mix_tls_and_plain_nodes() {
         &[],
     )
     .await;
-    assert_eq!(readyz(&lockd).await, 200, "{}", lockd.stderr());
+    until_ready(&lockd).await;
     let client = http();
     let url = lockd.url("/locks/tls:mixed");
     let granted = send(client.post(&url)).await;
@@ -460,7 +470,7 @@ async fn lockd_over_a_tls_redis_cluster_verifies_every_node() {
         args.extend(["--redis-url", url.as_str()]);
     }
     let lockd = Lockd::serve(&args, &[]).await;
-    assert_eq!(readyz(&lockd).await, 200, "{}", lockd.stderr());
+    until_ready(&lockd).await;
     // A lock on each master, the one lockd found from the seeds included.
     for node in 0..3 {
         let name = cluster.name_on(node, "tls:cluster:");
@@ -513,7 +523,7 @@ async fn sentinel_mode_over_tls_verifies_the_sentinels_and_the_master() {
         ca.cert_arg(),
     ];
     let lockd = Lockd::serve(&args, &[]).await;
-    assert_eq!(readyz(&lockd).await, 200, "{}", lockd.stderr());
+    until_ready(&lockd).await;
     take_extend_release(&lockd, "tls:sentinel", |token| {
         master.lock_token("tls:sentinel") == token
     })
