@@ -30,22 +30,18 @@
 //! with none allowed, it is not installed at all. See docs/security.md,
 //! "Browsers".
 
-use std::convert::Infallible;
-use std::future::{Ready, ready};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, Version, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::future::Either;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_layer::Layer;
-use tower_service::Service;
 
 use super::problem::{ApiError, Kind};
+use super::target::{Check, Refusing};
 use super::telemetry::X_REQUEST_ID;
 
 /// The `Lock-Token` header.
@@ -287,49 +283,24 @@ fn same_origin(host: &str, origin: &str) -> bool {
     own.is_ok_and(|own| own.origin().ascii_serialization() == theirs.origin().ascii_serialization())
 }
 
-/// The layer of [`Browsers::guard`].
+/// The layer of [`Browsers::guard`]: its policy as a [`Check`], in front
+/// of each route.
 #[derive(Debug, Clone)]
 pub struct Guard {
     policy: Arc<Browsers>,
 }
 
 impl<S> Layer<S> for Guard {
-    type Service = Guarded<S>;
+    type Service = Refusing<S, Arc<Browsers>>;
 
-    fn layer(&self, inner: S) -> Guarded<S> {
-        Guarded {
-            inner,
-            policy: self.policy.clone(),
-        }
+    fn layer(&self, inner: S) -> Self::Service {
+        Refusing::new(inner, self.policy.clone())
     }
 }
 
-/// The service [`Guard`] puts around another. A plain tower service, as
-/// [`super::target`]'s is: the check needs no `await`, so a request that
-/// passes costs no boxed future.
-#[derive(Debug, Clone)]
-pub struct Guarded<S> {
-    inner: S,
-    policy: Arc<Browsers>,
-}
-
-impl<S> Service<Request> for Guarded<S>
-where
-    S: Service<Request, Response = Response, Error = Infallible>,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future = Either<Ready<Result<Response, Infallible>>, S::Future>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
-        match self.policy.refusal(&request) {
-            Some(refused) => Either::Left(ready(Ok(refused.into_response()))),
-            None => Either::Right(self.inner.call(request)),
-        }
+impl Check for Arc<Browsers> {
+    fn refusal(&self, request: &Request) -> Option<Response> {
+        Browsers::refusal(self, request).map(IntoResponse::into_response)
     }
 }
 

@@ -100,8 +100,8 @@
 //! `semaphores::model` only `locks::model` (the shapes they share);
 //! `limits`, `listing`, `admission`, `auth` and `telemetry` import
 //! `problem` alone, `extract` `problem` and `limits` (the rule of a
-//! refused field), and `browsers` `problem` and `telemetry` (the
-//! request ID header); `deadline` also `extract` and `limits`;
+//! refused field), and `browsers` `problem`, `telemetry` (the
+//! request ID header) and `target` (the one refuse-or-pass service); `deadline` also `extract` and `limits`;
 //! `target` also `deadline` (its `closing`) and `extract` (the body limit);
 //! `locks::input` imports `limits`, `locks::model` and `problem`, and
 //! `semaphores::input` also `locks::input`; the handlers import their

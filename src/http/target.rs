@@ -39,26 +39,54 @@ use super::extract::BODY_LIMIT;
 use super::problem::ApiError;
 use crate::framing::FragmentInTarget;
 
+/// A check made of a request before anything else serves it: the answer
+/// to give instead, or `None` to pass it on. Implemented by this module's
+/// rules ([`Malformed`]) and by the browser policy of `http::browsers`.
+pub trait Check: Clone {
+    /// The answer to `request` if it is refused.
+    fn refusal(&self, request: &Request) -> Option<Response>;
+}
+
+/// The rules above, as a [`Check`].
+#[derive(Debug, Clone, Copy)]
+pub struct Malformed;
+
+impl Check for Malformed {
+    fn refusal(&self, request: &Request) -> Option<Response> {
+        refusal(request)
+    }
+}
+
 /// The layer that refuses a request whose target or framing breaks the
 /// rules above with a 400 problem document, and passes the others on.
+pub fn refuse_malformed<S>(inner: S) -> Refusing<S, Malformed> {
+    Refusing::new(inner, Malformed)
+}
+
+/// A service that answers a request itself when its [`Check`] refuses it,
+/// and passes the others to `inner`.
 ///
-/// A plain tower layer rather than `axum::middleware::from_fn`: the check
-/// needs no `await`, so a request passes without a boxed future or a
-/// clone of the service below, for the whole time it is served (a parked
+/// A plain tower service rather than `axum::middleware::from_fn`: a check
+/// needs no `await`, so a request passes without a boxed future or a clone
+/// of the service below, for the whole time it is served (a parked
 /// waiter's included).
-pub fn refuse_malformed<S>(inner: S) -> RefuseMalformed<S> {
-    RefuseMalformed { inner }
-}
-
-/// The service [`refuse_malformed`] puts around another.
 #[derive(Debug, Clone)]
-pub struct RefuseMalformed<S> {
+pub struct Refusing<S, C> {
     inner: S,
+    check: C,
 }
 
-impl<S> Service<Request> for RefuseMalformed<S>
+impl<S, C> Refusing<S, C> {
+    /// `inner` behind `check`.
+    pub fn new(inner: S, check: C) -> Self {
+        Self { inner, check }
+    }
+}
+
+impl<S, C> Service<Request> for Refusing<S, C>
 where
     S: Service<Request, Response = Response, Error = Infallible>,
+    C: Check,
 {
     type Response = Response;
     type Error = Infallible;
@@ -69,7 +97,7 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        match refusal(&request) {
+        match self.check.refusal(&request) {
             Some(refused) => Either::Left(ready(Ok(refused))),
             None => Either::Right(self.inner.call(request)),
         }
