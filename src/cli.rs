@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 
-use crate::client::args::{AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, StatusArgs, WatchArgs};
+use crate::client::args::{
+    AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, RunCommand, StatusArgs, WatchArgs,
+};
 
 /// A listening address: an IP address and a port. A host name is refused
 /// with the rule, since which of its addresses to bind would be a guess.
@@ -92,6 +94,10 @@ pub enum Command {
     Release(ReleaseArgs),
     /// Show who holds a lock (exit 1 when it is free).
     Status(StatusArgs),
+    /// Start, complete, abandon, extend or show a run (a job that runs
+    /// once per key); print the server's JSON answer.
+    #[command(subcommand)]
+    Run(RunCommand),
     /// Print a lock's changes as JSON lines, as they happen (`state` first,
     /// then `acquired`, `extended`, `released`, `expired`), reconnecting
     /// with backoff when the stream is lost.
@@ -292,6 +298,17 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_WATCH_KEEPALIVE_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub watch_keepalive_ms: Option<u64>,
+    /// How long a done run's result is kept, in ms, and a pending run's
+    /// record after its last attempt; a request's retention_ms may shorten
+    /// it; 1000 to 2592000000 (30 days) [default: 86400000, 24 h].
+    #[arg(long, env = "LOCKD_RUN_RETENTION_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_retention_ms: Option<u64>,
+    /// The largest result a run may store, in bytes of JSON, from 1 to
+    /// 65536; a larger one gets 413 [default: 65536].
+    #[arg(long, env = "LOCKD_MAX_RESULT_BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_result_bytes: Option<usize>,
     /// Most /locks acquires and inspects served at once besides the
     /// max_waiters waiting ones; extends and releases get as many again of
     /// their own, which acquires cannot take; beyond, 503 overloaded

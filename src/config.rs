@@ -25,7 +25,7 @@
 //! | --- | --- | --- |
 //! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes`, `cors_allow_origin`, `allowed_host` |
 //! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
-//! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`, `max_semaphore_limit`, `max_watchers`, `watch_keepalive_ms` |
+//! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`, `max_semaphore_limit`, `max_watchers`, `watch_keepalive_ms`, `run_retention_ms`, `max_result_bytes` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
 //! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
 //! | `service`: [`ServiceSettings`] | the process itself | `log_format`, `shutdown_timeout_ms` |
@@ -69,6 +69,7 @@ use serde::{Deserialize, Serialize};
 use crate::cli::{LogFormat, RedisMode, ServeArgs};
 use crate::lock::Ttl;
 use crate::lock::redis::connect::{is_tls, redact_url, redact_urls_in};
+use crate::lock::run::{MAX_RESULT_BYTES, MAX_RETENTION_MS};
 
 /// The service's settings, grouped by concern, with typed values: what
 /// [`Settings::load`] gives, checked. `Debug` hides any password in the
@@ -218,6 +219,12 @@ pub struct LimitSettings {
     /// How long a watch's stream may stay silent before a comment line
     /// keeps it open; at least 1 ms (`watch_keepalive_ms`).
     pub watch_keepalive: Duration,
+    /// How long a done run's result is kept, and a pending run's record
+    /// after its last attempt; 1 s to 30 days (`run_retention_ms`).
+    pub run_retention: Duration,
+    /// The largest result a run may store, in bytes of JSON; 1 to 65536
+    /// (`max_result_bytes`).
+    pub max_result_bytes: usize,
 }
 
 /// API keys, or their absence (keys `auth_keys_file`, `insecure_no_auth`):
@@ -317,6 +324,8 @@ impl Default for LimitSettings {
             max_semaphore_limit: 10_000,
             max_watchers: const { count(10_000) },
             watch_keepalive: Duration::from_millis(15_000),
+            run_retention: Duration::from_secs(24 * 3600),
+            max_result_bytes: 65_536,
         }
     }
 }
@@ -428,6 +437,11 @@ pub struct RawSettings {
     /// Silence in milliseconds after which a watch's stream gets a comment
     /// line.
     pub watch_keepalive_ms: u64,
+    /// How long a done run's result (and a pending run's record) is kept,
+    /// in milliseconds.
+    pub run_retention_ms: u64,
+    /// The largest result a run may store, in bytes of JSON.
+    pub max_result_bytes: usize,
     /// Most `/locks` acquires and inspects at once besides the waiting
     /// ones; also the room of extends and releases, kept apart.
     pub max_requests: usize,
@@ -506,6 +520,8 @@ impl From<&Settings> for RawSettings {
             max_semaphore_limit: limits.max_semaphore_limit,
             max_watchers: limits.max_watchers.get(),
             watch_keepalive_ms: whole_millis(limits.watch_keepalive),
+            run_retention_ms: whole_millis(limits.run_retention),
+            max_result_bytes: limits.max_result_bytes,
             max_requests: limits.max_requests.get(),
             dev: store.dev,
             metrics_listen: metrics.listen,
@@ -889,6 +905,25 @@ impl LimitSettings {
             },
             max_watchers: at_least_one("max_watchers", raw.max_watchers)?,
             watch_keepalive: at_least_1_ms("watch_keepalive_ms", raw.watch_keepalive_ms)?,
+            run_retention: match raw.run_retention_ms {
+                ms if ms < 1000 => {
+                    return Err("run_retention_ms must be at least 1000 (1 s)".into());
+                }
+                ms if ms > MAX_RETENTION_MS => {
+                    return Err(format!(
+                        "run_retention_ms must be at most {MAX_RETENTION_MS} (30 days)"
+                    ));
+                }
+                ms => Duration::from_millis(ms),
+            },
+            max_result_bytes: match raw.max_result_bytes {
+                n if n == 0 || n > MAX_RESULT_BYTES => {
+                    return Err(format!(
+                        "max_result_bytes must be from 1 to {MAX_RESULT_BYTES} (64 KiB)"
+                    ));
+                }
+                n => n,
+            },
         })
     }
 }

@@ -62,6 +62,36 @@ impl std::fmt::Debug for Lease {
     }
 }
 
+/// What a run's start answered (`POST /runs/{key}`): an attempt to run the
+/// job under (201, or 200 `running` for a renewal), or the done run's
+/// result (200 `done`).
+#[derive(Debug, Clone)]
+pub enum RunStart {
+    /// An attempt: run the job, then complete or abandon it.
+    Attempt(Lease),
+    /// The job ran already.
+    Done {
+        /// When it completed (RFC 3339).
+        completed_at: String,
+        /// The completing attempt's number.
+        attempt: u64,
+        /// What it stored.
+        result: serde_json::Value,
+    },
+}
+
+/// The body of a run's start, read by its `state`.
+#[derive(Deserialize)]
+#[serde(tag = "state", rename_all = "lowercase")]
+enum RunStartBody {
+    Running(Lease),
+    Done {
+        completed_at: String,
+        attempt: u64,
+        result: serde_json::Value,
+    },
+}
+
 /// A renewed lease, from the body of a 200 extend. Fields the server did
 /// not send are `None`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -113,7 +143,8 @@ impl std::fmt::Display for Refusal {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// 409 `lock-held`: another holder has the lock (or `semaphore-full`:
-    /// every permit is held).
+    /// every permit is held; `run-in-progress`: another attempt runs the
+    /// job).
     #[error("{answer}")]
     Held {
         /// When the lock frees at the latest, if the server said.
@@ -122,13 +153,15 @@ pub enum ClientError {
         answer: Refusal,
     },
     /// 404 `lock-not-held`: the lock is free, or the lease is gone (or
-    /// `permit-not-held`, `semaphore-free` for a semaphore).
+    /// `permit-not-held`, `semaphore-free` for a semaphore, `run-not-found`
+    /// for a run).
     #[error("{answer}")]
     NotHeld {
         /// The answer.
         answer: Refusal,
     },
-    /// 409 `not-lock-owner`: the token does not hold the lock.
+    /// 409 `not-lock-owner`: the token does not hold the lock (or
+    /// `not-run-owner`: the run's live attempt).
     #[error("{answer}")]
     NotOwner {
         /// The answer.
@@ -188,12 +221,14 @@ impl ClientError {
     pub fn from_refusal(answer: Refusal) -> Self {
         let retry_after = answer.problem.retry_after_ms.map(Duration::from_millis);
         match answer.problem.slug() {
-            "lock-held" | "semaphore-full" => Self::Held {
+            "lock-held" | "semaphore-full" | "run-in-progress" => Self::Held {
                 retry_after,
                 answer,
             },
-            "lock-not-held" | "permit-not-held" | "semaphore-free" => Self::NotHeld { answer },
-            "not-lock-owner" => Self::NotOwner { answer },
+            "lock-not-held" | "permit-not-held" | "semaphore-free" | "run-not-found" => {
+                Self::NotHeld { answer }
+            }
+            "not-lock-owner" | "not-run-owner" => Self::NotOwner { answer },
             "rate-limited" => Self::RateLimited {
                 retry_after,
                 answer,
@@ -217,6 +252,7 @@ impl ClientError {
             | "payload-too-large"
             | "unsupported-media-type"
             | "limit-mismatch"
+            | "fingerprint-mismatch"
             | "not-implemented" => Self::Refused { answer },
             _ => match answer.status {
                 StatusCode::CONFLICT => Self::Held {
@@ -348,15 +384,18 @@ pub enum BadServer {
     },
 }
 
-/// What a call names: a lock (`/locks/{name}`), or a semaphore
-/// (`/semaphores/{name}`, whose acquire takes one permit). A `&str` is a
-/// lock.
+/// What a call names: a lock (`/locks/{name}`), a semaphore
+/// (`/semaphores/{name}`, whose acquire takes one permit), or a run
+/// (`/runs/{key}`, whose extend and release are its attempt's extend and
+/// abandon). A `&str` is a lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target<'a> {
     /// The lock of this name.
     Lock(&'a str),
     /// The semaphore of this name.
     Semaphore(&'a str),
+    /// The run of this key.
+    Run(&'a str),
 }
 
 impl<'a> Target<'a> {
@@ -372,15 +411,16 @@ impl<'a> Target<'a> {
     /// The name.
     pub fn name(self) -> &'a str {
         match self {
-            Self::Lock(name) | Self::Semaphore(name) => name,
+            Self::Lock(name) | Self::Semaphore(name) | Self::Run(name) => name,
         }
     }
 
-    /// "lock" or "semaphore", for messages.
+    /// "lock", "semaphore" or "run", for messages.
     pub fn kind(self) -> &'static str {
         match self {
             Self::Lock(_) => "lock",
             Self::Semaphore(_) => "semaphore",
+            Self::Run(_) => "run",
         }
     }
 }
@@ -411,6 +451,8 @@ pub struct AcquireParams<'a> {
     pub owner: Option<&'a str>,
     /// For a semaphore: its limit, the most holders at once.
     pub limit: Option<u32>,
+    /// For a run: the fingerprint of the job's input.
+    pub fingerprint: Option<&'a str>,
 }
 
 impl LockClient {
@@ -493,6 +535,7 @@ impl LockClient {
         let collection = match target {
             Target::Lock(_) => "locks",
             Target::Semaphore(_) => "semaphores",
+            Target::Run(_) => "runs",
         };
         if let Ok(mut path) = url.path_segments_mut() {
             path.pop_if_empty().push(collection).push(target.name());
@@ -514,7 +557,16 @@ impl LockClient {
         params: &AcquireParams<'_>,
         timeout: Duration,
     ) -> Result<Reply<Lease>, ClientError> {
-        let target = target.into();
+        self.acquire_as(target.into(), params, timeout).await
+    }
+
+    /// [`Self::acquire`], its 2xx body read as `T`.
+    async fn acquire_as<T: serde::de::DeserializeOwned>(
+        &self,
+        target: Target<'_>,
+        params: &AcquireParams<'_>,
+        timeout: Duration,
+    ) -> Result<Reply<T>, ClientError> {
         let mut body = Map::new();
         if let Some(limit) = params.limit {
             body.insert("limit".into(), json!(limit));
@@ -527,6 +579,9 @@ impl LockClient {
         }
         if let Some(owner) = params.owner {
             body.insert("owner".into(), json!(owner));
+        }
+        if let Some(fingerprint) = params.fingerprint {
+            body.insert("fingerprint".into(), json!(fingerprint));
         }
         let mut request = self.http.post(self.lock_url(target)).json(&body);
         if let Some(token) = params.token {
@@ -545,6 +600,71 @@ impl LockClient {
                 why: e.to_string(),
             }),
         }
+    }
+
+    /// `POST /runs/{key}`: an attempt of the run, or its result when it is
+    /// done. `timeout` bounds the whole call; give it more than `wait_ms`.
+    ///
+    /// # Errors
+    /// As for [`Self::acquire`]: `Held` while another attempt runs the job
+    /// (after `wait_ms`).
+    pub async fn start_run(
+        &self,
+        key: &str,
+        params: &AcquireParams<'_>,
+        timeout: Duration,
+    ) -> Result<Reply<RunStart>, ClientError> {
+        let reply = self
+            .acquire_as::<RunStartBody>(Target::Run(key), params, timeout)
+            .await?;
+        let value = match reply.value {
+            RunStartBody::Running(lease) => RunStart::Attempt(lease),
+            RunStartBody::Done {
+                completed_at,
+                attempt,
+                result,
+            } => RunStart::Done {
+                completed_at,
+                attempt,
+                result,
+            },
+        };
+        Ok(Reply {
+            value,
+            status: reply.status,
+            body: reply.body,
+        })
+    }
+
+    /// `PUT /runs/{key}/result`: completes the run whose attempt `token`
+    /// holds with `result`.
+    ///
+    /// # Errors
+    /// [`ClientError`]: `NotOwner` when the token does not hold the live
+    /// attempt, `NotHeld` when the run is unknown, the other refusals,
+    /// `Unreachable` when no answer came within `timeout`.
+    pub async fn complete_run(
+        &self,
+        key: &str,
+        token: &str,
+        result: &serde_json::Value,
+        timeout: Duration,
+    ) -> Result<Reply<()>, ClientError> {
+        let mut url = self.lock_url(Target::Run(key));
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.push("result");
+        }
+        let request = self
+            .http
+            .put(url)
+            .header("Lock-Token", token)
+            .json(&json!({ "result": result }));
+        let (status, body) = self.send(request, timeout).await?;
+        Ok(Reply {
+            value: (),
+            status,
+            body,
+        })
     }
 
     /// `PATCH /locks/{name}`: resets the lease to `ttl_ms` (the server's

@@ -114,8 +114,16 @@ pub struct ExecArgs {
     pub conflict_exit_code: u8,
     #[command(flatten)]
     pub semaphore: SemaphoreArg,
+    /// NAME is a run's key: run the command once per key, across every
+    /// host. Not done yet: run it under the run's attempt (renewed as a
+    /// lock's lease); exit 0 stores {"exit_code": 0} as the result, another
+    /// exit abandons the attempt, so a later run tries again. Done already:
+    /// say when on stderr, do not run it, exit 0. In progress elsewhere:
+    /// exit --conflict-exit-code (75), or with --wait-ms wait for it.
+    #[arg(long, conflicts_with = "semaphore")]
+    pub once: bool,
     /// The lock to hold (with --semaphore: the semaphore to hold a permit
-    /// of).
+    /// of; with --once: the run's key, such as report:2026-12-02).
     pub name: String,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1.., value_name = "CMD")]
@@ -180,6 +188,98 @@ pub struct AcquireArgs {
     /// may start with `-`.
     #[arg(long, allow_hyphen_values = true)]
     pub token: Option<String>,
+}
+
+/// `lockd run ACTION KEY`: one call on a run, as the lock subcommands are.
+#[derive(Debug, clap::Subcommand)]
+pub enum RunCommand {
+    /// Start the run's attempt, or get its result when it is done (exit
+    /// 0 both ways: the answer's `state` says `running` or `done`); 75
+    /// while another attempt runs it.
+    Start(RunStartArgs),
+    /// Complete the run whose attempt --token holds, storing --result.
+    Complete(RunCompleteArgs),
+    /// Abandon the attempt --token holds (the job failed): a later start
+    /// runs it again.
+    Abandon(RunTokenArgs),
+    /// Extend the attempt --token holds.
+    Extend(RunExtendArgs),
+    /// Show where the run stands (exit 1 when it is unknown).
+    Status(RunKeyArgs),
+}
+
+/// `lockd run start KEY`.
+#[derive(Debug, Args)]
+pub struct RunStartArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The run's key (a delivery id, an event id, a cron slot).
+    pub key: String,
+    /// The attempt's lease in ms [default: the server's default TTL].
+    #[arg(long, allow_negative_numbers = true, value_parser = millis)]
+    pub ttl_ms: Option<u64>,
+    /// How long the server may wait while another attempt runs, in ms.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = millis)]
+    pub wait_ms: u64,
+    /// A label for the attempt's holder.
+    #[arg(long)]
+    pub owner: Option<String>,
+    /// A fingerprint of the job's input (a hash of the payload): another
+    /// one for the same key is refused.
+    #[arg(long)]
+    pub fingerprint: Option<String>,
+    /// A token of your choosing [default: chosen here, so that a retry on
+    /// the next server renews the attempt].
+    #[arg(long, allow_hyphen_values = true)]
+    pub token: Option<String>,
+}
+
+/// `lockd run complete KEY`.
+#[derive(Debug, Args)]
+pub struct RunCompleteArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The run's key.
+    pub key: String,
+    #[command(flatten)]
+    pub token: TokenArg,
+    /// The result to store, as JSON [default: {}].
+    #[arg(long, default_value = "{}")]
+    pub result: String,
+}
+
+/// `lockd run abandon KEY`.
+#[derive(Debug, Args)]
+pub struct RunTokenArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The run's key.
+    pub key: String,
+    #[command(flatten)]
+    pub token: TokenArg,
+}
+
+/// `lockd run extend KEY`.
+#[derive(Debug, Args)]
+pub struct RunExtendArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The run's key.
+    pub key: String,
+    #[command(flatten)]
+    pub token: TokenArg,
+    /// New lease length from now, in ms [default: the attempt's own TTL].
+    #[arg(long, allow_negative_numbers = true, value_parser = millis)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// `lockd run status KEY`.
+#[derive(Debug, Args)]
+pub struct RunKeyArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The run's key.
+    pub key: String,
 }
 
 /// The holder's token: `--token`, or `LOCKD_TOKEN` (preferred: a command

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::api::{
     AcquireParams, BadServer, CallError, ClientError, EventStream, Extended, Lease, LockClient,
-    LockStatus, Reply, Target,
+    LockStatus, Reply, RunStart, Target,
 };
 use crate::lock::Token;
 
@@ -333,6 +333,50 @@ impl Servers {
         self.call(
             Budget::new(Duration::ZERO, within),
             |client, this| async move { client.extend(target, token, ttl_ms, this.timeout).await },
+        )
+        .await
+    }
+
+    /// `POST /runs/{key}` ([`LockClient::start_run`]) through the first
+    /// usable server, as [`Self::acquire`] takes a lock: under
+    /// `params.token`, which must be given, so that a start tried again on
+    /// another server renews the attempt a lost answer may have carried.
+    ///
+    /// # Errors
+    /// [`Failure`], with the [`ClientError`] of the last server tried.
+    pub async fn start_run(
+        &self,
+        key: &str,
+        params: &AcquireParams<'_>,
+        margin: Duration,
+    ) -> Result<Answered<RunStart>, Failure> {
+        let budget = Budget::new(Duration::from_millis(params.wait_ms), margin);
+        self.call(budget, |client, this| {
+            let params = AcquireParams {
+                wait_ms: u64::try_from(this.wait.as_millis()).unwrap_or(u64::MAX),
+                ..params.clone()
+            };
+            async move { client.start_run(key, &params, this.timeout).await }
+        })
+        .await
+    }
+
+    /// `PUT /runs/{key}/result` ([`LockClient::complete_run`]) through the
+    /// first usable server; a completion tried again with the same token
+    /// answers the stored run.
+    ///
+    /// # Errors
+    /// [`Failure`], with the [`ClientError`] of the last server tried.
+    pub async fn complete_run(
+        &self,
+        key: &str,
+        token: &str,
+        result: &serde_json::Value,
+        within: Duration,
+    ) -> Result<Answered<()>, Failure> {
+        self.call(
+            Budget::new(Duration::ZERO, within),
+            |client, this| async move { client.complete_run(key, token, result, this.timeout).await },
         )
         .await
     }

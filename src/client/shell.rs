@@ -1,4 +1,5 @@
-//! `lockd acquire`, `extend`, `release` and `status`: one HTTP call each,
+//! `lockd acquire`, `extend`, `release`, `status` and `run ...`: one HTTP
+//! call each,
 //! to the first of the servers that is usable ([`Servers`]). The server's
 //! answer goes to stdout as it is (JSON; nothing for a 204), a one-line
 //! reason to stderr when it is not 2xx (naming the servers passed over),
@@ -9,9 +10,12 @@ use std::time::Duration;
 use reqwest::StatusCode;
 
 use super::api::{AcquireParams, ClientError, ProblemInfo, Refusal, Target};
-use super::args::{AcquireArgs, ExtendArgs, ReleaseArgs, ServerArg, StatusArgs, check_name};
+use super::args::{
+    AcquireArgs, ExtendArgs, ReleaseArgs, RunCommand, ServerArg, StatusArgs, check_name,
+};
 use super::exit;
 use super::servers::{Answered, Failure, Servers};
+use crate::lock::Token;
 
 /// How long a call may take beyond any wait it asks for, over all the
 /// servers it tries.
@@ -66,6 +70,7 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
         wait_ms: args.wait_ms,
         owner: args.owner.as_deref(),
         limit: args.semaphore.limit,
+        fingerprint: None,
     };
     let target = Target::new(&args.name, args.semaphore.semaphore);
     call(&args.server, |s| async move {
@@ -115,6 +120,89 @@ pub async fn status(args: StatusArgs) -> u8 {
         .await
     })
     .await
+}
+
+/// `lockd run ...`: one call on a run.
+pub async fn run(command: RunCommand) -> u8 {
+    match command {
+        RunCommand::Start(args) => {
+            if let Err(e) = check_name(&args.key) {
+                eprintln!("lockd: {e}");
+                return exit::USAGE;
+            }
+            let token = args
+                .token
+                .clone()
+                .unwrap_or_else(|| Token::generate().expose().to_owned());
+            let params = AcquireParams {
+                token: Some(&token),
+                ttl_ms: args.ttl_ms,
+                wait_ms: args.wait_ms,
+                owner: args.owner.as_deref(),
+                limit: None,
+                fingerprint: args.fingerprint.as_deref(),
+            };
+            call(&args.server, |s| async move {
+                s.start_run(&args.key, &params, CALL_TIMEOUT).await
+            })
+            .await
+        }
+        RunCommand::Complete(args) => {
+            if let Err(e) = check_name(&args.key) {
+                eprintln!("lockd: {e}");
+                return exit::USAGE;
+            }
+            let result: serde_json::Value = match serde_json::from_str(&args.result) {
+                Ok(result) => result,
+                Err(e) => {
+                    eprintln!("lockd: --result is not JSON: {e}");
+                    return exit::USAGE;
+                }
+            };
+            call(&args.server, |s| async move {
+                s.complete_run(&args.key, &args.token.token, &result, CALL_TIMEOUT)
+                    .await
+            })
+            .await
+        }
+        RunCommand::Abandon(args) => {
+            if let Err(e) = check_name(&args.key) {
+                eprintln!("lockd: {e}");
+                return exit::USAGE;
+            }
+            call(&args.server, |s| async move {
+                s.release(Target::Run(&args.key), &args.token.token, CALL_TIMEOUT)
+                    .await
+            })
+            .await
+        }
+        RunCommand::Extend(args) => {
+            if let Err(e) = check_name(&args.key) {
+                eprintln!("lockd: {e}");
+                return exit::USAGE;
+            }
+            call(&args.server, |s| async move {
+                s.extend(
+                    Target::Run(&args.key),
+                    &args.token.token,
+                    args.ttl_ms,
+                    CALL_TIMEOUT,
+                )
+                .await
+            })
+            .await
+        }
+        RunCommand::Status(args) => {
+            if let Err(e) = check_name(&args.key) {
+                eprintln!("lockd: {e}");
+                return exit::USAGE;
+            }
+            call(&args.server, |s| async move {
+                s.status(Target::Run(&args.key), CALL_TIMEOUT).await
+            })
+            .await
+        }
+    }
 }
 
 async fn call<T, F, Fut>(server: &ServerArg, send: F) -> u8

@@ -32,9 +32,10 @@ const NO_KEY: &str = r#"Bearer realm="lockd""#;
 const BAD_REQUEST: &str = r#"Bearer realm="lockd", error="invalid_request""#;
 const BAD_KEY: &str = r#"Bearer realm="lockd", error="invalid_token""#;
 
-/// Guards `/locks/{name}`: the permission comes from the method (POST
-/// acquire, PATCH extend, DELETE release, GET read), and the name must be
-/// under one of the key's prefixes. Returns the request to serve.
+/// Guards `/locks/{name}` (and `/semaphores/{name}`, `/runs/{key}`): the
+/// permission comes from the method (POST acquire, PATCH extend, DELETE
+/// and PUT release: a run's completion ends its attempt, GET read), and
+/// the name must be under one of the key's prefixes. Returns the request to serve.
 ///
 /// # Errors
 /// The refusal (401, 403 or 429) to answer instead.
@@ -42,7 +43,7 @@ pub async fn guard_locks(auth: Option<&Auth>, request: Request) -> Result<Reques
     let permission = match *request.method() {
         Method::POST => Permission::Acquire,
         Method::PATCH => Permission::Extend,
-        Method::DELETE => Permission::Release,
+        Method::DELETE | Method::PUT => Permission::Release,
         _ => Permission::Read,
     };
     let (mut parts, body) = request.into_parts();

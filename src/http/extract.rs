@@ -12,12 +12,15 @@ use serde_json::{Map, Value};
 use super::limits::Limits;
 use super::problem::{ApiError, Kind};
 use crate::lock::LockName;
+use crate::lock::run::MAX_RESULT_BYTES;
 
 /// The largest request body accepted. [`JsonBody`] reads at most this much
 /// (the router's `DefaultBodyLimit`); the `/locks` deadline layer reads the
 /// body under the same limit, and the router refuses a longer declared
 /// `Content-Length` before reading.
-pub const BODY_LIMIT: usize = 64 * 1024;
+/// A run's largest result ([`MAX_RESULT_BYTES`]) with the rest of its `PUT`
+/// body fits.
+pub const BODY_LIMIT: usize = MAX_RESULT_BYTES + 1024;
 
 /// The `{name}` path segment, parsed as a [`LockName`].
 pub struct LockPath(pub LockName);

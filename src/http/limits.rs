@@ -22,6 +22,12 @@ pub struct Limits {
     pub max_semaphore_limit: u32,
     /// Silence after which a watch's stream gets a comment line.
     pub watch_keepalive: Duration,
+    /// How long a done run's result is kept at most, and a pending run's
+    /// record after its last attempt (`--run-retention-ms`).
+    pub run_retention: Duration,
+    /// The largest result a run may store, in bytes of JSON
+    /// (`--max-result-bytes`).
+    pub max_result_bytes: usize,
 }
 
 impl Limits {
@@ -42,6 +48,8 @@ impl Limits {
             request_timeout: settings.request_timeout,
             max_semaphore_limit: settings.max_semaphore_limit,
             watch_keepalive: settings.watch_keepalive,
+            run_retention: settings.run_retention,
+            max_result_bytes: settings.max_result_bytes,
         })
     }
 }
@@ -61,6 +69,10 @@ impl Limits {
             ),
             "wait_ms" => Some(self.wait.rule()),
             "limit" => Some(limit_rule(self.max_semaphore_limit)),
+            "retention_ms" => Some(format!(
+                "retention_ms must be an integer number of milliseconds from 1 to {} (--run-retention-ms)",
+                self.run_retention.as_millis()
+            )),
             _ => None,
         }
     }

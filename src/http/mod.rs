@@ -19,7 +19,7 @@
 //! 2. [`target`]: a `#fragment`, a path or query that is not UTF-8 once
 //!    percent-decoded, a `token` in the query, or a transfer coding other
 //!    than `chunked`: 400; a declared `Content-Length` over the body limit
-//!    ([`extract::BODY_LIMIT`], 64 KiB): 413. Both before anything reads
+//!    ([`extract::BODY_LIMIT`], 65 KiB): 413. Both before anything reads
 //!    the body.
 //! 3. [`browsers`]: an HTTP/1.1 request without exactly one `Host`: 400;
 //!    on a loopback listener, a `Host` that is not a loopback name (or an
@@ -34,8 +34,9 @@
 //!    more).
 //! 5. An unknown path ends here, at the fallback: 404.
 //!
-//! On `/locks/{name}` and `/semaphores/{name}`, and the listings `/locks`
-//! and `/semaphores`, then, in one layer (`routes::gate_locks`):
+//! On `/locks/{name}`, `/semaphores/{name}` and `/runs/{key}` (with its
+//! `/result`), and the listings `/locks` and `/semaphores`, then, in one
+//! layer (`routes::gate_locks`):
 //!
 //! 6. [`admission`]: a slot in the request's room (acquires and inspects,
 //!    or extends and releases), else 503 `overloaded` at once.
@@ -50,7 +51,7 @@
 //!    here: every wait of a `/locks` request is bounded by its deadline
 //!    already (the body read, the lock core call), and a backstop layer
 //!    cost each request a boxed future and a timer.
-//! 10. The handler ([`locks`], or [`semaphores`] alike): the extractors
+//! 10. The handler ([`locks`], or [`semaphores`] and [`runs`] alike): the extractors
 //!     ([`extract`]) parse the name, the query and the JSON body;
 //!     `locks::input` turns them into the lock core's types under the
 //!     server's [`limits`]; the lock core is called within the deadline (an
@@ -104,7 +105,7 @@
 //! request ID header) and `target` (the one refuse-or-pass service); `deadline` also `extract` and `limits`;
 //! `target` also `deadline` (its `closing`) and `extract` (the body limit);
 //! `locks::input` imports `limits`, `locks::model` and `problem`, and
-//! `semaphores::input` also `locks::input`; the handlers import their
+//! `semaphores::input` and `runs::input` also `locks::input`; the handlers import their
 //! inputs and models (the semaphore ones the lock ones too), `deadline`,
 //! `extract`, `limits` and `problem`, and the listings `listing`; `watch`
 //! imports `extract`, `limits`, `problem` and the models; `ops` imports
@@ -125,6 +126,7 @@ pub mod openapi;
 pub mod ops;
 pub mod problem;
 pub mod routes;
+pub mod runs;
 pub mod semaphores;
 pub mod state;
 pub mod target;

@@ -45,6 +45,7 @@ use super::{ops, problem};
     tags(
         (name = "locks", description = "Take, extend, inspect and release locks"),
         (name = "semaphores", description = "Take, extend, inspect and give back permits of semaphores: at most `limit` holders at once, each permit a lease"),
+        (name = "runs", description = "Run a job once per key (a webhook delivery, an event, a cron slot): the first caller gets an attempt and stores the result, every later caller gets the result"),
         (name = "ops", description = "Health, readiness, metrics and this document"),
     ),
 )]

@@ -118,7 +118,7 @@ pub enum BodyRefusals {
     /// 413 `payload-too-large`.
     #[response(
         status = 413,
-        description = "Body over 64 KiB",
+        description = "Body over 65 KiB",
         content_type = "application/problem+json"
     )]
     PayloadTooLarge(Problem),
@@ -323,7 +323,7 @@ pub struct ApiError {
 
 const TIMEOUT_DETAIL: &str = "the request took longer than the server allows";
 
-const PAYLOAD_TOO_LARGE_DETAIL: &str = "the request body is over 64 KiB";
+const PAYLOAD_TOO_LARGE_DETAIL: &str = "the request body is over 65 KiB";
 
 /// How long a caller should wait after a 503 before trying again.
 const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);

@@ -26,9 +26,9 @@ use super::extract::BODY_LIMIT;
 use super::limits::Limits;
 use super::locks::{acquire, extend, inspect, list, release};
 use super::openapi::{self, ApiDoc};
-use super::semaphores;
 use super::state::AppState;
 use super::{admission, auth, deadline, ops, target, telemetry, watch};
+use super::{runs, semaphores};
 use crate::config::LimitSettings;
 use crate::metrics::Metrics;
 
@@ -40,8 +40,8 @@ const DOCS_HTML: &str = include_str!("docs.html");
 /// Every route of the API, grouped by the layers they get. A group is an
 /// [`OpenApiRouter`]: the handlers and their OpenAPI operations together.
 struct Routes {
-    /// `/locks/{name}`, `/semaphores/{name}` and the listings `/locks` and
-    /// `/semaphores`; their handlers keep their time limits themselves
+    /// `/locks/{name}`, `/semaphores/{name}`, `/runs/{key}` (and its
+    /// `/result`) and the listings `/locks` and `/semaphores`; their handlers keep their time limits themselves
     /// ([`deadline`]).
     locks: OpenApiRouter<AppState>,
     /// `/locks/{name}/events` and `/semaphores/{name}/events`: streams
@@ -71,7 +71,14 @@ impl Routes {
                     semaphores::inspect::inspect,
                     semaphores::extend::extend,
                     semaphores::give_back::give_back
-                )),
+                ))
+                .routes(routes!(
+                    runs::start::start,
+                    runs::inspect::inspect,
+                    runs::extend::extend,
+                    runs::abandon::abandon
+                ))
+                .routes(routes!(runs::complete::complete)),
             watches: OpenApiRouter::new()
                 .routes(routes!(watch::lock_events))
                 .routes(routes!(watch::semaphore_events)),

@@ -18,7 +18,7 @@
 //! - A `Transfer-Encoding` other than `chunked` alone (such as `gzip,
 //!   chunked`): 400, with the connection closed, since lockd would
 //!   otherwise read the coded bytes as the body.
-//! - A `Content-Length` over the body limit ([`BODY_LIMIT`], 64 KiB): 413,
+//! - A `Content-Length` over the body limit ([`BODY_LIMIT`], 65 KiB): 413,
 //!   with the connection closed, before reading the body (and before
 //!   `100 Continue`). A chunked body over it is cut as it is read
 //!   ([`super::deadline`]).
@@ -189,20 +189,29 @@ fn target(request: &Request) -> Result<(), ApiError> {
 /// The sub-resources of a lock or a semaphore: `/locks/{name}/events`.
 const SUB_RESOURCES: [&str; 1] = ["events"];
 
-/// The rule a path under `/locks/` or `/semaphores/` breaks when its name
-/// holds a `/` (`/locks/a/b`), which no route takes: a name is one path
-/// segment. A sub-resource (`/locks/a/events`) is a route.
+/// The sub-resources of a run: `/runs/{key}/result`.
+const RUN_SUB_RESOURCES: [&str; 1] = ["result"];
+
+/// The rule a path under `/locks/`, `/semaphores/` or `/runs/` breaks when
+/// its name holds a `/` (`/locks/a/b`), which no route takes: a name is one
+/// path segment. A sub-resource (`/locks/a/events`) is a route.
 fn name_with_a_slash(path: &str) -> Option<&'static str> {
-    let rest = path
-        .strip_prefix("/locks/")
-        .or_else(|| path.strip_prefix("/semaphores/"))?;
+    let (rest, subs) = match path.strip_prefix("/runs/") {
+        Some(rest) => (rest, &RUN_SUB_RESOURCES),
+        None => (
+            path.strip_prefix("/locks/")
+                .or_else(|| path.strip_prefix("/semaphores/"))?,
+            &SUB_RESOURCES,
+        ),
+    };
     let (name, after) = rest.split_once('/')?;
-    if !name.is_empty() && SUB_RESOURCES.contains(&after) {
+    if !name.is_empty() && subs.contains(&after) {
         return None;
     }
     Some(
-        "a lock or semaphore name is one path segment and cannot contain `/`: names are \
-         1 to 200 of A-Z a-z 0-9 . _ - : @ (use `:` to group names, as in jobs:nightly)",
+        "a lock or semaphore name, or a run's key, is one path segment and cannot contain \
+         `/`: names are 1 to 200 of A-Z a-z 0-9 . _ - : @ (use `:` to group names, as in \
+         jobs:nightly)",
     )
 }
 

@@ -276,7 +276,8 @@ fn left_ms(at: SystemTime, now: SystemTime) -> u64 {
 fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
     let now = SystemTime::now();
     match subject.kind() {
-        Kind::Lock => {
+        // A run is not watched (see `Store::watchable`).
+        Kind::Lock | Kind::Run => {
             let holder = snapshot.leases.first();
             to_json(&LockState {
                 name,

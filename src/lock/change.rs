@@ -12,7 +12,8 @@
 //! | --- | --- |
 //! | `acquired FENCE TTL_MS GRANTED_AT_MS OWNER` | a new lease (`OWNER` may be empty, and may hold spaces) |
 //! | `extended FENCE TTL_MS AT_MS` | a lease reset to `TTL_MS` from `AT_MS` (Unix ms of the lockd that sent it): an extend, or a holder's renewing acquire |
-//! | `released FENCE` | a lease ended by its holder |
+//! | `released FENCE` | a lease ended by its holder (for a run: its attempt abandoned) |
+//! | `completed FENCE` | a run's attempt completed it: the run is done |
 //! | `expired FENCE` | a semaphore's permit that ran out, forgotten by the script that found it so (before that script's own change) |
 //! | `probe MARKER` | no change: a watcher's marker (see [`super::service::watch`]) |
 //!
@@ -47,6 +48,11 @@ pub enum Change {
     /// The lease with this fence was released by its holder.
     Released {
         /// The lease's fencing token.
+        fence: u64,
+    },
+    /// The run's attempt with this fence completed it: the run is done.
+    Completed {
+        /// The completing attempt's fencing token.
         fence: u64,
     },
     /// The lease with this fence ran out, and a script that found it so
@@ -108,6 +114,7 @@ impl Change {
             }
             "released" => rest.parse().ok().map(|fence| Self::Released { fence }),
             "expired" => rest.parse().ok().map(|fence| Self::Expired { fence }),
+            "completed" => rest.parse().ok().map(|fence| Self::Completed { fence }),
             "probe" if !rest.is_empty() => Some(Self::Probe(rest.to_owned())),
             _ => None,
         };
@@ -138,17 +145,23 @@ impl Change {
             } => format!("extended {fence} {ttl_ms}"),
             Self::Released { fence } => format!("released {fence}"),
             Self::Expired { fence } => format!("expired {fence}"),
+            Self::Completed { fence } => format!("completed {fence}"),
             Self::Probe(marker) => format!("probe {marker}"),
             Self::Unknown => String::new(),
         }
     }
 
     /// Whether a waiter should try again: a lease ended or changed its end
-    /// (a grant or a marker frees nothing).
+    /// (a grant or a marker frees nothing), or a run was completed (its
+    /// waiters then get the result).
     pub fn wakes_waiters(&self) -> bool {
         matches!(
             self,
-            Self::Extended { .. } | Self::Released { .. } | Self::Expired { .. } | Self::Unknown
+            Self::Extended { .. }
+                | Self::Released { .. }
+                | Self::Expired { .. }
+                | Self::Completed { .. }
+                | Self::Unknown
         )
     }
 }
@@ -231,12 +244,13 @@ mod tests {
             ttl_ms in any::<u64>(),
             granted_at_ms in any::<u64>(),
             owner in proptest::option::of("[^\\x00-\\x1f]{1,40}"),
-            kind in 0..4u8,
+            kind in 0..5u8,
         ) {
             let change = match kind {
                 0 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner },
                 1 => Change::Extended { fence, ttl_ms, at_ms: Some(granted_at_ms) },
                 2 => Change::Expired { fence },
+                3 => Change::Completed { fence },
                 _ => Change::Released { fence },
             };
             prop_assert_eq!(Change::parse(change.encode().as_bytes()), change);

@@ -13,6 +13,8 @@
 //!   [`Acquired`], [`ExtendTtl`], [`Released`], [`LockInfo`]).
 //! - [`semaphore`]: the permit rules (at most `limit` holders, each a
 //!   lease).
+//! - [`run`]: the rules of a run, a job that runs once per key (running
+//!   under an attempt's lease, done with a result kept, or pending).
 //! - [`error`]: [`LockError`], the one error type of every operation.
 //! - [`fence`]: the fencing-token rule, max(counter + 1, clock in µs),
 //!   which every backend follows.
@@ -142,6 +144,7 @@ pub mod node;
 pub mod reaper;
 pub mod redis;
 pub mod redlock;
+pub mod run;
 pub mod semaphore;
 pub mod service;
 pub mod store;
@@ -152,8 +155,8 @@ pub use change::Change;
 pub use error::{LaggingWrite, LockError};
 pub(crate) use lease::unix_millis;
 pub use lease::{AcquireRequest, Acquired, ExtendTtl, Lease, LockInfo, ProbedLock, Released};
-pub use node::{Backend, ChangeListener, LockNode, Node, SemaphoreNode, WaitInterest};
+pub use node::{Backend, ChangeListener, LockNode, Node, RunNode, SemaphoreNode, WaitInterest};
 pub use service::Locks;
-pub use store::{LockStore, SemaphoreStore, Single, Store};
+pub use store::{LockStore, RunStore, SemaphoreStore, Single, Store};
 pub use subject::{Kind, Subject};
 pub use types::{InvalidInput, LockName, Owner, Token, Ttl};

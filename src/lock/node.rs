@@ -1,7 +1,7 @@
 //! The traits of one lock server, one per kind of lease: a backend is a
 //! [`Node`] (what every server does: answer a ping, list its keys, tell of
 //! changes) that keeps locks ([`LockNode`]) and semaphores
-//! ([`SemaphoreNode`]); [`Backend`] is both, what [`super::Single`] wraps.
+//! ([`SemaphoreNode`]) and runs ([`RunNode`]); [`Backend`] is all three, what [`super::Single`] wraps.
 //! Redlock needs locks only, so it takes [`LockNode`]s. A trait per kind,
 //! rather than one trait with a default "unsupported" body per method: a
 //! backend either keeps a kind or is not used for it, and the compiler says
@@ -13,12 +13,16 @@
 
 use crate::lock::ProbedLock;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::Kind;
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
+use super::run::{
+    Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
+};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, Change, ExtendTtl, Lease, LockError, LockInfo, LockName, Released,
@@ -235,12 +239,77 @@ pub trait SemaphoreNode: Node {
     ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError>;
 }
 
+/// The run primitives of one server (see [`super::run`]). A run's keys
+/// share one hash slot, so each call is one atomic script on one node.
+#[async_trait]
+pub trait RunNode: Node {
+    /// Starts an attempt of run `req.key`, renews the one `req.token`
+    /// holds, or answers the result of a done run. The inner `Err` is a
+    /// refusal: another attempt holds it, or another fingerprint started it
+    /// (nothing is changed then).
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] or [`LockError::Backend`] when the node
+    /// fails (the attempt may or may not have started).
+    async fn start_run(
+        &self,
+        req: &StartRequest,
+    ) -> Result<Result<Started, StartRefusal>, LockError>;
+
+    /// Completes the run whose live attempt `token` holds: stores `result`
+    /// for `retention` and ends the attempt. When `token` completed the run
+    /// already (a retry after a lost answer), answers the stored run
+    /// unchanged.
+    ///
+    /// # Errors
+    /// As for [`RunNode::start_run`].
+    async fn complete_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        result: &RunResult,
+        retention: Duration,
+    ) -> Result<Result<DoneRun, RunMiss>, LockError>;
+
+    /// Abandons the attempt `token` holds: the run is pending again and
+    /// nothing is stored; its record (attempt count, fingerprint) is kept
+    /// for `retention`.
+    ///
+    /// # Errors
+    /// As for [`RunNode::start_run`].
+    async fn abandon_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<Result<(), RunMiss>, LockError>;
+
+    /// Resets the lease of the attempt `token` holds to `ttl`, the record
+    /// kept for `retention` after it. Never starts an attempt.
+    ///
+    /// # Errors
+    /// As for [`RunNode::start_run`].
+    async fn extend_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+        retention: Duration,
+    ) -> Result<Result<Attempt, RunMiss>, LockError>;
+
+    /// The run's state (never a token), or `None` when it is unknown.
+    ///
+    /// # Errors
+    /// As for [`RunNode::start_run`].
+    async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError>;
+}
+
 /// A server that keeps every kind of lease: what a [`super::Single`]
 /// store serves. Implemented for every type that implements each kind's
 /// trait.
-pub trait Backend: LockNode + SemaphoreNode {}
+pub trait Backend: LockNode + SemaphoreNode + RunNode {}
 
-impl<T: LockNode + SemaphoreNode> Backend for T {}
+impl<T: LockNode + SemaphoreNode + RunNode> Backend for T {}
 
 /// Receives change events from a backend.
 pub trait ChangeListener: Send + Sync + 'static {

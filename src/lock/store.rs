@@ -5,7 +5,7 @@
 //! each lock over several independent masters.
 //!
 //! A store is split by kind of lease as a node is: [`LockStore`] for locks,
-//! [`SemaphoreStore`] for semaphores, and [`Store`] for what they share
+//! [`SemaphoreStore`] for semaphores, [`RunStore`] for runs, and [`Store`] for what they share
 //! (readiness, change events, watches) and to reach each kind. A store
 //! without a kind says so once, in its accessor ([`Store::semaphores`]),
 //! with the reason, rather than in every method of that kind.
@@ -16,11 +16,15 @@
 
 use crate::lock::ProbedLock;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
+use super::run::{
+    Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
+};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, Backend, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
@@ -41,6 +45,13 @@ pub trait Store: Send + Sync + 'static {
     /// [`LockError::Unsupported`], with the reason, from a store without
     /// them (Redlock).
     fn semaphores(&self) -> Result<&dyn SemaphoreStore, LockError>;
+
+    /// Its runs.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`], with the reason, from a store without
+    /// them (Redlock).
+    fn runs(&self) -> Result<&dyn RunStore, LockError>;
 
     /// Whether `subject` can be watched here (its kind kept, and its
     /// changes told on one stream).
@@ -195,6 +206,66 @@ pub trait SemaphoreStore: Send + Sync {
     ) -> Result<Page<SemaphoreEntry>, LockError>;
 }
 
+/// Why a run cannot be watched: its events are published, but no watch
+/// follows them yet.
+pub const NO_RUN_WATCH: &str =
+    "watching a run is not available in this version: read GET /runs/{key}";
+
+/// The runs of a store (see [`super::run`]): each call as the
+/// [`super::RunNode`] method of the same name says.
+#[async_trait]
+pub trait RunStore: Send + Sync {
+    /// Starts, renews or replays a run (see [`super::RunNode::start_run`]).
+    ///
+    /// # Errors
+    /// A store failure as for [`LockStore::acquire`].
+    async fn start_run(
+        &self,
+        req: &StartRequest,
+    ) -> Result<Result<Started, StartRefusal>, LockError>;
+
+    /// Completes a run (see [`super::RunNode::complete_run`]).
+    ///
+    /// # Errors
+    /// A store failure as for [`LockStore::acquire`].
+    async fn complete_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        result: &RunResult,
+        retention: Duration,
+    ) -> Result<Result<DoneRun, RunMiss>, LockError>;
+
+    /// Abandons a run's attempt (see [`super::RunNode::abandon_run`]).
+    ///
+    /// # Errors
+    /// A store failure as for [`LockStore::acquire`].
+    async fn abandon_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<Result<(), RunMiss>, LockError>;
+
+    /// Extends a run's attempt (see [`super::RunNode::extend_run`]).
+    ///
+    /// # Errors
+    /// A store failure as for [`LockStore::acquire`].
+    async fn extend_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+        retention: Duration,
+    ) -> Result<Result<Attempt, RunMiss>, LockError>;
+
+    /// Describes a run (see [`super::RunNode::inspect_run`]).
+    ///
+    /// # Errors
+    /// A store failure as for [`LockStore::acquire`].
+    async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError>;
+}
+
 /// The store of one backend (one Redis server, Sentinel's master, a Redis
 /// Cluster, or memory): each call goes to that backend as it is.
 pub struct Single {
@@ -218,9 +289,17 @@ impl Store for Single {
         Ok(self)
     }
 
-    /// Every subject of one backend is told on that backend's one stream.
-    fn watchable(&self, _subject: &Subject) -> Result<(), LockError> {
-        Ok(())
+    fn runs(&self) -> Result<&dyn RunStore, LockError> {
+        Ok(self)
+    }
+
+    /// Every lock and semaphore of one backend is told on that backend's
+    /// one stream; runs are not watched yet.
+    fn watchable(&self, subject: &Subject) -> Result<(), LockError> {
+        match subject.kind() {
+            Kind::Run => Err(LockError::Unsupported(NO_RUN_WATCH)),
+            Kind::Lock | Kind::Semaphore => Ok(()),
+        }
     }
 
     async fn ping(&self) -> Result<(), LockError> {
@@ -341,5 +420,48 @@ impl SemaphoreStore for Single {
             items,
             next: found.next,
         })
+    }
+}
+
+#[async_trait]
+impl RunStore for Single {
+    async fn start_run(
+        &self,
+        req: &StartRequest,
+    ) -> Result<Result<Started, StartRefusal>, LockError> {
+        self.node.start_run(req).await
+    }
+
+    async fn complete_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        result: &RunResult,
+        retention: Duration,
+    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+        self.node.complete_run(key, token, result, retention).await
+    }
+
+    async fn abandon_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<Result<(), RunMiss>, LockError> {
+        self.node.abandon_run(key, token, retention).await
+    }
+
+    async fn extend_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+        retention: Duration,
+    ) -> Result<Result<Attempt, RunMiss>, LockError> {
+        self.node.extend_run(key, token, ttl, retention).await
+    }
+
+    async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
+        self.node.inspect_run(key).await
     }
 }

@@ -1,4 +1,5 @@
-//! [`Subject`]: what a lease is of, a lock or a semaphore of one name. The
+//! [`Subject`]: what a lease is of, a lock, a semaphore or a run of one
+//! name. The
 //! wait queues, the change listeners, the watches and the Redis change
 //! channels all key on it. For Redis, `redis::events::channel` turns it
 //! into its change channel, the one place channel names are built.
@@ -22,14 +23,18 @@ pub enum Kind {
     /// A semaphore: at most `limit` holders, each holding a permit.
     #[serde(rename = "s")]
     Semaphore,
+    /// A run: a job that runs once per key (see [`super::run`]).
+    #[serde(rename = "r")]
+    Run,
 }
 
 impl Kind {
-    /// The kind's name in logs and metrics: `lock` or `semaphore`.
+    /// The kind's name in logs and metrics: `lock`, `semaphore` or `run`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Lock => "lock",
             Self::Semaphore => "semaphore",
+            Self::Run => "run",
         }
     }
 }
@@ -56,6 +61,11 @@ impl Subject {
     /// The semaphore named `name`.
     pub fn semaphore(name: LockName) -> Self {
         Self::new(Kind::Semaphore, name)
+    }
+
+    /// The run of key `key`.
+    pub fn run(key: LockName) -> Self {
+        Self::new(Kind::Run, key)
     }
 
     /// Which kind of lease it is of.

@@ -16,7 +16,7 @@ pub enum InvalidInput {
     /// The lock name is empty, too long, `.` or `..`, or has a character
     /// outside `[A-Za-z0-9._-:@]`.
     #[error(
-        "a name (of a lock or a semaphore) must be 1 to {max} characters of ASCII letters, digits and `._-:@`, other than `.` and `..`",
+        "a name (of a lock, a semaphore or a run) must be 1 to {max} characters of ASCII letters, digits and `._-:@`, other than `.` and `..`",
         max = LockName::MAX_LEN
     )]
     Name,

@@ -4,6 +4,7 @@
 use crate::lock::ProbedLock;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
@@ -12,10 +13,13 @@ use tokio_util::sync::CancellationToken;
 use super::Metrics;
 use crate::lock::Kind;
 use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
+use crate::lock::run::{
+    Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
+};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use crate::lock::{
     AcquireRequest, Acquired, Backend, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
-    LockName, LockNode, Node, Released, SemaphoreNode, Token, WaitInterest,
+    LockName, LockNode, Node, Released, RunNode, SemaphoreNode, Token, WaitInterest,
 };
 
 /// The `op` labels of `lockd_backend_duration_seconds`.
@@ -228,5 +232,57 @@ impl SemaphoreNode for Instrumented {
     ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
         self.time("inspect_semaphores", self.inner.semaphores(names))
             .await
+    }
+}
+
+#[async_trait]
+impl RunNode for Instrumented {
+    async fn start_run(
+        &self,
+        req: &StartRequest,
+    ) -> Result<Result<Started, StartRefusal>, LockError> {
+        self.time("start_run", self.inner.start_run(req)).await
+    }
+
+    async fn complete_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        result: &RunResult,
+        retention: Duration,
+    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+        self.time(
+            "complete_run",
+            self.inner.complete_run(key, token, result, retention),
+        )
+        .await
+    }
+
+    async fn abandon_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<Result<(), RunMiss>, LockError> {
+        self.time("abandon_run", self.inner.abandon_run(key, token, retention))
+            .await
+    }
+
+    async fn extend_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+        retention: Duration,
+    ) -> Result<Result<Attempt, RunMiss>, LockError> {
+        self.time(
+            "extend_run",
+            self.inner.extend_run(key, token, ttl, retention),
+        )
+        .await
+    }
+
+    async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
+        self.time("inspect_run", self.inner.inspect_run(key)).await
     }
 }

@@ -9,12 +9,13 @@
 //! namespace. Units are seconds and plain counts (Prometheus base units).
 //!
 //! Beside this file: `instrumented` ([`Instrumented`]), `semaphores` (the
-//! permit metrics), `process` (the process's CPU and memory) and
-//! [`namespace`] (the bounded `namespace` label).
+//! permit metrics), `runs` (the run metrics), `process` (the process's CPU
+//! and memory) and [`namespace`] (the bounded `namespace` label).
 
 mod instrumented;
 pub mod namespace;
 mod process;
+mod runs;
 mod semaphores;
 
 use std::sync::{Arc, Mutex};
@@ -211,6 +212,7 @@ pub struct Metrics {
     http_duration: HistogramVec,
     /// The `lockd_semaphore_*` families.
     semaphores: semaphores::SemaphoreMetrics,
+    runs: runs::RunMetrics,
 }
 
 /// What the metrics read at scrape time from the wait queues and the
@@ -392,6 +394,7 @@ impl Metrics {
                 HTTP_BUCKETS,
             )?,
             semaphores: semaphores::SemaphoreMetrics::new(&b)?,
+            runs: runs::RunMetrics::new(&b)?,
             namespaces: Namespaces::new(max_namespaces),
             registry,
         };
@@ -421,6 +424,7 @@ impl Metrics {
         self.lock_expired.with_label_values(&[ns]);
         self.waiters.with_label_values(&[ns]);
         self.semaphores.create_namespace_series(ns);
+        self.runs.create_namespace_series(ns);
     }
 
     /// The `namespace` label of `name`, creating its series when it is new.

@@ -231,7 +231,7 @@ async fn oversized_bodies_are_413_problems_and_write_nothing(app: &TestApp) {
     let held = app.acquire_ttl("big:held", 30_000).await;
     held.expect_status(201);
     let tok = held.token();
-    let padding = " ".repeat(64 * 1024);
+    let padding = " ".repeat(65 * 1024);
     let big = format!(r#"{{"ttl_ms":1000{padding}}}"#);
     let big_owner = format!(r#"{{"owner":"{}"}}"#, "o".repeat(70_000));
     let refusals = vec![
@@ -247,7 +247,7 @@ async fn oversized_bodies_are_413_problems_and_write_nothing(app: &TestApp) {
     assert_all_refused(app, refusals).await;
     assert_eq!(app.holder_token("big:held").await, Some(tok));
     // Just under the limit is fine.
-    let fits = format!(r#"{{"ttl_ms":1000{}}}"#, " ".repeat(64 * 1024 - 20));
+    let fits = format!(r#"{{"ttl_ms":1000{}}}"#, " ".repeat(65 * 1024 - 20));
     let reply = app
         .send(
             Method::POST,
@@ -739,6 +739,8 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
         "/locks/{name}/events",
         "/semaphores/{name}",
         "/semaphores/{name}/events",
+        "/runs/{key}",
+        "/runs/{key}/result",
         "/locks",
         "/semaphores",
         "/healthz",

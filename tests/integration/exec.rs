@@ -2021,3 +2021,166 @@ async fn a_leader_election_with_lockd_exec_never_has_two_leaders_at_once() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// `lockd exec --once` and `lockd run`
+// ---------------------------------------------------------------------------
+
+/// Two hosts with the same crontab: both start `lockd exec --once` on the
+/// same slot at once, the second waiting; the command runs once, both exit
+/// 0, and a third start, later, does not run it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_once_from_two_processes_at_once_runs_the_command_once() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let key = "report:2026-12-02";
+    let script = r#"echo ran >> "$DIR/log"; sleep 0.5"#;
+    let flags = ["--once", "--wait-ms", "30000"];
+    let mut first = Lockd::spawn(exec(&dir, &server, &flags, key, &sh(script)));
+    let mut second = Lockd::spawn(exec(&dir, &server, &flags, key, &sh(script)));
+    first.wait(LIMIT).await.expect(0);
+    second.wait(LIMIT).await.expect(0);
+    assert_eq!(dir.lines("log"), ["ran"], "the command ran once");
+    let done = app.get(&format!("/runs/{key}")).await;
+    done.expect_status(200);
+    assert_eq!(done.str("state"), "done");
+    assert_eq!(done.json()["result"], serde_json::json!({"exit_code": 0}));
+    let third = run(exec(&dir, &server, &["--once"], key, &sh(script))).await;
+    third.expect(0);
+    assert!(third.stderr.contains("was done at"), "{}", third.stderr);
+    assert_eq!(dir.lines("log"), ["ran"]);
+}
+
+/// A command that fails abandons the attempt (nothing stored, exit code
+/// passed through), so the next `exec --once` runs it again; one in
+/// progress elsewhere exits 75 without running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_once_a_failed_command_runs_again_and_one_in_progress_exits_75() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let key = "nightly:7";
+    let failing = run(exec(
+        &dir,
+        &server,
+        &["--once"],
+        key,
+        &sh(r#"echo fail >> "$DIR/log"; exit 3"#),
+    ))
+    .await;
+    failing.expect(3);
+    let pending = app.get(&format!("/runs/{key}")).await;
+    assert_eq!(pending.str("state"), "pending");
+    assert_eq!(pending.str("last_attempt"), "abandoned");
+    let script = format!(r#"echo ok >> "$DIR/log"; touch "$DIR/started"; {WAIT_FOR_GO}"#);
+    let mut retry = Lockd::spawn(exec(&dir, &server, &["--once"], key, &sh(&script)));
+    retry.wait_for_file(&dir.path("started"), STARTUP).await;
+    let busy = run(exec(
+        &dir,
+        &server,
+        &["--once"],
+        key,
+        &sh(r#"echo busy >> "$DIR/log""#),
+    ))
+    .await;
+    busy.expect(75);
+    assert!(
+        busy.stderr.contains("another attempt is running"),
+        "{}",
+        busy.stderr
+    );
+    dir.touch("go");
+    retry.wait(LIMIT).await.expect(0);
+    assert_eq!(dir.lines("log"), ["fail", "ok"]);
+    let done = app.get(&format!("/runs/{key}")).await;
+    assert_eq!(done.str("state"), "done");
+    assert_eq!(done.u64("attempt"), 2);
+}
+
+/// `lockd run start|extend|complete|abandon|status` print the server's
+/// JSON and exit by status, as the lock subcommands do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shell_run_subcommands_print_json_and_exit_by_status() {
+    let app = TestApp::redis().await;
+    let dir = Scratch::new();
+    let server = app.url("");
+    let key = "delivery:abc";
+    let started = run(shell(
+        &dir,
+        &server,
+        &[
+            "run",
+            "start",
+            key,
+            "--ttl-ms",
+            "30000",
+            "--fingerprint",
+            "f1",
+        ],
+    ))
+    .await;
+    started.expect(0);
+    let attempt = started.json();
+    assert_eq!(attempt["state"], "running");
+    let token = attempt["token"].as_str().expect("a token").to_owned();
+    run(shell(&dir, &server, &["run", "start", key]))
+        .await
+        .expect(75);
+    let mismatch = run(shell(
+        &dir,
+        &server,
+        &["run", "start", key, "--fingerprint", "f2"],
+    ))
+    .await;
+    mismatch.expect(64);
+    assert_eq!(mismatch.json()["status"], 422);
+    run(shell(
+        &dir,
+        &server,
+        &["run", "extend", key, "--token", &token, "--ttl-ms", "60000"],
+    ))
+    .await
+    .expect(0);
+    run(shell(
+        &dir,
+        &server,
+        &[
+            "run", "complete", key, "--token", &token, "--result", "not json",
+        ],
+    ))
+    .await
+    .expect(64);
+    let done = run(shell(
+        &dir,
+        &server,
+        &[
+            "run",
+            "complete",
+            key,
+            "--token",
+            &token,
+            "--result",
+            r#"{"id":7}"#,
+        ],
+    ))
+    .await;
+    done.expect(0);
+    assert_eq!(done.json()["result"], serde_json::json!({"id": 7}));
+    let replay = run(shell(&dir, &server, &["run", "start", key])).await;
+    replay.expect(0);
+    assert_eq!(replay.json()["state"], "done");
+    run(shell(
+        &dir,
+        &server,
+        &["run", "abandon", key, "--token", &token],
+    ))
+    .await
+    .expect(75);
+    let status = run(shell(&dir, &server, &["run", "status", key])).await;
+    status.expect(0);
+    assert_eq!(status.json()["state"], "done");
+    run(shell(&dir, &server, &["run", "status", "unknown:key"]))
+        .await
+        .expect(1);
+}

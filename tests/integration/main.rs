@@ -26,6 +26,7 @@ mod redis_outage;
 mod redis_tls;
 mod redlock;
 mod replicas;
+mod runs;
 mod semaphores;
 mod sentinel;
 mod shutdown;

@@ -12,9 +12,10 @@ use tokio::time::{Instant, sleep_until};
 
 use super::say;
 use crate::backoff::ExponentialBackoff;
-use crate::client::api::{AcquireParams, ClientError, Lease, Target};
+use crate::client::api::{AcquireParams, ClientError, RunStart, Target};
 use crate::client::args::ExecArgs;
-use crate::client::servers::{Answered, Failure, Servers, passed_note};
+use crate::client::exit;
+use crate::client::servers::{Failure, Servers, passed_note};
 use crate::lock::Token;
 
 /// How long the acquire may take beyond `--wait-ms`, over all the servers
@@ -42,16 +43,25 @@ pub(super) struct Holder {
     pub(super) name: String,
     /// Whether `name` is a semaphore (the lease is one of its permits).
     pub(super) semaphore: bool,
+    /// Whether `name` is a run's key (the lease is its attempt).
+    pub(super) once: bool,
     pub(super) token: Token,
 }
 
 impl Holder {
-    /// What the calls name: the lock, or the semaphore.
+    /// What the calls name: the lock, the semaphore, or the run (whose
+    /// release abandons its attempt).
     pub(super) fn target(&self) -> Target<'_> {
-        Target::new(&self.name, self.semaphore)
+        if self.once {
+            Target::Run(&self.name)
+        } else {
+            Target::new(&self.name, self.semaphore)
+        }
     }
 
-    pub(super) async fn acquire(&self, args: &ExecArgs) -> Result<Answered<Lease>, Failure> {
+    /// Takes the lock (or the permit, or the run's attempt): the lease, or
+    /// for a done run its result.
+    pub(super) async fn acquire(&self, args: &ExecArgs) -> Result<RunStart, Failure> {
         let owner = args.owner.clone().unwrap_or_else(default_owner);
         let params = AcquireParams {
             token: Some(self.token.expose()),
@@ -59,10 +69,63 @@ impl Holder {
             wait_ms: args.wait_ms,
             owner: Some(&owner),
             limit: args.semaphore.limit,
+            fingerprint: None,
         };
+        if self.once {
+            return self
+                .servers
+                .start_run(&self.name, &params, ACQUIRE_MARGIN)
+                .await
+                .map(|answered| answered.reply.value);
+        }
         self.servers
             .acquire(self.target(), &params, ACQUIRE_MARGIN)
             .await
+            .map(|answered| RunStart::Attempt(answered.reply.value))
+    }
+
+    /// Completes the run after the command exited 0, storing
+    /// `{"exit_code": 0}`; retried for a while when no server answers.
+    /// Returns the exit code: 0, or why the run is not done.
+    pub(super) async fn complete_after_run(&self, ttl: Duration) -> u8 {
+        let give_up = Instant::now() + RELEASE_FOR.min(ttl);
+        let mut backoff = RELEASE_BACKOFF.pauses();
+        let result = serde_json::json!({ "exit_code": 0 });
+        loop {
+            let failure = match self
+                .servers
+                .complete_run(&self.name, self.token.expose(), &result, CALL_LIMIT)
+                .await
+            {
+                Ok(_) => return 0,
+                Err(failure) => failure,
+            };
+            let tried = failure.tried();
+            let why = match &failure.error {
+                ClientError::RateLimited { answer, .. }
+                | ClientError::Unavailable { answer, .. }
+                | ClientError::ServerError { answer } => {
+                    format!("{} answered {}{tried}", failure.who(), answer.status)
+                }
+                ClientError::Unreachable(e) => format!("{e}{tried}"),
+                other => {
+                    say(&format!(
+                        "the command succeeded, but {} could not be marked done ({other}){tried}: its attempt's lease ran out first, so the job will run again",
+                        self.name
+                    ));
+                    return exit::LEASE_LOST;
+                }
+            };
+            let pause = backoff.next_pause();
+            if Instant::now() + pause >= give_up {
+                say(&format!(
+                    "the command succeeded, but {} could not be marked done ({why}); the job will run again once its attempt's lease runs out",
+                    self.name
+                ));
+                return exit::UNAVAILABLE;
+            }
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// Releases the lock if this token holds it, ignoring the answer: used
@@ -90,6 +153,13 @@ impl Holder {
             };
             let tried = failure.tried();
             let why = match &failure.error {
+                ClientError::NotHeld { .. } | ClientError::NotOwner { .. } if self.once => {
+                    say(&format!(
+                        "the attempt on {} had already run out when the command ended",
+                        self.name
+                    ));
+                    return;
+                }
                 ClientError::NotHeld { .. } => {
                     say(&format!(
                         "the lease on {} had already run out when the command ended",

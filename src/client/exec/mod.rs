@@ -23,6 +23,11 @@
 //! 4. When the command ends, however it ends, release the lock, and exit
 //!    with its status (128 + N when signal N killed it).
 //!
+//! With `--once`, NAME is a run's key ([`crate::lock::run`]): the lease is
+//! the run's attempt; a done run is not run again (exit 0, saying when it
+//! was done); exit 0 completes the run with `{"exit_code": 0}` and another
+//! exit abandons the attempt, so that a later run tries again.
+//!
 //! The exit codes are in [`super::exit`].
 //!
 //! `lease` keeps the lease (acquire, renew, release, notice its loss);
@@ -36,10 +41,10 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::api::{ClientError, Lease};
+use super::api::{ClientError, Lease, RunStart};
 use super::args::ExecArgs;
 use super::exit;
-use super::servers::{Answered, Failure};
+use super::servers::Failure;
 use crate::lock::Token;
 use child::{catch_signals, signal_code, spawn, status_code, supervise};
 use lease::{Holder, keep_renewing, lease_end};
@@ -71,6 +76,7 @@ pub async fn run(args: ExecArgs) -> u8 {
         servers,
         name: args.name.clone(),
         semaphore: args.semaphore.semaphore,
+        once: args.once,
         token: Token::generate(),
     };
     let sent = Instant::now();
@@ -83,6 +89,23 @@ pub async fn run(args: ExecArgs) -> u8 {
         }
     };
     let received = Instant::now();
+    let answer = match answer {
+        Ok(RunStart::Done {
+            completed_at,
+            attempt,
+            ..
+        }) => {
+            if !args.quiet {
+                say(&format!(
+                    "{} was done at {completed_at} (attempt {attempt}); the command was not run",
+                    holder.name
+                ));
+            }
+            return 0;
+        }
+        Ok(RunStart::Attempt(lease)) => Ok(lease),
+        Err(failure) => Err(failure),
+    };
     let grant = match take_grant(&holder, &args, answer).await {
         Ok(grant) => grant,
         Err(code) => return code,
@@ -123,24 +146,30 @@ pub async fn run(args: ExecArgs) -> u8 {
         ));
         return exit::LEASE_LOST;
     }
-    holder.release_after_run(ttl).await;
-    match status {
+    let code = match status {
         Ok(status) => status_code(status),
         Err(e) => {
             say(&format!("cannot wait for the command: {e}"));
             exit::UNAVAILABLE
         }
+    };
+    if holder.once && code == 0 {
+        return holder.complete_after_run(ttl).await;
     }
+    // A run's attempt that failed is abandoned, so that a later run tries
+    // again; a lock or a permit is released.
+    holder.release_after_run(ttl).await;
+    code
 }
 
 /// The lease, or the exit code when there is none.
 async fn take_grant(
     holder: &Holder,
     args: &ExecArgs,
-    answer: Result<Answered<Lease>, Failure>,
+    answer: Result<Lease, Failure>,
 ) -> Result<Lease, u8> {
     let failure = match answer {
-        Ok(answered) => return Ok(answered.reply.value),
+        Ok(lease) => return Ok(lease),
         Err(failure) => failure,
     };
     let (who, tried) = (failure.who(), failure.tried());
@@ -163,7 +192,9 @@ async fn take_grant(
                 .retry_after()
                 .map(|d| format!("; it frees in at most {} ms", d.as_millis()))
                 .unwrap_or_default();
-            let held = if holder.semaphore {
+            let held = if holder.once {
+                format!("another attempt is running {}", holder.name)
+            } else if holder.semaphore {
                 format!("every permit of {} is held", holder.name)
             } else {
                 format!("{} is held by another holder", holder.name)

@@ -82,6 +82,13 @@ impl MemoryBackend {
                     }
                 }
             }
+            Kind::Run => {
+                for (name, record) in state.runs.range::<str, _>(range) {
+                    if !prefix.covers(name) || !visit(name, record.forget_at > now) {
+                        break;
+                    }
+                }
+            }
         }
         Ok(ScanPage {
             names,

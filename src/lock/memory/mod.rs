@@ -2,8 +2,8 @@
 //! `lockd serve --dev` and tests. Locks live in this process only: two lockd
 //! processes never see each other's locks.
 //!
-//! This file keeps the locks; `semaphores` the permits, and `listing` the
-//! walk of the held names in order.
+//! This file keeps the locks; `semaphores` the permits, `runs` the runs,
+//! and `listing` the walk of the held names in order.
 //!
 //! A std [`Mutex`] is right here (as in mini-redis's `db.rs`): the critical
 //! sections are short, never await, and a tokio mutex would only add cost.
@@ -20,12 +20,17 @@ use tokio_util::sync::CancellationToken;
 use super::fence::{self, DEFAULT_RETENTION, unix_micros};
 
 mod listing;
+mod runs;
 mod semaphores;
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
+use super::run::{
+    Attempt as RunAttempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
+    Started,
+};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Node, Released, SemaphoreNode, Subject, Token, Ttl, WaitInterest,
+    LockName, LockNode, Node, Released, RunNode, SemaphoreNode, Subject, Token, Ttl, WaitInterest,
     unix_millis,
 };
 
@@ -70,6 +75,10 @@ struct State {
     /// Semaphores (see [`super::semaphore`]), and their fencing counters.
     semaphores: BTreeMap<String, super::semaphore::Permits>,
     semaphore_fences: HashMap<String, Counter>,
+    /// Runs (see [`super::run`]), ordered by key, and their fencing
+    /// counters.
+    runs: BTreeMap<String, runs::RunRecord>,
+    run_fences: HashMap<String, Counter>,
 }
 
 impl State {
@@ -91,6 +100,8 @@ impl State {
         self.holders.retain(|_, h| h.expires > now);
         self.fences.retain(|_, c| c.forget_at > now);
         self.semaphore_fences.retain(|_, c| c.forget_at > now);
+        self.runs.retain(|_, r| r.forget_at > now);
+        self.run_fences.retain(|_, c| c.forget_at > now);
     }
 
     /// The next fence of `name` by the rule of [`fence::next_fence`], kept
@@ -444,6 +455,49 @@ impl SemaphoreNode for MemoryBackend {
 
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>, LockError> {
         MemoryBackend::inspect_semaphore(self, name)
+    }
+}
+
+#[async_trait]
+impl RunNode for MemoryBackend {
+    async fn start_run(
+        &self,
+        req: &StartRequest,
+    ) -> Result<Result<Started, StartRefusal>, LockError> {
+        MemoryBackend::start_run(self, req)
+    }
+
+    async fn complete_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        result: &RunResult,
+        retention: Duration,
+    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+        MemoryBackend::complete_run(self, key, token, result, retention)
+    }
+
+    async fn abandon_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<Result<(), RunMiss>, LockError> {
+        MemoryBackend::abandon_run(self, key, token, retention)
+    }
+
+    async fn extend_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+        retention: Duration,
+    ) -> Result<Result<RunAttempt, RunMiss>, LockError> {
+        MemoryBackend::extend_run(self, key, token, ttl, retention)
+    }
+
+    async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
+        MemoryBackend::inspect_run(self, key)
     }
 }
 

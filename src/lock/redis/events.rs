@@ -4,12 +4,14 @@
 //!
 //! Every script that changes a lease publishes what it did (see
 //! [`crate::lock::change`]) on its subject's channel, `P{N}:released` for
-//! lock `N` and `Psem:{N}:released` for semaphore `N` (built by
+//! lock `N`, `Psem:{N}:released` for semaphore `N` and `Prun:{N}:released`
+//! for run `N` (built by
 //! [`channel`], the one place channel names are made). Two ways to hear
 //! them:
 //! - [`PatternEvents`], on one Redis server (single mode, or the master of
-//!   a Sentinel set, moving with it): one connection with two patterns
-//!   (`PSUBSCRIBE P{*}:released Psem:{*}:released`) hears every change,
+//!   a Sentinel set, moving with it): one connection with three patterns
+//!   (`PSUBSCRIBE P{*}:released Psem:{*}:released Prun:{*}:released`)
+//!   hears every change,
 //!   whether or not anyone waits.
 //! - [`ShardedEvents`], on a Redis Cluster: the scripts publish with
 //!   `SPUBLISH` (sharded pub/sub, Redis 7), which travels only within the
@@ -53,8 +55,8 @@ const EVENTS_BACKOFF: ExponentialBackoff =
 const ROUNDS_BEFORE_RECONNECT: u32 = 4;
 
 /// The change channel of the `kind` of lease named `name` under key
-/// prefix `prefix`: `P{N}:released` for lock `N`, and `Psem:{N}:released`
-/// for semaphore `N`. The one place where channel names are built: the
+/// prefix `prefix`: `P{N}:released` for lock `N`, `Psem:{N}:released`
+/// for semaphore `N` and `Prun:{N}:released` for run `N`. The one place where channel names are built: the
 /// scripts are given theirs, and the subscribers parse them back with
 /// [`subject_of`].
 pub fn channel(prefix: &str, kind: Kind, name: &LockName) -> String {
@@ -62,6 +64,7 @@ pub fn channel(prefix: &str, kind: Kind, name: &LockName) -> String {
     match kind {
         Kind::Lock => format!("{prefix}{{{name}}}:released"),
         Kind::Semaphore => format!("{prefix}sem:{{{name}}}:released"),
+        Kind::Run => format!("{prefix}run:{{{name}}}:released"),
     }
 }
 
@@ -70,9 +73,12 @@ pub fn channel(prefix: &str, kind: Kind, name: &LockName) -> String {
 /// have (another client's).
 fn subject_of(prefix: &str, channel: &str) -> Option<Subject> {
     let rest = channel.strip_prefix(prefix)?;
-    let (kind, rest) = match rest.strip_prefix("sem:") {
-        Some(rest) => (Kind::Semaphore, rest),
-        None => (Kind::Lock, rest),
+    let (kind, rest) = if let Some(rest) = rest.strip_prefix("sem:") {
+        (Kind::Semaphore, rest)
+    } else if let Some(rest) = rest.strip_prefix("run:") {
+        (Kind::Run, rest)
+    } else {
+        (Kind::Lock, rest)
     };
     let name = rest.strip_prefix('{')?.strip_suffix("}:released")?;
     LockName::parse(name)
@@ -109,6 +115,7 @@ impl PatternEvents {
         let patterns = [
             format!("{prefix}{{*}}:released"),
             format!("{prefix}sem:{{*}}:released"),
+            format!("{prefix}run:{{*}}:released"),
         ];
         let mut backoff = EVENTS_BACKOFF.pauses();
         let mut fixed = self.clients.iter().cycle();

@@ -429,12 +429,14 @@ impl RedisBackend {
 /// The `SCAN MATCH` pattern of the keys that stand for one held lock (or
 /// semaphore) under key prefix `key_prefix` whose name starts with
 /// `prefix`: `P{prefix*}` for a lock (its `:fence` and `:meta` keys do not
-/// end with `}`), `Psem:{prefix*}:permits` for a semaphore.
+/// end with `}`), `Psem:{prefix*}:permits` for a semaphore, `Prun:{prefix*}:record`
+/// for a run.
 pub fn match_pattern(kind: Kind, key_prefix: &str, prefix: &NamePrefix) -> String {
     let (key_prefix, prefix) = (glob_escape(key_prefix), glob_escape(prefix.as_str()));
     match kind {
         Kind::Lock => format!("{key_prefix}{{{prefix}*}}"),
         Kind::Semaphore => format!("{key_prefix}sem:{{{prefix}*}}:permits"),
+        Kind::Run => format!("{key_prefix}run:{{{prefix}*}}:record"),
     }
 }
 
@@ -451,6 +453,7 @@ pub fn name_of_key(
     let name = match kind {
         Kind::Lock => rest.strip_prefix('{')?.strip_suffix('}')?,
         Kind::Semaphore => rest.strip_prefix("sem:{")?.strip_suffix("}:permits")?,
+        Kind::Run => rest.strip_prefix("run:{")?.strip_suffix("}:record")?,
     };
     LockName::parse(name)
         .ok()

@@ -1,11 +1,12 @@
-//! The Redis backend, and everything that talks to Redis servers: locks
-//! and semaphores in one Redis server, the master a Sentinel set names, or
+//! The Redis backend, and everything that talks to Redis servers: locks,
+//! semaphores and runs in one Redis server, the master a Sentinel set names, or
 //! a Redis Cluster (each lock on the master of its slot).
 //!
 //! # Layout
 //! - this file: [`RedisBackend`], the lock primitives (one Lua script
 //!   each), and how an operation is retried on a fresh connection;
-//! - `semaphores`: the permit primitives; `listing`: the `SCAN` walks;
+//! - `semaphores`: the permit primitives; `runs`: the run primitives;
+//!   `listing`: the `SCAN` walks;
 //! - `scripts/`: the Lua scripts, loaded with `include_str!`;
 //! - [`connect`]: the one place that turns a URL and the TLS settings into
 //!   a client, and reports a node it cannot reach over TLS;
@@ -80,10 +81,15 @@ use self::restart::RestartWatch;
 use self::sentinel::Sentinels;
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::reaper::{Attempt, Reap, Reaped};
+use super::run::{
+    Attempt as RunAttempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
+    Started,
+};
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Node, Released, SemaphoreNode, Token, Ttl, WaitInterest, unix_millis,
+    LockName, LockNode, Node, Released, RunNode, SemaphoreNode, Token, Ttl, WaitInterest,
+    unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -93,6 +99,7 @@ mod events;
 mod listing;
 mod pool;
 mod restart;
+mod runs;
 mod semaphores;
 mod sentinel;
 pub mod topology;
@@ -723,6 +730,9 @@ impl RedisBackend {
                 GrantKind::Permit => {
                     tracing::warn!(semaphore = %grant.name, "could not give back a permit whose grant timed out; it runs out with its TTL")
                 }
+                GrantKind::Attempt => {
+                    tracing::warn!(run = %grant.name, "could not abandon a run's attempt whose start timed out; it runs out with its TTL")
+                }
             }
         }
     }
@@ -758,6 +768,7 @@ struct Grant {
 enum GrantKind {
     Lock,
     Permit,
+    Attempt,
 }
 
 impl Grant {
@@ -768,6 +779,9 @@ impl Grant {
             }
             GrantKind::Permit => {
                 tracing::info!(semaphore = %self.name, "gave back a permit whose grant timed out");
+            }
+            GrantKind::Attempt => {
+                tracing::info!(run = %self.name, "abandoned a run's attempt whose start timed out");
             }
         }
     }
@@ -1153,6 +1167,49 @@ impl SemaphoreNode for RedisBackend {
         names: &[LockName],
     ) -> Result<Vec<Option<SemaphoreInfo>>, LockError> {
         RedisBackend::semaphores(self, names).await
+    }
+}
+
+#[async_trait]
+impl RunNode for RedisBackend {
+    async fn start_run(
+        &self,
+        req: &StartRequest,
+    ) -> Result<Result<Started, StartRefusal>, LockError> {
+        RedisBackend::start_run(self, req).await
+    }
+
+    async fn complete_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        result: &RunResult,
+        retention: Duration,
+    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+        RedisBackend::complete_run(self, key, token, result, retention).await
+    }
+
+    async fn abandon_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        retention: Duration,
+    ) -> Result<Result<(), RunMiss>, LockError> {
+        RedisBackend::abandon_run(self, key, token, retention).await
+    }
+
+    async fn extend_run(
+        &self,
+        key: &LockName,
+        token: &Token,
+        ttl: ExtendTtl,
+        retention: Duration,
+    ) -> Result<Result<RunAttempt, RunMiss>, LockError> {
+        RedisBackend::extend_run(self, key, token, ttl, retention).await
+    }
+
+    async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
+        RedisBackend::inspect_run(self, key).await
     }
 }
 

@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, LockStore, Released, SemaphoreStore, Store, Subject, Token, Ttl,
+    LockName, LockNode, LockStore, Released, RunStore, SemaphoreStore, Store, Subject, Token, Ttl,
     WaitInterest,
 };
 
@@ -176,6 +176,13 @@ fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Durat
 pub const NO_REDLOCK_WATCH: &str = "watches are not available in Redlock mode: each independent node reports its own changes, and no single stream of them tells what a majority of nodes holds; use a single Redis, Sentinel or a Redis Cluster to watch locks, or poll GET /locks/{name}";
 
 pub const NO_REDLOCK_SEMAPHORES: &str = "semaphores are not available in Redlock mode: a permit granted on a majority of independent nodes can be granted to more holders than the limit; use a single Redis, Sentinel or a Redis Cluster for semaphores";
+
+/// Why Redlock mode has no runs (`/runs/{key}`): a run's promise is that a
+/// done key is never run again, but a Redlock node restarted without its
+/// data forgets the result, and a majority that no longer holds it would
+/// make the done key look new. Redlock keeps leases that end anyway; a run's
+/// result must outlive them (docs/runs.md, "Redlock").
+pub const NO_REDLOCK_RUNS: &str = "runs are not available in Redlock mode: a node restarted without its data forgets a done run, and a majority of such nodes would run the job again; use a single Redis, Sentinel or a Redis Cluster for runs";
 
 #[async_trait]
 impl LockStore for Redlock {
@@ -336,12 +343,18 @@ impl Store for Redlock {
         Err(LockError::Unsupported(NO_REDLOCK_SEMAPHORES))
     }
 
+    /// Refused: see [`NO_REDLOCK_RUNS`].
+    fn runs(&self) -> Result<&dyn RunStore, LockError> {
+        Err(LockError::Unsupported(NO_REDLOCK_RUNS))
+    }
+
     /// Refused: see [`NO_REDLOCK_WATCH`]; a semaphore is refused by
     /// [`Store::semaphores`].
     fn watchable(&self, subject: &Subject) -> Result<(), LockError> {
         match subject.kind() {
             Kind::Lock => Err(LockError::Unsupported(NO_REDLOCK_WATCH)),
             Kind::Semaphore => self.semaphores().map(|_| ()),
+            Kind::Run => self.runs().map(|_| ()),
         }
     }
 

@@ -27,6 +27,7 @@
 mod listing;
 mod permits;
 mod queue;
+mod runs;
 pub mod watch;
 
 use std::sync::Arc;
@@ -631,8 +632,12 @@ mod tests {
     use super::*;
     use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
     use crate::lock::memory::MemoryBackend;
+    use crate::lock::run::{
+        Attempt as RunAttempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
+        Started,
+    };
     use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
-    use crate::lock::{LockError, LockNode, Node, SemaphoreNode, Single, Ttl};
+    use crate::lock::{LockError, LockNode, Node, RunNode, SemaphoreNode, Single, Ttl};
     use async_trait::async_trait;
 
     const LONG: Duration = Duration::from_secs(60);
@@ -908,6 +913,50 @@ mod tests {
             marker: &str,
         ) -> Result<crate::lock::semaphore::ProbedSemaphore, LockError> {
             SemaphoreNode::probe_semaphore(&self.inner, name, marker).await
+        }
+    }
+
+    /// Its runs are the inner store's, as they are.
+    #[async_trait]
+    impl RunNode for Slow {
+        async fn start_run(
+            &self,
+            req: &StartRequest,
+        ) -> Result<Result<Started, StartRefusal>, LockError> {
+            RunNode::start_run(&self.inner, req).await
+        }
+
+        async fn complete_run(
+            &self,
+            key: &LockName,
+            token: &Token,
+            result: &RunResult,
+            retention: Duration,
+        ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+            RunNode::complete_run(&self.inner, key, token, result, retention).await
+        }
+
+        async fn abandon_run(
+            &self,
+            key: &LockName,
+            token: &Token,
+            retention: Duration,
+        ) -> Result<Result<(), RunMiss>, LockError> {
+            RunNode::abandon_run(&self.inner, key, token, retention).await
+        }
+
+        async fn extend_run(
+            &self,
+            key: &LockName,
+            token: &Token,
+            ttl: ExtendTtl,
+            retention: Duration,
+        ) -> Result<Result<RunAttempt, RunMiss>, LockError> {
+            RunNode::extend_run(&self.inner, key, token, ttl, retention).await
+        }
+
+        async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
+            RunNode::inspect_run(&self.inner, key).await
         }
     }
 

@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{Backoff, ExponentialBackoff};
 use crate::lock::semaphore::{Limit, ProbedSemaphore};
+use crate::lock::store::NO_RUN_WATCH;
 use crate::lock::{
     Change, ChangeListener, Kind, LockError, ProbedLock, Store, Subject, WaitInterest,
 };
@@ -648,6 +649,7 @@ impl Follower {
                     .map(Read::of_semaphore),
                 Err(e) => Err(e),
             },
+            Kind::Run => Err(LockError::Unsupported(NO_RUN_WATCH)),
         };
         let read = match read {
             Ok(read) => read,
@@ -786,7 +788,7 @@ impl Follower {
                 // A lease never heard of: a message was missed.
                 None => self.probe(Purpose::Resync).await,
             },
-            Change::Released { fence } => {
+            Change::Released { fence } | Change::Completed { fence } => {
                 if self.leases.remove(&fence).is_some() {
                     self.emptied();
                     self.emit(WatchEvent::Released { fence });

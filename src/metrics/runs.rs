@@ -1,0 +1,120 @@
+//! The run metrics: `lockd_runs_total{namespace,outcome}`, labelled by
+//! namespace as the lock metrics are, and fed by the `/runs` handlers.
+
+use prometheus::IntCounterVec;
+
+use super::{Builder, Metrics, failure};
+use crate::lock::run::{DoneRun, RunMiss, StartRefusal, Started};
+use crate::lock::{LockError, LockName};
+
+/// The outcome labels of `lockd_runs_total`.
+const OUTCOMES: &[&str] = &[
+    "started",
+    "taken_over",
+    "renewed",
+    "replayed",
+    "in_progress",
+    "fingerprint_mismatch",
+    "completed",
+    "abandoned",
+    "extended",
+    "not_owner",
+    "not_found",
+    "unavailable",
+    "error",
+];
+
+/// Every `lockd_run*` family.
+pub(super) struct RunMetrics {
+    /// `lockd_runs_total{namespace,outcome}`: starts (started, taken_over
+    /// when an earlier attempt's lease had run out unfinished, renewed,
+    /// replayed for a done run, in_progress, fingerprint_mismatch),
+    /// completes, abandons and extends (completed, abandoned, extended,
+    /// not_owner, not_found), and failures (unavailable, error).
+    total: IntCounterVec,
+}
+
+impl RunMetrics {
+    pub(super) fn new(b: &Builder<'_>) -> prometheus::Result<Self> {
+        Ok(Self {
+            total: b.counter(
+                "lockd_runs_total",
+                "Run requests by namespace and outcome.",
+                &["namespace", "outcome"],
+            )?,
+        })
+    }
+
+    /// Creates namespace `ns`'s series at zero.
+    pub(super) fn create_namespace_series(&self, ns: &str) {
+        for outcome in OUTCOMES {
+            self.total.with_label_values(&[ns, outcome]);
+        }
+    }
+}
+
+/// The outcome label of a complete, an abandon or an extend that changed
+/// nothing.
+fn missed(miss: &RunMiss) -> &'static str {
+    match miss {
+        RunMiss::Unknown => "not_found",
+        RunMiss::NotOwner { .. } => "not_owner",
+    }
+}
+
+impl Metrics {
+    fn count_run(&self, key: &LockName, outcome: &str) {
+        let ns = self.namespace(key);
+        self.runs
+            .total
+            .with_label_values(&[ns.as_str(), outcome])
+            .inc();
+    }
+
+    /// Counts a start's outcome.
+    pub fn observe_run_start(
+        &self,
+        key: &LockName,
+        outcome: &Result<Result<Started, StartRefusal>, LockError>,
+    ) {
+        let label = match outcome {
+            Ok(Ok(Started::New {
+                took_over: false, ..
+            })) => "started",
+            Ok(Ok(Started::New {
+                took_over: true, ..
+            })) => "taken_over",
+            Ok(Ok(Started::Renewed(_))) => "renewed",
+            Ok(Ok(Started::Done(_))) => "replayed",
+            Ok(Err(StartRefusal::InProgress { .. })) => "in_progress",
+            Ok(Err(StartRefusal::FingerprintMismatch)) => "fingerprint_mismatch",
+            Err(e) => failure(e),
+        };
+        self.count_run(key, label);
+    }
+
+    /// Counts a complete's outcome.
+    pub fn observe_run_complete(
+        &self,
+        key: &LockName,
+        outcome: &Result<Result<DoneRun, RunMiss>, LockError>,
+    ) {
+        self.observe_run_end(key, outcome, "completed");
+    }
+
+    /// Counts an abandon's (`ok` "abandoned") or an extend's (`ok`
+    /// "extended") outcome.
+    pub fn observe_run_end<T>(
+        &self,
+        key: &LockName,
+        outcome: &Result<Result<T, RunMiss>, LockError>,
+        ok: &'static str,
+    ) {
+        let label = match outcome {
+            Ok(Ok(_)) => ok,
+            Ok(Err(miss)) => missed(miss),
+            Err(e) => failure(e),
+        };
+        self.count_run(key, label);
+    }
+}
