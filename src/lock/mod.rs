@@ -7,7 +7,7 @@
 //!
 //! - [`types`]: [`LockName`], [`Ttl`], [`Token`] and [`Owner`], parsed at
 //!   the edge so the backends only ever see valid values.
-//! - [`subject`]: [`Subject`], a lock or a semaphore of a name: what the
+//! - [`subject`]: [`Subject`], a lock, a semaphore or a run of a name: what the
 //!   queues, change listeners, watches and change channels key on.
 //! - [`lease`]: the values of a grant ([`AcquireRequest`], [`Lease`],
 //!   [`Acquired`], [`ExtendTtl`], [`Released`], [`LockInfo`]).
@@ -88,7 +88,9 @@
 //! Semaphores were added this way (their files: `semaphore.rs`,
 //! `redis/semaphores.rs` with `semaphore.lua` and `sem_*.lua`,
 //! `memory/semaphores.rs`, `service/permits.rs`, `http/semaphores/`,
-//! `metrics/semaphores.rs`); a new kind (a run, a shared lock) writes:
+//! `metrics/semaphores.rs`), and so were runs (`run.rs`, `redis/runs.rs`
+//! with `run.lua` and `run_*.lua`, `memory/runs.rs`, `service/runs.rs`,
+//! `http/runs/`, `metrics/runs.rs`); a new kind (a shared lock) writes:
 //!
 //! 1. **one rules module** here (`x.rs`: its request and answer types and
 //!    their arithmetic), and beside the others in the registries of kinds:

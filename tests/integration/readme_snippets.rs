@@ -5,7 +5,9 @@
 //! and come back with the grant; the cron job in `sh` must run the job only
 //! with the lock, say "another host runs the job" only for a 409, and fail
 //! (exit non-zero) when lockd or Redis is down; the semaphore snippets (sh
-//! and Python) must never let more than their limit in at once. A marked
+//! and Python) must never let more than their limit in at once; the run
+//! snippets must run a redelivered webhook's job once, and a cron slot's
+//! job once across two hosts. A marked
 //! snippet that no
 //! test here runs fails [`every_marked_snippet_is_run_by_a_test`], so none
 //! stops being tested when it moves or is added.
@@ -18,13 +20,15 @@ use crate::support::{TestApp, metric};
 use serde_json::Value;
 
 /// The snippets these tests run.
-const TESTED: [&str; 6] = [
+const TESTED: [&str; 8] = [
     "cron-sh",
     "retry-bash",
     "retry-python",
     "retry-js",
     "semaphore-sh",
     "semaphore-python",
+    "run-webhook-sh",
+    "run-cron-sh",
 ];
 
 const MARKER: &str = "<!-- snippet: ";
@@ -365,4 +369,133 @@ async fn docs_semaphore_python_snippet_waits_its_turn_and_never_over_grants() {
     app.get("/semaphores/legacy-db")
         .await
         .expect_problem(404, "semaphore-free");
+}
+
+/// Runs the webhook snippet for `delivery` with `payload`, its job a
+/// script that appends to `log` (and fails when `fail` is set).
+async fn run_webhook_snippet(
+    app: &TestApp,
+    dir: &std::path::Path,
+    delivery: &str,
+    payload: &str,
+    fail: bool,
+) -> (Option<i32>, String) {
+    let handler = dir.join("handler.sh");
+    std::fs::write(&handler, snippet("run-webhook-sh")).unwrap();
+    let job = dir.join("job.sh");
+    std::fs::write(
+        &job,
+        format!(
+            "echo \"job $(cat \"$1\")\" >> '{}'\n{}",
+            dir.join("log").display(),
+            if fail { "exit 3\n" } else { "" }
+        ),
+    )
+    .unwrap();
+    let body = dir.join(format!("payload-{delivery}-{}.json", payload.len()));
+    std::fs::write(&body, payload).unwrap();
+    let run = tokio::process::Command::new("sh")
+        .arg(&handler)
+        .arg(delivery)
+        .arg(&body)
+        .env("LOCKD_URL", app.url(""))
+        .env("JOB", format!("sh {}", job.display()))
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the webhook snippet ran over 60 s")
+        .expect("cannot run sh");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// The webhook recipe of docs/runs.md: a delivery sent again runs its job
+/// once; a failed one runs again on its redelivery; another payload under
+/// the same id is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docs_run_webhook_snippet_runs_a_redelivered_event_once() {
+    let app = TestApp::redis().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = || std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
+    let (code, text) = run_webhook_snippet(&app, dir.path(), "d-1", "{\"a\":1}", false).await;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("ran delivery d-1"), "{text}");
+    let (code, text) = run_webhook_snippet(&app, dir.path(), "d-1", "{\"a\":1}", false).await;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("handled already"), "{text}");
+    assert_eq!(
+        log().lines().count(),
+        1,
+        "the redelivery ran the job: {}",
+        log()
+    );
+    let (code, text) = run_webhook_snippet(&app, dir.path(), "d-1", "{\"a\":2}", false).await;
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("another payload"), "{text}");
+    assert_eq!(log().lines().count(), 1);
+    // A failed delivery runs again when it is delivered again.
+    let (code, text) = run_webhook_snippet(&app, dir.path(), "d-2", "{}", true).await;
+    assert_eq!(code, Some(1), "{text}");
+    let (code, text) = run_webhook_snippet(&app, dir.path(), "d-2", "{}", false).await;
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("ran delivery d-2"), "{text}");
+    assert_eq!(log().lines().count(), 3, "{}", log());
+}
+
+/// The cron recipe of docs/runs.md, on two "hosts" at once (two processes
+/// with the same crontab line): the report runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docs_run_cron_snippet_runs_once_across_two_hosts() {
+    let app = TestApp::redis().await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("cron.sh");
+    std::fs::write(&script, snippet("run-cron-sh")).unwrap();
+    std::fs::write(
+        dir.path().join("report.sh"),
+        "#!/bin/sh\necho report >> log; sleep 0.5\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        dir.path().join("report.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let bin = std::path::Path::new(crate::support::LOCKD)
+        .parent()
+        .expect("the lockd binary's directory")
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let host = || {
+        tokio::process::Command::new("sh")
+            .arg(&script)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env("LOCKD_SERVER", app.url(""))
+            .kill_on_drop(true)
+            .output()
+    };
+    let (a, b) = tokio::join!(host(), host());
+    for out in [a.expect("host a"), b.expect("host b")] {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
+    assert_eq!(
+        log.lines().collect::<Vec<_>>(),
+        ["report"],
+        "ran once across two hosts"
+    );
 }
