@@ -81,7 +81,8 @@ impl Routes {
                 .routes(routes!(runs::complete::complete)),
             watches: OpenApiRouter::new()
                 .routes(routes!(watch::lock_events))
-                .routes(routes!(watch::semaphore_events)),
+                .routes(routes!(watch::semaphore_events))
+                .routes(routes!(watch::run_events)),
             ops: OpenApiRouter::new()
                 .routes(routes!(ops::healthz))
                 .routes(routes!(ops::readyz))

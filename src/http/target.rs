@@ -189,19 +189,20 @@ fn target(request: &Request) -> Result<(), ApiError> {
 /// The sub-resources of a lock or a semaphore: `/locks/{name}/events`.
 const SUB_RESOURCES: [&str; 1] = ["events"];
 
-/// The sub-resources of a run: `/runs/{key}/result`.
-const RUN_SUB_RESOURCES: [&str; 1] = ["result"];
+/// The sub-resources of a run: `/runs/{key}/result` and
+/// `/runs/{key}/events`.
+const RUN_SUB_RESOURCES: [&str; 2] = ["result", "events"];
 
 /// The rule a path under `/locks/`, `/semaphores/` or `/runs/` breaks when
 /// its name holds a `/` (`/locks/a/b`), which no route takes: a name is one
 /// path segment. A sub-resource (`/locks/a/events`) is a route.
 fn name_with_a_slash(path: &str) -> Option<&'static str> {
     let (rest, subs) = match path.strip_prefix("/runs/") {
-        Some(rest) => (rest, &RUN_SUB_RESOURCES),
+        Some(rest) => (rest, &RUN_SUB_RESOURCES[..]),
         None => (
             path.strip_prefix("/locks/")
                 .or_else(|| path.strip_prefix("/semaphores/"))?,
-            &SUB_RESOURCES,
+            &SUB_RESOURCES[..],
         ),
     };
     let (name, after) = rest.split_once('/')?;

@@ -1,9 +1,11 @@
-//! `GET /locks/{name}/events` and `GET /semaphores/{name}/events`: a watch
-//! as a Server-Sent Events stream (see [`crate::lock::service::watch`]).
+//! `GET /locks/{name}/events`, `GET /semaphores/{name}/events` and
+//! `GET /runs/{key}/events`: a watch as a Server-Sent Events stream (see
+//! [`crate::lock::service::watch`]).
 //!
 //! Each event is `event: KIND`, `id: FENCE-SEQ` and one `data:` line of
 //! JSON. The first is `state`; then one per change: `acquired`,
-//! `extended`, `released`, `expired`, and `state` again when changes may
+//! `extended`, `released`, `expired` (for a run: `started`, `extended`,
+//! `completed`, `abandoned`, `expired`), and `state` again when changes may
 //! have been missed. A comment line goes out when the stream has been idle
 //! for the keep-alive interval (15 s by default), so that proxies keep it
 //! open. The stream ends at shutdown. Never a token.
@@ -24,7 +26,7 @@ use super::limits::Limits;
 use super::locks::model::{LockNameSchema, NoQuery, rfc3339};
 use super::problem::{ApiError, KeyRefusals, Problem};
 use super::semaphores::model::PermitStatus;
-use crate::lock::service::watch::{LeaseView, Sequenced, Snapshot, Watch, WatchEvent};
+use crate::lock::service::watch::{LeaseView, RunStage, Sequenced, Snapshot, Watch, WatchEvent};
 use crate::lock::{Kind, LockError, Locks, Subject};
 
 /// `data` of a lock's `state` event: what `GET /locks/{name}` shows, or
@@ -74,6 +76,59 @@ pub struct SemaphoreState {
     pub holders: usize,
     /// The held permits, by fence.
     pub permits: Vec<PermitStatus>,
+}
+
+/// `data` of a run's `state` event: what `GET /runs/{key}` shows of it
+/// (without the result), or `state` `unknown`. Never a token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunWatchState {
+    /// The run's key.
+    #[schema(value_type = LockNameSchema)]
+    pub key: String,
+    /// `running`, `done`, `pending` (started before, no attempt holds it),
+    /// or `unknown` (never started, or its retention ended).
+    pub state: &'static str,
+    /// The live attempt's fencing token, or the completing one's when
+    /// done; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence: Option<u64>,
+    /// Running: what is left of the attempt's lease, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// Running: when the attempt's lease ends (RFC 3339, UTC).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    pub expires_at: Option<String>,
+    /// Running: the holder's label, `null` when it gave none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub owner: Option<Option<String>>,
+}
+
+/// The events of a run's watch, as for [`LockEvents`]: `started` is a new
+/// attempt, `completed` the run done, `abandoned` an attempt ended by its
+/// holder, `expired` an attempt whose lease ran out.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum RunEvents {
+    /// First, and again whenever changes may have been missed.
+    #[schema(rename = "state")]
+    State(RunWatchState),
+    /// A new attempt.
+    #[schema(rename = "started")]
+    Started(LeaseEvent),
+    /// The attempt's lease was reset.
+    #[schema(rename = "extended")]
+    Extended(LeaseEvent),
+    /// The attempt completed the run.
+    #[schema(rename = "completed")]
+    Completed(EndedEvent),
+    /// The attempt was abandoned: the next start runs the job.
+    #[schema(rename = "abandoned")]
+    Abandoned(EndedEvent),
+    /// The attempt's lease ran out unfinished.
+    #[schema(rename = "expired")]
+    Expired(EndedEvent),
 }
 
 /// `data` of an `acquired` or `extended` event: one lease (a lock's holder,
@@ -206,6 +261,32 @@ pub async fn semaphore_events(
     stream(&locks, &limits, Subject::semaphore(name)).await
 }
 
+/// Watch a run: a Server-Sent Events stream of its attempts and its
+/// completion, from any lockd instance on the same Redis, so that a
+/// dashboard can follow a job. Never a token.
+#[utoipa::path(
+    get,
+    path = "/runs/{key}/events",
+    tag = "runs",
+    params(("key" = LockNameSchema, Path, description = "The run's key")),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The stream: `state` first, then one event per change (see the schema for each event's `data`)", body = RunEvents, content_type = "text/event-stream"),
+        (status = 400, description = "Invalid key", body = Problem, content_type = "application/problem+json"),
+        KeyRefusals,
+        (status = 501, description = "`not-implemented`: Redlock mode has no runs", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`too-many-watchers`, or Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
+    ),
+)]
+pub async fn run_events(
+    State(locks): State<Arc<Locks>>,
+    State(limits): State<Limits>,
+    LockPath(key): LockPath,
+    StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
+) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
+    stream(&locks, &limits, Subject::run(key)).await
+}
+
 /// Asks nginx-style proxies not to buffer the stream.
 const NO_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
@@ -254,14 +335,22 @@ fn sse_event(subject: &Subject, sequenced: &Sequenced) -> Event {
     let event = &sequenced.event;
     let id = format!("{}-{}", event.fence(), sequenced.seq);
     let name = subject.name().to_string();
+    let run = subject.kind() == Kind::Run;
     let (kind, data) = match event {
         WatchEvent::State(snapshot) => ("state", state_json(subject, name, snapshot)),
-        WatchEvent::Acquired(lease) => ("acquired", lease_json(name, lease)),
+        WatchEvent::Acquired(lease) => (
+            if run { "started" } else { "acquired" },
+            lease_json(name, lease),
+        ),
         WatchEvent::Extended(lease) => ("extended", lease_json(name, lease)),
-        WatchEvent::Released { fence } => {
-            ("released", ended_json(subject, name, *fence, sequenced))
-        }
+        WatchEvent::Released { fence } => (
+            if run { "abandoned" } else { "released" },
+            ended_json(subject, name, *fence, sequenced),
+        ),
         WatchEvent::Expired { fence } => ("expired", ended_json(subject, name, *fence, sequenced)),
+        WatchEvent::Completed { fence } => {
+            ("completed", ended_json(subject, name, *fence, sequenced))
+        }
     };
     Event::default().event(kind).id(id).data(data)
 }
@@ -276,8 +365,29 @@ fn left_ms(at: SystemTime, now: SystemTime) -> u64 {
 fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
     let now = SystemTime::now();
     match subject.kind() {
-        // A run is not watched (see `Store::watchable`).
-        Kind::Lock | Kind::Run => {
+        Kind::Run => {
+            let attempt = snapshot.leases.first();
+            let (state, fence) = match snapshot.run {
+                Some(RunStage::Running) if attempt.is_some() => {
+                    ("running", attempt.map(|a| a.fence))
+                }
+                Some(RunStage::Done { fence }) => ("done", Some(fence)),
+                Some(RunStage::Pending | RunStage::Running) => ("pending", None),
+                Some(RunStage::Unknown) | None => ("unknown", None),
+            };
+            let running = attempt.filter(|_| state == "running");
+            to_json(&RunWatchState {
+                key: name,
+                state,
+                fence,
+                ttl_ms: running
+                    .and_then(|a| a.expires_at)
+                    .map(|at| left_ms(at, now)),
+                expires_at: running.and_then(|a| a.expires_at).map(rfc3339),
+                owner: running.map(|a| a.owner.clone()),
+            })
+        }
+        Kind::Lock => {
             let holder = snapshot.leases.first();
             to_json(&LockState {
                 name,

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Kind;
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
+use super::run::ProbedRun;
 use super::run::{
     Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
 };
@@ -302,6 +303,14 @@ pub trait RunNode: Node {
     /// # Errors
     /// As for [`RunNode::start_run`].
     async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError>;
+
+    /// As [`super::LockNode::probe`], for a run: its state and fence
+    /// counter, and a watcher's `marker` published on its change channel
+    /// in the same step.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the node fails.
+    async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError>;
 }
 
 /// A server that keeps every kind of lease: what a [`super::Single`]

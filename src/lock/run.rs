@@ -234,6 +234,18 @@ pub enum RunInfo {
     },
 }
 
+/// What a watcher's probe of a run read, in one atomic step with its
+/// marker: the run's state, and its fence counter (the last fence given,
+/// while it is kept), by which a watch that may have missed changes tells
+/// attempts it did not hear of from none.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProbedRun {
+    /// The run, or `None` when it is unknown.
+    pub info: Option<RunInfo>,
+    /// The fence counter; `None` when there is none.
+    pub counter: Option<u64>,
+}
+
 /// A done run's retention: the one asked for, capped by the server's
 /// `--run-retention-ms`, or that when none is asked for.
 pub fn retention(asked_ms: Option<u64>, server: Duration) -> Duration {

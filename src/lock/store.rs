@@ -22,6 +22,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
+use super::run::ProbedRun;
 use super::run::{
     Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
 };
@@ -206,11 +207,6 @@ pub trait SemaphoreStore: Send + Sync {
     ) -> Result<Page<SemaphoreEntry>, LockError>;
 }
 
-/// Why a run cannot be watched: its events are published, but no watch
-/// follows them yet.
-pub const NO_RUN_WATCH: &str =
-    "watching a run is not available in this version: read GET /runs/{key}";
-
 /// The runs of a store (see [`super::run`]): each call as the
 /// [`super::RunNode`] method of the same name says.
 #[async_trait]
@@ -264,6 +260,14 @@ pub trait RunStore: Send + Sync {
     /// # Errors
     /// A store failure as for [`LockStore::acquire`].
     async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError>;
+
+    /// As [`super::LockNode::probe`], for a run: its state and fence
+    /// counter, and a watcher's `marker` published on its change channel
+    /// in the same step.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when the node fails.
+    async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError>;
 }
 
 /// The store of one backend (one Redis server, Sentinel's master, a Redis
@@ -293,13 +297,9 @@ impl Store for Single {
         Ok(self)
     }
 
-    /// Every lock and semaphore of one backend is told on that backend's
-    /// one stream; runs are not watched yet.
-    fn watchable(&self, subject: &Subject) -> Result<(), LockError> {
-        match subject.kind() {
-            Kind::Run => Err(LockError::Unsupported(NO_RUN_WATCH)),
-            Kind::Lock | Kind::Semaphore => Ok(()),
-        }
+    /// Every subject of one backend is told on that backend's one stream.
+    fn watchable(&self, _subject: &Subject) -> Result<(), LockError> {
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), LockError> {
@@ -463,5 +463,9 @@ impl RunStore for Single {
 
     async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
         self.node.inspect_run(key).await
+    }
+
+    async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError> {
+        self.node.probe_run(key, marker).await
     }
 }

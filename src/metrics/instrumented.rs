@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::Metrics;
 use crate::lock::Kind;
 use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
+use crate::lock::run::ProbedRun;
 use crate::lock::run::{
     Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
 };
@@ -284,5 +285,10 @@ impl RunNode for Instrumented {
 
     async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
         self.time("inspect_run", self.inner.inspect_run(key)).await
+    }
+
+    async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError> {
+        self.time("probe_run", self.inner.probe_run(key, marker))
+            .await
     }
 }

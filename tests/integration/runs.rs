@@ -2,14 +2,14 @@
 //! and on the memory backend (the same answers), field cases C24–C26,
 //! many first calls at once, a lapsed attempt taken over, waiting for a
 //! completion and for an abandonment, retention to an empty Redis, bad
-//! input, a Redis Cluster, API keys, and Redlock's refusal.
+//! input, watches, a Redis Cluster, API keys, and Redlock's refusal.
 
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::{Reply, TestApp, eventually, random_token, shared_cluster};
+use crate::support::{EventStream, Reply, TestApp, eventually, random_token, shared_cluster};
 
 /// One test per listed `async fn name(app: &TestApp)`, on a fresh Redis
 /// (`redis::name`) and on the memory backend (`memory::name`).
@@ -47,6 +47,7 @@ run_tests!(
     bad_input_is_refused_with_a_problem_and_writes_nothing,
     a_result_over_the_limit_is_413_and_the_attempt_goes_on,
     extend_renews_only_the_live_attempt,
+    a_watch_follows_a_run_through_its_attempts_to_done,
 );
 
 fn path(key: &str) -> String {
@@ -656,4 +657,45 @@ async fn api_keys_cover_runs_by_permission_and_prefix() {
         .await;
     read.expect_status(200);
     assert_eq!(read.str("state"), "done");
+}
+
+/// `GET /runs/{key}/events`: `state` first, then `started`, `expired` (a
+/// lease that ran out), `started`, `extended`, `abandoned`, `started`,
+/// `completed`, each with its attempt's fence; a new watch of the done run
+/// starts with `state` `done`.
+async fn a_watch_follows_a_run_through_its_attempts_to_done(app: &TestApp) {
+    let mut events = EventStream::open(app, "/runs/watched/events", &[]).await;
+    let state = events.expect("state").await;
+    assert_eq!(state.data["state"], "unknown");
+    let first = start(app, "watched", None, json!({"ttl_ms": 300})).await;
+    first.expect_status(201);
+    assert_eq!(events.expect("started").await.fence(), first.fence());
+    assert_eq!(events.expect("expired").await.fence(), first.fence());
+    let second = start(app, "watched", None, json!({"ttl_ms": 5000})).await;
+    second.expect_status(201);
+    assert_eq!(events.expect("started").await.fence(), second.fence());
+    app.send_json(
+        Method::PATCH,
+        "/runs/watched",
+        &[("Lock-Token", &second.token())],
+        Some(json!({"ttl_ms": 6000})),
+    )
+    .await
+    .expect_status(200);
+    assert_eq!(events.expect("extended").await.fence(), second.fence());
+    abandon(app, "watched", &second.token())
+        .await
+        .expect_status(204);
+    assert_eq!(events.expect("abandoned").await.fence(), second.fence());
+    let third = start(app, "watched", None, json!({"ttl_ms": 5000})).await;
+    assert_eq!(events.expect("started").await.fence(), third.fence());
+    complete(app, "watched", &third.token(), json!({"result": true}))
+        .await
+        .expect_status(200);
+    assert_eq!(events.expect("completed").await.fence(), third.fence());
+    let mut later = EventStream::open(app, "/runs/watched/events", &[]).await;
+    let state = later.expect("state").await;
+    assert_eq!(state.data["state"], "done");
+    assert_eq!(state.fence(), third.fence());
+    assert!(state.data.get("token").is_none());
 }

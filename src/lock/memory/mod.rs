@@ -23,6 +23,7 @@ mod listing;
 mod runs;
 mod semaphores;
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
+use super::run::ProbedRun;
 use super::run::{
     Attempt as RunAttempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
     Started,
@@ -498,6 +499,10 @@ impl RunNode for MemoryBackend {
 
     async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
         MemoryBackend::inspect_run(self, key)
+    }
+
+    async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError> {
+        MemoryBackend::probe_run(self, key, marker)
     }
 }
 

@@ -7,7 +7,8 @@ use tokio::time::Instant;
 
 use super::{MemoryBackend, SWEEP_EVERY, State, lease, next_fence_in};
 use crate::lock::run::{
-    Attempt, DoneRun, LastEnd, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
+    Attempt, DoneRun, LastEnd, ProbedRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
+    Started,
 };
 use crate::lock::{Change, ExtendTtl, Kind, LockError, LockName, Token, Ttl, unix_millis};
 
@@ -304,6 +305,24 @@ impl MemoryBackend {
         }))
     }
 
+    /// As [`crate::lock::redis::RedisBackend::probe_run`]: the read and the
+    /// marker under the state's lock, so that no change comes between them.
+    ///
+    /// # Errors
+    /// Never.
+    pub fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let info = Self::read_run(&mut state, key, now);
+        let counter = state
+            .run_fences
+            .get(key.as_str())
+            .filter(|c| c.forget_at > now)
+            .map(|c| c.fence);
+        self.tell(Kind::Run, key, &Change::Probe(marker.to_owned()));
+        Ok(ProbedRun { info, counter })
+    }
+
     /// As [`crate::lock::redis::RedisBackend::inspect_run`].
     ///
     /// # Errors
@@ -311,14 +330,14 @@ impl MemoryBackend {
     pub fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let Some(record) = state.run(key, now) else {
-            return Ok(None);
-        };
-        Ok(Some(match &record.stage {
-            Stage::Done { .. } => match record.done() {
-                Some(done) => RunInfo::Done(done),
-                None => return Ok(None),
-            },
+        Ok(Self::read_run(&mut state, key, now))
+    }
+
+    /// The state of run `key` at `now`.
+    fn read_run(state: &mut State, key: &LockName, now: Instant) -> Option<RunInfo> {
+        let record = state.run(key, now)?;
+        Some(match &record.stage {
+            Stage::Done { .. } => RunInfo::Done(record.done()?),
             Stage::Running { expires, .. } if *expires > now => RunInfo::Running {
                 fence: record.fence,
                 attempt: record.attempt,
@@ -335,6 +354,6 @@ impl MemoryBackend {
                     LastEnd::Expired
                 },
             },
-        }))
+        })
     }
 }

@@ -81,6 +81,7 @@ use self::restart::RestartWatch;
 use self::sentinel::Sentinels;
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::reaper::{Attempt, Reap, Reaped};
+use super::run::ProbedRun;
 use super::run::{
     Attempt as RunAttempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
     Started,
@@ -1210,6 +1211,10 @@ impl RunNode for RedisBackend {
 
     async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
         RedisBackend::inspect_run(self, key).await
+    }
+
+    async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError> {
+        RedisBackend::probe_run(self, key, marker).await
     }
 }
 

@@ -11,9 +11,10 @@ use redis::{Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use super::events;
-use super::{FENCE_LUA, Grant, GrantKind, RedisBackend};
+use super::{FENCE_LUA, Grant, GrantKind, PROBE_LUA, RedisBackend};
 use crate::lock::run::{
-    Attempt, DoneRun, LastEnd, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
+    Attempt, DoneRun, LastEnd, ProbedRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
+    Started,
 };
 use crate::lock::{
     ExtendTtl, Kind, LaggingWrite, Lease, LockError, LockName, Token, Ttl, unix_millis,
@@ -36,8 +37,19 @@ static ABANDON: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("scripts/run_abandon.lua"), false));
 static EXTEND: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("scripts/run_extend.lua"), false));
-static INSPECT: LazyLock<Script> =
-    LazyLock::new(|| script(include_str!("scripts/run_inspect.lua"), false));
+const RUN_INSPECT_LUA: &str = include_str!("scripts/run_inspect.lua");
+static INSPECT: LazyLock<Script> = LazyLock::new(|| script(RUN_INSPECT_LUA, false));
+/// A run's probe: the marker, the fence counter (KEYS[3]), then the run as
+/// `run_inspect.lua` reads it, in one step.
+static PROBE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{PROBE_LUA}{RUN_LUA}local function read_run()\n{RUN_INSPECT_LUA}\nend\n\
+         local read = read_run()\n\
+         if read.err then return read end\n\
+         table.insert(read, 1, redis.call('GET', KEYS[3]) or '')\n\
+         return read\n"
+    ))
+});
 
 /// The keys of run `K` under prefix `P`: `Prun:{K}:attempt`,
 /// `Prun:{K}:record`, `Prun:{K}:fence`, and the change channel
@@ -375,44 +387,77 @@ impl RedisBackend {
         call.key(&keys.attempt).key(&keys.record);
         let read_at = Instant::now();
         let values: Vec<Value> = self.run(&call).await?;
+        run_info(&mut Answer::new(values), read_at)
+    }
+
+    /// As [`Self::inspect_run`], with the run's fence counter, and a
+    /// watcher's `marker` published on its change channel in the same step
+    /// (see [`crate::lock::RunNode::probe_run`]).
+    ///
+    /// # Errors
+    /// As for [`Self::start_run`].
+    pub async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError> {
+        let keys = RunKeys::new(&self.prefix, key);
+        let mut call = PROBE.prepare_invoke();
+        call.key(&keys.attempt)
+            .key(&keys.record)
+            .key(&keys.fence)
+            .arg(&keys.channel)
+            .arg(self.events.publish())
+            .arg(marker);
+        let read_at = Instant::now();
+        let values: Vec<Value> = self.run(&call).await?;
         let mut answer = Answer::new(values);
-        Ok(match answer.status()? {
-            0 => None,
-            3 => Some(RunInfo::Done(answer.done()?)),
-            1 => {
-                let fence = answer.number()?;
-                let attempt = answer.number()?;
-                let remaining =
-                    Duration::from_millis(answer.number()?).saturating_sub(read_at.elapsed());
-                let owner = Some(answer.text()?).filter(|o| !o.is_empty());
-                let started_at = Some(answer.number()?).filter(|&ms| ms > 0).map(at_millis);
-                Some(RunInfo::Running {
-                    fence,
-                    attempt,
-                    remaining,
-                    owner,
-                    started_at,
-                })
-            }
-            2 => {
-                let fence = answer.number()?;
-                let attempt = answer.number()?;
-                let last = if answer.text()? == "abandoned" {
-                    LastEnd::Abandoned
-                } else {
-                    LastEnd::Expired
-                };
-                Some(RunInfo::Pending {
-                    attempt,
-                    fence,
-                    last,
-                })
-            }
-            other => {
-                return Err(LockError::Backend(format!(
-                    "the run inspect script answered status {other}"
-                )));
-            }
+        let counter = answer.text()?.parse().ok();
+        Ok(ProbedRun {
+            info: run_info(&mut answer, read_at)?,
+            counter,
         })
     }
+}
+
+/// The run a `run_inspect.lua` answer tells of, read from a request sent
+/// at `read_at`; `None` when the run is unknown.
+///
+/// # Errors
+/// [`LockError::Backend`] when the answer is not of that shape.
+fn run_info(answer: &mut Answer, read_at: Instant) -> Result<Option<RunInfo>, LockError> {
+    Ok(match answer.status()? {
+        0 => None,
+        3 => Some(RunInfo::Done(answer.done()?)),
+        1 => {
+            let fence = answer.number()?;
+            let attempt = answer.number()?;
+            let remaining =
+                Duration::from_millis(answer.number()?).saturating_sub(read_at.elapsed());
+            let owner = Some(answer.text()?).filter(|o| !o.is_empty());
+            let started_at = Some(answer.number()?).filter(|&ms| ms > 0).map(at_millis);
+            Some(RunInfo::Running {
+                fence,
+                attempt,
+                remaining,
+                owner,
+                started_at,
+            })
+        }
+        2 => {
+            let fence = answer.number()?;
+            let attempt = answer.number()?;
+            let last = if answer.text()? == "abandoned" {
+                LastEnd::Abandoned
+            } else {
+                LastEnd::Expired
+            };
+            Some(RunInfo::Pending {
+                attempt,
+                fence,
+                last,
+            })
+        }
+        other => {
+            return Err(LockError::Backend(format!(
+                "the run inspect script answered status {other}"
+            )));
+        }
+    })
 }

@@ -958,6 +958,14 @@ mod tests {
         async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
             RunNode::inspect_run(&self.inner, key).await
         }
+
+        async fn probe_run(
+            &self,
+            key: &LockName,
+            marker: &str,
+        ) -> Result<crate::lock::run::ProbedRun, LockError> {
+            RunNode::probe_run(&self.inner, key, marker).await
+        }
     }
 
     #[async_trait]

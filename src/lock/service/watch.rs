@@ -37,8 +37,8 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{Backoff, ExponentialBackoff};
+use crate::lock::run::{ProbedRun, RunInfo};
 use crate::lock::semaphore::{Limit, ProbedSemaphore};
-use crate::lock::store::NO_RUN_WATCH;
 use crate::lock::{
     Change, ChangeListener, Kind, LockError, ProbedLock, Store, Subject, WaitInterest,
 };
@@ -79,13 +79,32 @@ pub struct LeaseView {
     pub granted_at: Option<SystemTime>,
 }
 
-/// What a watched lock or semaphore is: its live leases.
+/// What a watched lock, semaphore or run is: its live leases.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Snapshot {
     /// A semaphore's limit, while a permit is held and once known.
     pub limit: Option<Limit>,
-    /// The live leases, by fence (a lock has at most one).
+    /// The live leases, by fence (a lock, or a run's attempt: at most one).
     pub leases: Vec<LeaseView>,
+    /// A run's state, beyond its live attempt (`None` for a lock or a
+    /// semaphore).
+    pub run: Option<RunStage>,
+}
+
+/// Where a watched run stands when no attempt holds it, or with one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunStage {
+    /// Never started, or its retention ended.
+    Unknown,
+    /// An attempt holds it (the snapshot's lease).
+    Running,
+    /// Started before; no attempt holds it now.
+    Pending,
+    /// Done, by the attempt with this fence.
+    Done {
+        /// The completing attempt's fence.
+        fence: u64,
+    },
 }
 
 impl Snapshot {
@@ -115,6 +134,11 @@ pub enum WatchEvent {
         /// The lease's fence.
         fence: u64,
     },
+    /// A run's attempt completed the run: it is done.
+    Completed {
+        /// The attempt's fence.
+        fence: u64,
+    },
 }
 
 impl WatchEvent {
@@ -123,7 +147,9 @@ impl WatchEvent {
         match self {
             Self::State(snapshot) => snapshot.fence(),
             Self::Acquired(lease) | Self::Extended(lease) => lease.fence,
-            Self::Released { fence } | Self::Expired { fence } => *fence,
+            Self::Released { fence } | Self::Expired { fence } | Self::Completed { fence } => {
+                *fence
+            }
         }
     }
 }
@@ -428,6 +454,8 @@ impl Tracked {
 struct Read {
     limit: Option<Limit>,
     leases: BTreeMap<u64, Tracked>,
+    /// A run's state (`None` for a lock or a semaphore).
+    run: Option<RunStage>,
     /// The fence counter at the read (see [`ProbedLock`]).
     counter: Option<u64>,
 }
@@ -446,6 +474,31 @@ impl Read {
         Self {
             limit: None,
             leases,
+            run: None,
+            counter: probed.counter,
+        }
+    }
+
+    fn of_run(probed: ProbedRun) -> Self {
+        let (stage, leases) = match probed.info {
+            None => (RunStage::Unknown, BTreeMap::new()),
+            Some(RunInfo::Running {
+                fence,
+                remaining,
+                owner,
+                started_at,
+                ..
+            }) => {
+                let tracked = Tracked::new(fence, owner, started_at, Some(remaining), None);
+                (RunStage::Running, BTreeMap::from([(fence, tracked)]))
+            }
+            Some(RunInfo::Pending { .. }) => (RunStage::Pending, BTreeMap::new()),
+            Some(RunInfo::Done(done)) => (RunStage::Done { fence: done.fence }, BTreeMap::new()),
+        };
+        Self {
+            limit: None,
+            leases,
+            run: Some(stage),
             counter: probed.counter,
         }
     }
@@ -469,6 +522,7 @@ impl Read {
         Self {
             limit: Some(info.limit),
             leases,
+            run: None,
             counter,
         }
     }
@@ -529,6 +583,8 @@ struct Follower {
     backoff: Backoff,
     /// Whether the first read was made.
     read_once: bool,
+    /// A run's state (`None` for a lock or a semaphore).
+    run: Option<RunStage>,
     /// A lock's fence counter as this follower knows it: from its last read,
     /// raised by every grant it hears of. A read after changes may have
     /// been missed that finds another tells of grants it did not hear of
@@ -549,6 +605,7 @@ impl Follower {
             retry: None,
             backoff: PROBE_BACKOFF.pauses(),
             read_once: false,
+            run: None,
             counter: None,
         }
     }
@@ -649,7 +706,10 @@ impl Follower {
                     .map(Read::of_semaphore),
                 Err(e) => Err(e),
             },
-            Kind::Run => Err(LockError::Unsupported(NO_RUN_WATCH)),
+            Kind::Run => match self.store.runs() {
+                Ok(runs) => runs.probe_run(name, &marker).await.map(Read::of_run),
+                Err(e) => Err(e),
+            },
         };
         let read = match read {
             Ok(read) => read,
@@ -667,6 +727,7 @@ impl Follower {
             self.read_once = true;
             self.limit = read.limit;
             self.counter = read.counter;
+            self.run = read.run;
             self.leases = read.leases.clone();
             let snapshot = self.snapshot();
             self.emit(WatchEvent::State(snapshot));
@@ -702,7 +763,8 @@ impl Follower {
                 let sure = heard && pending.purpose == Purpose::Expiry;
                 // After a gap, grants may have come and gone unheard: the
                 // counter tells (a lock free before and after included).
-                let missed = pending.purpose == Purpose::Resync && read.counter != self.counter;
+                let missed = pending.purpose == Purpose::Resync
+                    && (read.counter != self.counter || read.run != self.run);
                 // Every change before the marker is in the read.
                 self.counter = read.counter;
                 if read.limit.is_some() {
@@ -721,10 +783,14 @@ impl Follower {
                     for fence in gone {
                         self.leases.remove(&fence);
                         self.emptied();
+                        if self.run.is_some() {
+                            self.run = Some(RunStage::Pending);
+                        }
                         self.emit(WatchEvent::Expired { fence });
                     }
                 } else {
                     self.limit = read.limit;
+                    self.run = read.run;
                     self.leases = read.leases;
                     let snapshot = self.snapshot();
                     self.emit(WatchEvent::State(snapshot));
@@ -745,7 +811,7 @@ impl Follower {
                 if self.leases.contains_key(&fence) {
                     return;
                 }
-                if self.subject.kind() == Kind::Lock {
+                if matches!(self.subject.kind(), Kind::Lock | Kind::Run) {
                     if self.leases.keys().any(|&f| f > fence) {
                         // Older than what is known.
                         return;
@@ -759,6 +825,9 @@ impl Follower {
                     }
                 }
                 self.counter = Some(self.counter.map_or(fence, |c| c.max(fence)));
+                if self.run.is_some() {
+                    self.run = Some(RunStage::Running);
+                }
                 let granted_at = (granted_at_ms > 0)
                     .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms));
                 let ttl = Some(Duration::from_millis(ttl_ms));
@@ -788,10 +857,22 @@ impl Follower {
                 // A lease never heard of: a message was missed.
                 None => self.probe(Purpose::Resync).await,
             },
-            Change::Released { fence } | Change::Completed { fence } => {
+            Change::Released { fence } => {
                 if self.leases.remove(&fence).is_some() {
                     self.emptied();
+                    if self.run.is_some() {
+                        self.run = Some(RunStage::Pending);
+                    }
                     self.emit(WatchEvent::Released { fence });
+                }
+            }
+            Change::Completed { fence } => {
+                if self.leases.remove(&fence).is_some() {
+                    self.run = Some(RunStage::Done { fence });
+                    self.emit(WatchEvent::Completed { fence });
+                } else {
+                    // An attempt never heard of: a message was missed.
+                    self.probe(Purpose::Resync).await;
                 }
             }
             Change::Expired { fence } => {
@@ -817,6 +898,7 @@ impl Follower {
         Snapshot {
             limit: self.limit,
             leases: self.leases.values().map(|t| t.view.clone()).collect(),
+            run: self.run,
         }
     }
 
