@@ -699,3 +699,36 @@ async fn a_watch_follows_a_run_through_its_attempts_to_done(app: &TestApp) {
     assert_eq!(state.fence(), third.fence());
     assert!(state.data.get("token").is_none());
 }
+
+/// Through Sentinel, with `--min-replicas-acked 1`: a run's start and its
+/// completion go to the master Sentinel names and wait for a replica's
+/// ack, and the done run is on the replica too, so a failover keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_go_to_the_sentinel_master_and_wait_for_a_replica() {
+    let set = std::sync::Arc::new(crate::support::SentinelSet::start().await);
+    let app = TestApp::sentinel_on(set.clone(), |s| crate::support::with_acks(s, 1)).await;
+    let first = start(&app, "sent:1", None, json!({"ttl_ms": 30_000})).await;
+    first.expect_status(201);
+    complete(&app, "sent:1", &first.token(), json!({"result": {"n": 1}}))
+        .await
+        .expect_status(200);
+    let replay = start(&app, "sent:1", None, json!({})).await;
+    replay.expect_status(200);
+    assert_eq!(replay.json()["result"], json!({"n": 1}));
+    let master = set.server(set.master_port());
+    let record = "lockd:run:{sent:1}:record";
+    let on_master: Option<String> = master
+        .cmd(::redis::cmd("HGET").arg(record).arg("state"))
+        .await;
+    assert_eq!(on_master.as_deref(), Some("done"));
+    // The ack was waited for: a replica has the done record already.
+    let mut on_a_replica = false;
+    for port in set.replica_ports() {
+        let state: Option<String> = set
+            .server(port)
+            .cmd(::redis::cmd("HGET").arg(record).arg("state"))
+            .await;
+        on_a_replica |= state.as_deref() == Some("done");
+    }
+    assert!(on_a_replica, "no replica has the done run");
+}

@@ -96,6 +96,16 @@ impl SentinelSet {
             .unwrap_or_else(|| panic!("no master named: {answer:?}"))
     }
 
+    /// The ports of the servers other than the master of the moment.
+    pub fn replica_ports(&self) -> Vec<u16> {
+        let master = self.master_port();
+        self.servers
+            .iter()
+            .map(RedisServer::port)
+            .filter(|&p| p != master)
+            .collect()
+    }
+
     /// The server whose port is `port`.
     pub fn server(&self, port: u16) -> &RedisServer {
         self.servers
