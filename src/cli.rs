@@ -211,8 +211,9 @@ pub struct ServeArgs {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sentinel_master: Option<String>,
     /// CA certificates (a PEM file) to verify the certificates of rediss://
-    /// servers against, instead of the system's root certificates
-    /// [default: the system's roots].
+    /// servers against, instead of the system's root certificates; a
+    /// self-signed server certificate given here is accepted as itself
+    /// (pinned, its name still checked) [default: the system's roots].
     #[arg(long, env = "LOCKD_REDIS_CA_CERT", value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis_ca_cert: Option<PathBuf>,

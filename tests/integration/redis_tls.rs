@@ -4,9 +4,10 @@
 //! verified against `--redis-ca-cert`; a server that requires client
 //! certificates; servers whose certificate lockd must refuse (another CA,
 //! expired, another name), which get 503s, one clear error in the log, and
-//! not a single command; TLS settings that cannot be used; Redlock over TLS
-//! nodes, and over a mix of TLS and plain ones; a Redis Cluster over TLS;
-//! a Sentinel and its master over TLS.
+//! not a single command; a self-signed `CA:TRUE` certificate given as
+//! `--redis-ca-cert`, pinned; TLS settings that cannot be used; Redlock
+//! over TLS nodes, and over a mix of TLS and plain ones; a Redis Cluster
+//! over TLS; a Sentinel and its master over TLS.
 
 use std::time::Duration;
 
@@ -117,6 +118,53 @@ async fn lockd_over_rediss_with_the_ca_cert_takes_extends_and_releases_a_lock() 
     );
 }
 
+/// The case of `openssl req -x509 -subj /CN=localhost -addext
+/// subjectAltName=DNS:localhost,IP:127.0.0.1`: a self-signed certificate
+/// that says it is a CA (`CA:TRUE`), the server's own, given as
+/// `--redis-ca-cert`. `redis-cli --tls --cacert` (OpenSSL) accepts it, and
+/// so does lockd: it pins that exact certificate (its name still checked,
+/// here the DNS name `localhost`), is ready, and takes, extends and
+/// releases a lock, with no error logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_signed_ca_certificate_given_as_the_ca_cert_is_pinned_and_serves_locks() {
+    let ca = TestCa::new("lockd test CA");
+    let pinned = ca.self_signed_ca_as_server("pinned", ServerCert::Good);
+    let server = TlsRedisServer::spawn(&pinned, &ca, false).await;
+    let port = server.port().to_string();
+    let cli = std::process::Command::new("redis-cli")
+        .args(["--tls", "--cacert", pinned.cert(), "-h", "localhost"])
+        .args(["-p", &port, "PING"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run redis-cli");
+    assert_eq!(
+        String::from_utf8_lossy(&cli.stdout).trim(),
+        "PONG",
+        "redis-cli: {}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let lockd = Lockd::serve(
+        &[
+            "--redis-url",
+            &format!("rediss://localhost:{port}"),
+            "--redis-ca-cert",
+            pinned.cert(),
+        ],
+        &[],
+    )
+    .await;
+    until_ready(&lockd).await;
+    take_extend_release(&lockd, "tls:pinned", |token| {
+        server.lock_token("tls:pinned") == token
+    })
+    .await;
+    assert!(
+        !lockd.stderr().contains(" ERROR "),
+        "an error was logged:\n{}",
+        lockd.stderr()
+    );
+}
+
 /// A server that requires client certificates (`--tls-auth-clients yes`)
 /// serves a lockd that has one (`--redis-client-cert`,
 /// `--redis-client-key`, here from the environment); a lockd without one is
@@ -174,7 +222,9 @@ async fn a_server_that_requires_client_certificates_serves_only_a_lockd_with_one
 }
 
 /// A server whose certificate lockd cannot verify against
-/// `--redis-ca-cert` (signed by another CA, expired, or for another name):
+/// `--redis-ca-cert` (signed by another CA, expired, or for another name;
+/// a self-signed `CA:TRUE` one that is not the file's; the file's own, but
+/// expired or for another name):
 /// lockd starts, `/readyz` is 503, an acquire gets 503 `backend-unavailable`
 /// with `Retry-After`, the log has one error naming the node and saying the
 /// certificate could not be verified, and the server never ran a command
@@ -197,19 +247,42 @@ async fn a_server_certificate_that_cannot_be_verified_gets_503s_one_error_and_no
             "host name",
         ),
     ];
-    // A self-signed CA:TRUE certificate given as the CA: rustls refuses a
-    // CA serving as the server's own, and the error says how to make one.
-    let self_signed = ca.self_signed_ca_as_server();
-    let self_signed_ca = self_signed.cert().to_owned();
+    // Self-signed CA:TRUE certificates (as `openssl req -x509` makes):
+    // one that is not the certificate of --redis-ca-cert (another such is)
+    // is not pinned, and the error says what lockd accepts; one that is
+    // pinned still has its dates and its name checked.
+    let served = ca.self_signed_ca_as_server("served", ServerCert::Good);
+    let other = ca.self_signed_ca_as_server("other", ServerCert::Good);
+    let expired = ca.self_signed_ca_as_server("expired", ServerCert::Expired);
+    let other_name = ca.self_signed_ca_as_server("other-name", ServerCert::OtherName);
+    let (other_pem, expired_pem, other_name_pem) = (
+        other.cert().to_owned(),
+        expired.cert().to_owned(),
+        other_name.cert().to_owned(),
+    );
     let cases = cases
         .into_iter()
         .map(|(what, cert, reason)| (what, cert, reason, ca.cert_arg().to_owned()))
-        .chain([(
-            "a self-signed CA:TRUE certificate",
-            self_signed,
-            "CA:FALSE",
-            self_signed_ca,
-        )]);
+        .chain([
+            (
+                "another self-signed CA:TRUE certificate",
+                served,
+                "exactly one of the certificates of --redis-ca-cert (pinned)",
+                other_pem,
+            ),
+            (
+                "a pinned self-signed CA:TRUE certificate, expired",
+                expired,
+                "expired",
+                expired_pem,
+            ),
+            (
+                "a pinned self-signed CA:TRUE certificate for another name",
+                other_name,
+                "host name",
+                other_name_pem,
+            ),
+        ]);
     for (what, cert, reason, trusted) in cases {
         let server = TlsRedisServer::spawn(&cert, &ca, false).await;
         let lockd = Lockd::serve(

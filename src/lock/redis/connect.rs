@@ -15,14 +15,29 @@
 //!   against the system's root certificates (rustls-native-certs), or
 //!   against the CA certificates of `--redis-ca-cert` only, when given; the
 //!   name checked is the host of the URL (a DNS name or an IP address).
+//! - **Pinning.** A server certificate that is exactly one of the
+//!   certificates of `--redis-ca-cert` is accepted although it says it is
+//!   a CA (`CA:TRUE`, which a plain `openssl req -x509` makes, and which
+//!   webpki refuses as a server's own: `CaUsedAsEndEntity`), as OpenSSL
+//!   and so `redis-cli --tls --cacert` accept it; its dates and its name
+//!   are still checked, and the handshake still proves that the server
+//!   holds its key (`Verifier`). The redis crate builds its TLS verifier
+//!   itself and takes none of lockd's, so [`Client`] opens the TLS
+//!   connection to one server itself (TCP, then tokio-rustls with lockd's
+//!   verifier) and hands the stream to the redis crate
+//!   (`MultiplexedConnection::new_with_config`, `PubSub::new`). The
+//!   connections of a Redis Cluster are the redis crate's own, made by its
+//!   cluster client with its verifier: there a `CA:TRUE` server
+//!   certificate is refused, pinned or not.
 //! - `--redis-client-cert` and `--redis-client-key` give a client
 //!   certificate to servers that ask for one (`tls-auth-clients`).
 //! - The files are read and checked once, at start-up ([`RedisTls::load`]):
 //!   one that cannot be read or parsed, or a key that is not the
 //!   certificate's, is a settings error naming the setting.
-//! - rustls with the ring provider, as the HTTPS listener: [`client`]
-//!   installs it as the process's default provider, which the redis crate
-//!   builds its TLS configuration with.
+//! - rustls with the ring provider, as the HTTPS listener: lockd's own TLS
+//!   configuration names it, and [`cluster_client`] installs it as the
+//!   process's default provider, which the redis crate builds its TLS
+//!   configuration with.
 //!
 //! # Reporting
 //! A TLS failure (a server certificate that cannot be verified, a server
@@ -39,39 +54,63 @@ use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Mutex, Once, OnceLock};
 use std::time::Duration;
 
-use redis::{ClientTlsConfig, TlsCertificates};
+use redis::aio::{MultiplexedConnection, PubSub};
+use redis::{
+    AsyncConnectionConfig, ClientTlsConfig, ConnectionAddr, ConnectionInfo, RedisError,
+    RedisResult, TlsCertificates,
+};
 use rustls::CertificateError;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::net::TcpStream;
 
 use crate::lock::LockError;
 
 /// The TLS material for `rediss://` URLs, read and checked at start-up:
 /// the CA certificates to verify servers against (`None`: the system's
-/// roots) and the client certificate with its key, all PEM. The default
-/// has neither.
+/// roots) and the client certificate with its key. The default has
+/// neither.
 #[derive(Clone, Default)]
 pub struct RedisTls {
-    /// PEM: the CA certificates of `--redis-ca-cert`.
-    root_cert: Option<Arc<[u8]>>,
-    /// PEM: the client certificate chain and its private key.
-    client: Option<ClientPem>,
+    /// The CA certificates of `--redis-ca-cert`.
+    ca: Option<CaCerts>,
+    /// The client certificate chain and its private key.
+    client: Option<ClientIdentity>,
+    /// The TLS configuration of lockd's own connections ([`Client`]),
+    /// built at the first `rediss://` client and shared by its clones (the
+    /// system's roots are read once).
+    config: Arc<OnceLock<Result<Arc<rustls::ClientConfig>, String>>>,
 }
 
-/// A client certificate chain and its private key, PEM.
+/// The CA certificates of `--redis-ca-cert`: as PEM, for the redis crate's
+/// cluster client, and parsed, the trust anchors and pins of lockd's own
+/// connections.
 #[derive(Clone)]
-struct ClientPem {
-    cert: Arc<[u8]>,
-    key: Arc<[u8]>,
+struct CaCerts {
+    pem: Arc<[u8]>,
+    certs: Arc<[CertificateDer<'static>]>,
+}
+
+/// A client certificate chain and its private key: as PEM, for the redis
+/// crate's cluster client, and parsed, for lockd's own connections.
+#[derive(Clone)]
+struct ClientIdentity {
+    cert_pem: Arc<[u8]>,
+    key_pem: Arc<[u8]>,
+    chain: Arc<[CertificateDer<'static>]>,
+    key: Arc<PrivateKeyDer<'static>>,
 }
 
 impl std::fmt::Debug for RedisTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisTls")
-            .field("root_cert", &self.root_cert.is_some())
+            .field("root_cert", &self.ca.is_some())
             .field("client_cert", &self.client.is_some())
             .finish()
     }
@@ -133,18 +172,22 @@ impl RedisTls {
         ca_cert: Option<&Path>,
         client: Option<(&Path, &Path)>,
     ) -> Result<Self, RedisTlsError> {
-        let root_cert = ca_cert
+        let ca = ca_cert
             .map(|path| {
                 let pem = read(CA_CERT, path)?;
+                let certs = certificates(CA_CERT, path, &pem)?;
                 let mut roots = rustls::RootCertStore::empty();
-                for cert in certificates(CA_CERT, path, &pem)? {
-                    roots.add(cert).map_err(|e| RedisTlsError::Pem {
+                for cert in &certs {
+                    roots.add(cert.clone()).map_err(|e| RedisTlsError::Pem {
                         setting: CA_CERT,
                         path: path.to_owned(),
                         why: format!("not a usable CA certificate: {e}"),
                     })?;
                 }
-                Ok::<_, RedisTlsError>(Arc::from(pem))
+                Ok::<_, RedisTlsError>(CaCerts {
+                    pem: Arc::from(pem),
+                    certs: Arc::from(certs),
+                })
             })
             .transpose()?;
         let client = client
@@ -162,31 +205,37 @@ impl RedisTls {
                 .and_then(|config| {
                     config
                         .with_root_certificates(rustls::RootCertStore::empty())
-                        .with_client_auth_cert(chain, private_key)
+                        .with_client_auth_cert(chain.clone(), private_key.clone_key())
                 })
                 .map_err(|source| RedisTlsError::Pair {
                     cert: cert.to_owned(),
                     key: key.to_owned(),
                     source,
                 })?;
-                Ok::<_, RedisTlsError>(ClientPem {
-                    cert: Arc::from(cert_pem),
-                    key: Arc::from(key_pem),
+                Ok::<_, RedisTlsError>(ClientIdentity {
+                    cert_pem: Arc::from(cert_pem),
+                    key_pem: Arc::from(key_pem),
+                    chain: Arc::from(chain),
+                    key: Arc::new(private_key),
                 })
             })
             .transpose()?;
-        Ok(Self { root_cert, client })
+        Ok(Self {
+            ca,
+            client,
+            config: Arc::default(),
+        })
     }
 
     /// Whether a CA certificate or a client certificate is set.
     pub fn is_set(&self) -> bool {
-        self.root_cert.is_some() || self.client.is_some()
+        self.ca.is_some() || self.client.is_some()
     }
 
     /// Why a server certificate signed by an unknown CA is refused, for
     /// messages: what lockd trusts.
     pub fn unknown_issuer(&self) -> &'static str {
-        if self.root_cert.is_some() {
+        if self.ca.is_some() {
             "it is not signed by any of the CA certificates of --redis-ca-cert"
         } else {
             "it is not signed by a CA of the system's root certificates (for a private CA, \
@@ -194,15 +243,153 @@ impl RedisTls {
         }
     }
 
-    /// The redis crate's form of the settings.
+    /// The redis crate's form of the settings, for its cluster client.
     pub fn certificates(&self) -> TlsCertificates {
         TlsCertificates {
-            client_tls: self.client.as_ref().map(|pem| ClientTlsConfig {
-                client_cert: pem.cert.to_vec(),
-                client_key: pem.key.to_vec(),
+            client_tls: self.client.as_ref().map(|client| ClientTlsConfig {
+                client_cert: client.cert_pem.to_vec(),
+                client_key: client.key_pem.to_vec(),
             }),
-            root_cert: self.root_cert.as_ref().map(|pem| pem.to_vec()),
+            root_cert: self.ca.as_ref().map(|ca| ca.pem.to_vec()),
         }
+    }
+
+    /// The TLS configuration of lockd's own connections: rustls with the
+    /// ring provider, TLS 1.2 and 1.3, the client certificate if any, and
+    /// [`Verifier`] over the CA certificates or else the system's roots.
+    /// Built once, at the first call.
+    fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+        self.config
+            .get_or_init(|| self.build_client_config().map(Arc::new))
+            .clone()
+    }
+
+    fn build_client_config(&self) -> Result<rustls::ClientConfig, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = match &self.ca {
+            Some(ca) => Verifier::new(&ca.certs, true, &provider)?,
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                if found.certs.is_empty() {
+                    let errors: Vec<String> =
+                        found.errors.iter().map(ToString::to_string).collect();
+                    return Err(format!(
+                        "no system root certificate could be read ({}); install the \
+                         system's CA certificates (Debian: ca-certificates), or give \
+                         --redis-ca-cert",
+                        if errors.is_empty() {
+                            "none found".to_owned()
+                        } else {
+                            errors.join("; ")
+                        }
+                    ));
+                }
+                Verifier::new(&found.certs, false, &provider)?
+            }
+        };
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("cannot build the TLS configuration: {e}"))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier));
+        match &self.client {
+            Some(client) => builder
+                .with_client_auth_cert(client.chain.to_vec(), client.key.clone_key())
+                .map_err(|e| format!("{CLIENT_CERT} with {CLIENT_KEY}: {e}")),
+            None => Ok(builder.with_no_client_auth()),
+        }
+    }
+}
+
+/// The server certificate verifier of lockd's own connections: webpki's
+/// (the chain to a trusted CA, the dates, the purpose, the name), except
+/// that a certificate webpki refuses only because it says it is a CA
+/// (`CaUsedAsEndEntity`) is accepted when it is byte for byte one of the
+/// pinned certificates (those of `--redis-ca-cert`) and is issued for the
+/// name. webpki checks a certificate's dates before its basic constraints,
+/// so an expired pinned certificate is still refused as expired. The
+/// handshake's signatures are webpki's to check, with the certificate's
+/// key, pinned or not.
+#[derive(Debug)]
+struct Verifier {
+    webpki: Arc<WebPkiServerVerifier>,
+    pinned: Arc<[CertificateDer<'static>]>,
+}
+
+impl Verifier {
+    /// A verifier trusting `roots` (those that parse; at least one must)
+    /// and, with `pin`, accepting each of them as a server's own.
+    fn new(
+        roots: &[CertificateDer<'static>],
+        pin: bool,
+        provider: &Arc<rustls::crypto::CryptoProvider>,
+    ) -> Result<Self, String> {
+        let mut store = rustls::RootCertStore::empty();
+        let (added, _) = store.add_parsable_certificates(roots.iter().cloned());
+        if added == 0 {
+            return Err("no usable CA certificate to verify servers against".into());
+        }
+        let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(store), provider.clone())
+            .build()
+            .map_err(|e| format!("cannot build the TLS verifier: {e}"))?;
+        Ok(Self {
+            webpki,
+            pinned: if pin { Arc::from(roots) } else { Arc::from([]) },
+        })
+    }
+}
+
+impl ServerCertVerifier for Verifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Err(rustls::Error::InvalidCertificate(refused))
+                if certificate_kind(&refused) == "CaUsedAsEndEntity"
+                    && self
+                        .pinned
+                        .iter()
+                        .any(|pin| pin.as_ref() == end_entity.as_ref()) =>
+            {
+                let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+                rustls::client::verify_server_name(&parsed, server_name)?;
+                Ok(ServerCertVerified::assertion())
+            }
+            verified => verified,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
     }
 }
 
@@ -253,10 +440,11 @@ fn private_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, RedisT
 }
 
 /// Installs rustls's ring provider as the process's default, once: the
-/// redis crate builds its TLS configuration with the default provider.
-/// Only ring is compiled in, so this is what rustls would pick by itself;
-/// installing it says so, and holds should another provider ever come in
-/// with a dependency (rustls then has no default of its own).
+/// redis crate builds its TLS configuration (a cluster client's) with the
+/// default provider. Only ring is compiled in, so this is what rustls
+/// would pick by itself; installing it says so, and holds should another
+/// provider ever come in with a dependency (rustls then has no default of
+/// its own).
 fn install_crypto_provider() {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
@@ -271,21 +459,211 @@ pub fn is_tls(url: &str) -> bool {
         .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
 }
 
+/// A client for one Redis server: the redis crate's for a `redis://` URL;
+/// for a `rediss://` one, lockd's own TLS connection (see the module
+/// documentation) under the redis crate's connection. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    /// The URL's address, credentials, database and protocol; it connects
+    /// by itself only over plain TCP.
+    redis: redis::Client,
+    /// For `rediss://`: how lockd opens the TLS connection.
+    tls: Option<Arc<TlsTarget>>,
+}
+
+/// Where and how a [`Client`] opens its TLS connections.
+struct TlsTarget {
+    connector: tokio_rustls::TlsConnector,
+    /// The name the server's certificate must be issued for: the URL's
+    /// host, a DNS name or an IP address.
+    name: ServerName<'static>,
+    host: String,
+    port: u16,
+}
+
+impl TlsTarget {
+    /// A TLS connection to the server: the first of its addresses that
+    /// accepts TCP (tried side by side, as the redis crate does), then the
+    /// handshake. A refused certificate is an `io::Error` holding the
+    /// [`rustls::Error`], as the redis crate's own TLS connections give it.
+    async fn open(&self) -> RedisResult<tokio_rustls::client::TlsStream<TcpStream>> {
+        let addrs: Vec<_> = tokio::net::lookup_host((self.host.as_str(), self.port))
+            .await?
+            .collect();
+        if addrs.is_empty() {
+            return Err(RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "No address found for host",
+            )));
+        }
+        let (tcp, _) = futures_util::future::select_ok(
+            addrs.into_iter().map(|a| Box::pin(TcpStream::connect(a))),
+        )
+        .await?;
+        Ok(self.connector.connect(self.name.clone(), tcp).await?)
+    }
+}
+
+impl Client {
+    /// The URL's address (`host:port`) and settings.
+    pub fn connection_info(&self) -> &ConnectionInfo {
+        self.redis.get_connection_info()
+    }
+
+    /// A multiplexed connection whose opening (TCP, TLS and Redis's
+    /// handshake) and answers time out after `timeout`.
+    ///
+    /// # Errors
+    /// The redis crate's, or the TLS connection's (as an I/O error).
+    pub async fn connect(&self, timeout: Duration) -> RedisResult<Connection> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let Some(tls) = &self.tls else {
+            let conn = self
+                .redis
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            return Ok(Connection {
+                conn,
+                _driver: None,
+            });
+        };
+        let open = async {
+            let stream = tls.open().await?;
+            let (conn, driver) = MultiplexedConnection::new_with_config(
+                self.connection_info().redis_settings(),
+                stream,
+                config,
+            )
+            .await?;
+            let driver = Arc::new(Driver(tokio::spawn(driver).abort_handle()));
+            Ok(Connection {
+                conn,
+                _driver: Some(driver),
+            })
+        };
+        tokio::time::timeout(timeout, open)
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::from(std::io::ErrorKind::TimedOut).into()))
+    }
+
+    /// A pub/sub connection (no time limit: the caller sets one).
+    ///
+    /// # Errors
+    /// The redis crate's, or the TLS connection's (as an I/O error).
+    pub async fn pubsub(&self) -> RedisResult<PubSub> {
+        match &self.tls {
+            None => self.redis.get_async_pubsub().await,
+            Some(tls) => {
+                let stream = tls.open().await?;
+                PubSub::new(self.connection_info().redis_settings(), stream).await
+            }
+        }
+    }
+}
+
+/// A multiplexed connection from a [`Client`] (a `MultiplexedConnection`
+/// underneath, which it derefs to). Over lockd's own TLS connection it
+/// holds the task that drives it, aborted when the last clone is dropped,
+/// as the redis crate does for the connections it opens itself (left to
+/// end by itself, the task would wait for the answers in flight: for ever,
+/// from a frozen server).
+#[derive(Clone)]
+pub struct Connection {
+    conn: MultiplexedConnection,
+    /// Held, not read: the last clone's drop aborts the task.
+    _driver: Option<Arc<Driver>>,
+}
+
+/// The task driving a connection, aborted on drop.
+struct Driver(tokio::task::AbortHandle);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl std::ops::Deref for Connection {
+    type Target = MultiplexedConnection;
+
+    fn deref(&self) -> &MultiplexedConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Connection {
+    fn deref_mut(&mut self) -> &mut MultiplexedConnection {
+        &mut self.conn
+    }
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        self.conn.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.conn.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
 /// The client for one Redis server at `url`: over TLS with `tls` for a
 /// `rediss://` URL, plain TCP for a `redis://` one (which ignores `tls`).
 /// No connection is opened.
 ///
 /// # Errors
 /// [`LockError::Backend`] when the URL cannot be used (the message shows
-/// it without its password).
-pub fn client(url: &str, tls: &RedisTls) -> Result<redis::Client, LockError> {
-    let built = if is_tls(url) {
-        install_crypto_provider();
-        redis::Client::build_with_tls(url, tls.certificates())
-    } else {
-        redis::Client::open(url)
+/// it without its password), or the TLS configuration cannot be built
+/// (no system root certificate to trust, say).
+pub fn client(url: &str, tls: &RedisTls) -> Result<Client, LockError> {
+    let unusable = |why: &dyn std::fmt::Display| {
+        LockError::Backend(format!("cannot use Redis URL {}: {why}", redact_url(url)))
     };
-    built.map_err(|e| LockError::Backend(format!("cannot use Redis URL {}: {e}", redact_url(url))))
+    let redis = redis::Client::open(url).map_err(|e| unusable(&e))?;
+    let target = match redis.get_connection_info().addr() {
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure: false,
+            ..
+        } => {
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let name = ServerName::try_from(host.clone())
+                .map_err(|e| unusable(&format!("{host} is not a DNS name or IP address: {e}")))?;
+            Some(Arc::new(TlsTarget {
+                connector: tokio_rustls::TlsConnector::from(
+                    tls.client_config().map_err(|e| unusable(&e))?,
+                ),
+                name,
+                host,
+                port: *port,
+            }))
+        }
+        // Refused with the settings already: never connect without
+        // verifying.
+        ConnectionAddr::TcpTls { insecure: true, .. } => {
+            return Err(unusable(&"#insecure is not supported"));
+        }
+        _ => None,
+    };
+    Ok(Client { redis, tls: target })
 }
 
 /// Handles what a cluster connection's nodes push (RESP3): sharded pub/sub
@@ -497,10 +875,12 @@ fn certificate_failure(kind: &str, detail: &str, unknown_issuer: &str) -> TlsFai
         "InvalidPurpose" => "it is not a server certificate",
         "CaUsedAsEndEntity" => {
             "it says it is a CA (basicConstraints CA:TRUE, which `openssl req -x509` \
-             makes by default) and serves as the server's own certificate, which rustls \
-             refuses even when it is the very certificate of --redis-ca-cert; make the \
-             server's certificate with `-addext basicConstraints=critical,CA:FALSE`, or \
-             sign a server certificate with the CA (docs/redis.md, TLS)"
+             makes by default) and serves as the server's own certificate, which lockd \
+             accepts only when it is exactly one of the certificates of --redis-ca-cert \
+             (pinned), and not in cluster mode; give that very certificate as \
+             --redis-ca-cert, or make the server's certificate with \
+             `-addext basicConstraints=critical,CA:FALSE`, or sign a server certificate \
+             with a CA and give the CA (docs/redis.md, TLS)"
         }
         _ => "it is not valid",
     };
@@ -775,6 +1155,92 @@ mod tests {
         );
         report.connected();
         assert_eq!(*report.last.lock().expect("not poisoned"), None);
+    }
+
+    /// A self-signed certificate for `names` that says it is a CA
+    /// (`CA:TRUE`, as `openssl req -x509` makes), expired with `expired`.
+    fn self_signed_ca(names: &[&str], expired: bool) -> CertificateDer<'static> {
+        let names = names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let mut params = rcgen::CertificateParams::new(names).expect("parameters");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        }
+        let key = rcgen::KeyPair::generate().expect("a key");
+        params.self_signed(&key).expect("self-signed").der().clone()
+    }
+
+    /// What `verifier` says of `cert` as the server's for `name`: `Ok`,
+    /// or the kind of the certificate error.
+    fn verdict(verifier: &Verifier, cert: &CertificateDer<'_>, name: &str) -> Result<(), String> {
+        let name = ServerName::try_from(name.to_owned()).expect("a server name");
+        match verifier.verify_server_cert(cert, &[], &name, &[], UnixTime::now()) {
+            Ok(_) => Ok(()),
+            Err(rustls::Error::InvalidCertificate(e)) => Err(certificate_kind(&e).to_owned()),
+            Err(e) => Err(format!("not a certificate error: {e}")),
+        }
+    }
+
+    fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+        Arc::new(rustls::crypto::ring::default_provider())
+    }
+
+    /// A self-signed `CA:TRUE` certificate of the CA file is accepted as
+    /// the server's own, for its names only, and while it is valid; one
+    /// not in the file is refused as webpki refuses it.
+    #[test]
+    fn a_pinned_ca_certificate_is_accepted_as_itself_with_its_name_and_dates_checked() {
+        let pinned = self_signed_ca(&["localhost", "127.0.0.1"], false);
+        let expired = self_signed_ca(&["localhost"], true);
+        let other = self_signed_ca(&["localhost"], false);
+        let verifier =
+            Verifier::new(&[pinned.clone(), expired.clone()], true, &provider()).expect("verifier");
+        assert_eq!(verdict(&verifier, &pinned, "localhost"), Ok(()));
+        assert_eq!(verdict(&verifier, &pinned, "127.0.0.1"), Ok(()));
+        assert_eq!(
+            verdict(&verifier, &pinned, "redis.invalid"),
+            Err("NotValidForName".into())
+        );
+        assert_eq!(
+            verdict(&verifier, &expired, "localhost"),
+            Err("Expired".into())
+        );
+        assert_eq!(
+            verdict(&verifier, &other, "localhost"),
+            Err("CaUsedAsEndEntity".into())
+        );
+        // The system's roots pin nothing.
+        let roots =
+            Verifier::new(std::slice::from_ref(&pinned), false, &provider()).expect("verifier");
+        assert_eq!(
+            verdict(&roots, &pinned, "localhost"),
+            Err("CaUsedAsEndEntity".into())
+        );
+    }
+
+    /// A server certificate that a CA of the file signed is verified as
+    /// webpki verifies it: accepted for its name, refused for another.
+    #[test]
+    fn a_certificate_signed_by_the_ca_is_verified_by_webpki() {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_key = rcgen::KeyPair::generate().expect("a CA key");
+        let ca = ca_params.self_signed(&ca_key).expect("CA").der().clone();
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().expect("a key");
+        let server = rcgen::CertificateParams::new(vec!["redis.internal".to_owned()])
+            .expect("parameters")
+            .signed_by(&key, &issuer)
+            .expect("signed")
+            .der()
+            .clone();
+        let verifier = Verifier::new(&[ca], true, &provider()).expect("verifier");
+        assert_eq!(verdict(&verifier, &server, "redis.internal"), Ok(()));
+        assert_eq!(
+            verdict(&verifier, &server, "redis.invalid"),
+            Err("NotValidForName".into())
+        );
     }
 
     #[test]

@@ -40,7 +40,7 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 
-use super::connect::{ConnectReport, PushHandler, RedisTls};
+use super::connect::{Client, ConnectReport, PushHandler, RedisTls};
 use super::pool::{ClusterTarget, KnownNodes};
 use super::sentinel::Sentinels;
 use crate::backoff::ExponentialBackoff;
@@ -91,7 +91,7 @@ fn subject_of(prefix: &str, channel: &str) -> Option<Subject> {
 /// the master of the moment.
 pub struct PatternEvents {
     /// The server (one client; several are tried in turn).
-    pub clients: Arc<[redis::Client]>,
+    pub clients: Arc<[Client]>,
     /// In Sentinel mode: the subscription goes to the master now, and moves
     /// when it changes.
     pub sentinels: Option<Arc<Sentinels>>,
@@ -142,7 +142,7 @@ impl PatternEvents {
                     backoff.reset();
                     if std::mem::take(&mut lost) {
                         tracing::info!(
-                            node = %client.get_connection_info().addr(),
+                            node = %client.connection_info().addr(),
                             "release-event connection to Redis is back; waiters retry and watches read their locks again"
                         );
                     }
@@ -164,7 +164,7 @@ impl PatternEvents {
                     }
                     lost = true;
                     tracing::warn!(
-                        node = %client.get_connection_info().addr(),
+                        node = %client.connection_info().addr(),
                         "release-event connection to Redis lost; waiters fall back to lease expiry until it is back"
                     );
                 }
@@ -176,11 +176,11 @@ impl PatternEvents {
 
     async fn subscribe(
         &self,
-        client: &redis::Client,
+        client: &Client,
         patterns: &[String],
     ) -> Result<redis::aio::PubSubStream, String> {
         let connect = async {
-            let mut pubsub = client.get_async_pubsub().await?;
+            let mut pubsub = client.pubsub().await?;
             pubsub.psubscribe(patterns).await?;
             Ok::<_, redis::RedisError>(pubsub.into_on_message())
         };

@@ -66,7 +66,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use deadpool::Runtime;
-use redis::{AsyncConnectionConfig, FromRedisValue, Script, ScriptInvocation};
+use redis::{FromRedisValue, Script, ScriptInvocation};
 
 use self::connect::{ConnectReport, RedisTls};
 use self::events::{PatternEvents, ShardedEvents};
@@ -234,7 +234,7 @@ impl Keys {
 enum EventSource {
     /// `PSUBSCRIBE` on the server (or the Sentinels' master); the scripts
     /// `PUBLISH`.
-    Pattern(Arc<[redis::Client]>),
+    Pattern(Arc<[connect::Client]>),
     /// Sharded pub/sub on a cluster, lock by lock; the scripts `SPUBLISH`.
     Sharded {
         seeds: Vec<String>,
@@ -285,9 +285,6 @@ impl RedisBackend {
     /// # Errors
     /// When the URL cannot be parsed or the pool cannot be built.
     pub fn new(config: &RedisConfig) -> Result<Self, LockError> {
-        let connection = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(config.timeout))
-            .set_response_timeout(Some(config.timeout));
         let clients = config
             .endpoint
             .urls()
@@ -296,7 +293,7 @@ impl RedisBackend {
             .collect::<Result<Vec<_>, _>>()?;
         let restarts = match (&config.restart_delay, clients.as_slice()) {
             (Some(delay), [client]) => {
-                let node = client.get_connection_info().addr().to_string();
+                let node = client.connection_info().addr().to_string();
                 Some(Arc::new(RestartWatch::new(node, *delay)))
             }
             _ => None,
@@ -335,7 +332,7 @@ impl RedisBackend {
             },
             _ => EventSource::Pattern(clients.into()),
         };
-        let pool = Pool::builder(Connector::new(target, connection, restarts.clone()))
+        let pool = Pool::builder(Connector::new(target, config.timeout, restarts.clone()))
             .max_size(config.pool_size)
             // The connection handed back last goes out first, so that
             // operations that share connections share the same one (and

@@ -21,10 +21,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use deadpool::managed::{self, Metrics, RecycleResult};
-use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::aio::ConnectionLike;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 use super::connect::{self, PushHandler, RedisTls};
 use super::restart::RestartWatch;
@@ -33,8 +33,8 @@ use crate::lock::LockError;
 
 /// What a [`Connector`] connects to.
 pub enum Target {
-    /// One Redis server (boxed: a client with TLS settings is large).
-    Server(Box<Client>),
+    /// One Redis server (boxed: a client is large).
+    Server(Box<connect::Client>),
     /// A Redis Cluster, found from its seed nodes. The connection follows
     /// `MOVED` and `ASK`, and refreshes its slot map when the cluster
     /// changes.
@@ -439,14 +439,14 @@ pub async fn cluster_nodes(conn: &mut ClusterConnection) -> Result<String, Redis
 #[derive(Clone)]
 pub enum Conn {
     /// A connection to one server.
-    Server(MultiplexedConnection),
+    Server(connect::Connection),
     /// Connections to every node of a cluster, routing by key slot, with
     /// the generation of the masters it was opened in (see
     /// [`ClusterView`]).
     Cluster(ClusterConnection, u64),
     /// A connection to the master of a Sentinel set, with the generation
     /// of the master it was opened to (see [`Sentinels`]).
-    Master(MultiplexedConnection, u64),
+    Master(connect::Connection, u64),
 }
 
 impl Conn {
@@ -493,25 +493,22 @@ impl ConnectionLike for Conn {
 /// Opens connections to one Redis server or one cluster.
 pub struct Connector {
     target: Target,
-    config: AsyncConnectionConfig,
+    /// How long opening a connection may take, and each of its answers.
+    timeout: Duration,
     /// Told the server's `run_id` and uptime at every new connection, when
     /// restarts are watched (Redlock's delayed restart).
     restarts: Option<Arc<RestartWatch>>,
 }
 
 impl Connector {
-    /// A connector for `target`, with `config`'s connect and response
-    /// timeouts (a cluster client carries its own). With `restarts`, every
+    /// A connector for `target`, whose connections open and answer within
+    /// `timeout` (a cluster client carries its own). With `restarts`, every
     /// new connection to a server first reads `INFO server` and tells the
     /// watch what it found.
-    pub fn new(
-        target: Target,
-        config: AsyncConnectionConfig,
-        restarts: Option<Arc<RestartWatch>>,
-    ) -> Self {
+    pub fn new(target: Target, timeout: Duration, restarts: Option<Arc<RestartWatch>>) -> Self {
         Self {
             target,
-            config,
+            timeout,
             restarts,
         }
     }
@@ -531,15 +528,13 @@ impl managed::Manager for Connector {
             Target::Sentinel(sentinels) => {
                 let (client, generation) = sentinels.master().await?;
                 let conn = client
-                    .get_multiplexed_async_connection_with_config(&self.config)
+                    .connect(self.timeout)
                     .await
                     .inspect_err(|_| sentinels.forget(generation, "cannot connect"))?;
                 return Ok(Conn::Master(conn, generation));
             }
         };
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+        let mut conn = client.connect(self.timeout).await?;
         if let Some(restarts) = &self.restarts {
             let info: String = redis::cmd("INFO")
                 .arg("server")

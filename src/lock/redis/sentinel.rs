@@ -36,11 +36,11 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
-use redis::{Client, RedisError};
+use redis::RedisError;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::connect::{self, RedisTls};
+use super::connect::{self, Client, RedisTls};
 use crate::backoff::ExponentialBackoff;
 use crate::lock::LockError;
 
@@ -202,7 +202,7 @@ impl Sentinels {
         let ask = async {
             let (host, port) = self.ask(None).await?;
             let client = self.client_for(host, port)?;
-            let mut conn = client.get_multiplexed_async_connection().await?;
+            let mut conn = client.connect(self.timeout).await?;
             let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
             match role.first() {
                 Some(redis::Value::BulkString(r)) if r.as_slice() == b"master" => Ok(client),
@@ -214,7 +214,7 @@ impl Sentinels {
         let client = tokio::time::timeout(self.timeout, ask)
             .await
             .map_err(|_| unavailable("no Sentinel named the master in time"))??;
-        let addr = client.get_connection_info().addr().to_string();
+        let addr = client.connection_info().addr().to_string();
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(m) = current.as_ref() {
             // Another task found it first.
@@ -243,9 +243,9 @@ impl Sentinels {
     /// the master in use) wins a tie.
     async fn ask(&self, kept: Option<&str>) -> Result<(String, u16), RedisError> {
         let each = self.sentinel_clients.iter().map(|client| async move {
-            let node = client.get_connection_info().addr().to_string();
+            let node = client.connection_info().addr().to_string();
             let one = async {
-                let mut conn = client.get_multiplexed_async_connection().await?;
+                let mut conn = client.connect(self.timeout).await?;
                 redis::cmd("SENTINEL")
                     .arg("master")
                     .arg(&self.name)
@@ -289,7 +289,7 @@ impl Sentinels {
         let is_kept = |host: &str, port: u16| {
             kept.is_some_and(|kept| {
                 self.client_for(host.to_owned(), port)
-                    .is_ok_and(|c| c.get_connection_info().addr().to_string() == kept)
+                    .is_ok_and(|c| c.connection_info().addr().to_string() == kept)
             })
         };
         choose(&named, is_kept).ok_or_else(|| {
@@ -347,7 +347,7 @@ impl Sentinels {
             self.forget(self.generation(), why);
             return;
         };
-        let addr = client.get_connection_info().addr().to_string();
+        let addr = client.connection_info().addr().to_string();
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if current.as_ref().is_some_and(|m| m.addr == addr) {
             return;
@@ -471,7 +471,7 @@ impl Sentinels {
             let asked = tokio::time::timeout(self.timeout, self.ask(Some(&kept.addr))).await;
             if let Ok(Ok((host, port))) = asked
                 && let Ok(client) = self.client_for(host.clone(), port)
-                && client.get_connection_info().addr().to_string() != kept.addr
+                && client.connection_info().addr().to_string() != kept.addr
             {
                 self.switch_to(&host, port, "the Sentinels name another master");
             }
@@ -482,7 +482,7 @@ impl Sentinels {
         let mut backoff = FOLLOW_BACKOFF.pauses();
         loop {
             let subscribed = async {
-                let mut pubsub = client.get_async_pubsub().await?;
+                let mut pubsub = client.pubsub().await?;
                 pubsub.subscribe("+switch-master").await?;
                 pubsub
                     .subscribe(&["+selected-slave", "+promoted-slave"])

@@ -342,13 +342,7 @@ async fn probe(
 ) -> Option<Probe> {
     let probe = async {
         let client = connect::client(url, tls).ok()?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(TOPOLOGY_PROBE_TIMEOUT))
-            .set_response_timeout(Some(TOPOLOGY_PROBE_TIMEOUT));
-        let mut conn = match client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-        {
+        let mut conn = match client.connect(TOPOLOGY_PROBE_TIMEOUT).await {
             Ok(conn) => conn,
             Err(e) => {
                 report.failed(&e);

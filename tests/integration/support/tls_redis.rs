@@ -144,20 +144,33 @@ impl TestCa {
         issued
     }
 
-    /// A self-signed certificate for `127.0.0.1` that says it is a CA
-    /// (`CA:TRUE`, as plain `openssl req -x509` makes), in this CA's
-    /// directory: a server's own and its clients' CA at once.
-    pub fn self_signed_ca_as_server(&self) -> IssuedCert {
-        let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("parameters");
+    /// A self-signed certificate that says it is a CA (`CA:TRUE`, as plain
+    /// `openssl req -x509` makes), with no key usage or extended key usage
+    /// (neither does openssl), in this CA's directory as `file`.pem and
+    /// `file`.key: a server's own and its clients' CA at once. `kind` says
+    /// what it is like: for `localhost` and `127.0.0.1`, also expired, or
+    /// for `redis.invalid` only.
+    pub fn self_signed_ca_as_server(&self, file: &str, kind: ServerCert) -> IssuedCert {
+        let names = match kind {
+            ServerCert::Good | ServerCert::Expired => {
+                vec!["localhost".to_owned(), "127.0.0.1".to_owned()]
+            }
+            ServerCert::OtherName => vec!["redis.invalid".to_owned()],
+        };
+        let mut params = CertificateParams::new(names).expect("parameters");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params
             .distinguished_name
-            .push(DnType::CommonName, "127.0.0.1");
+            .push(DnType::CommonName, "localhost");
+        if kind == ServerCert::Expired {
+            params.not_before = rcgen::date_time_ymd(2000, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        }
         let key = KeyPair::generate().expect("a key");
         let cert = params.self_signed(&key).expect("self-signed");
         let issued = IssuedCert {
-            cert: self.dir.path().join("self-signed-ca.pem"),
-            key: self.dir.path().join("self-signed-ca.key"),
+            cert: self.dir.path().join(format!("{file}.pem")),
+            key: self.dir.path().join(format!("{file}.key")),
         };
         std::fs::write(&issued.cert, cert.pem()).expect("write the certificate");
         std::fs::write(&issued.key, key.serialize_pem()).expect("write the key");
