@@ -71,19 +71,28 @@ impl Modify for BearerKeys {
     }
 }
 
-/// Fits `doc` to a server with `limits`: every `ttl_ms`, `wait_ms` and
-/// `limit` of a body gets the server's longest TTL, longest wait and
-/// largest semaphore limit as its `maximum`, and an example above it is
+/// Fits `doc` to a server with `limits`: every `ttl_ms`, `wait_ms`,
+/// `limit` and `retention_ms` of a body gets the server's longest TTL,
+/// longest wait, largest semaphore limit and run retention as its `maximum`, and an example above it is
 /// lowered to it.
 pub fn fit(doc: &mut utoipa::openapi::OpenApi, limits: &Limits) {
     let limit = |field: &str| match field {
         "ttl_ms" => Some(limits.ttl.max_ms),
         "wait_ms" => Some(limits.wait.max_ms),
         "limit" => Some(u64::from(limits.max_semaphore_limit)),
+        "retention_ms" => u64::try_from(limits.run_retention.as_millis()).ok(),
         _ => None,
     };
     if let Some(components) = doc.components.as_mut() {
-        for body in ["AcquireBody", "ExtendBody", "TakeBody", "PermitExtendBody"] {
+        for body in [
+            "AcquireBody",
+            "ExtendBody",
+            "TakeBody",
+            "PermitExtendBody",
+            "StartBody",
+            "RunExtendBody",
+            "CompleteBody",
+        ] {
             if let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(body) {
                 for (field, schema) in &mut object.properties {
                     if let Some(max) = limit(field) {

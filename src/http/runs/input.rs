@@ -52,7 +52,8 @@ pub fn start_request(
 /// The result and retention of a complete's body.
 ///
 /// # Errors
-/// 400 when `result` is missing or `retention_ms` is 0; 413 when the
+/// 400 when `result` is missing or `retention_ms` is 0 or over
+/// `--run-retention-ms`; 413 when the
 /// result, as compact JSON, is over `--max-result-bytes` (nothing is
 /// changed: the attempt goes on).
 pub fn completion(body: &CompleteBody, limits: &Limits) -> Result<(RunResult, Duration), ApiError> {
@@ -61,7 +62,8 @@ pub fn completion(body: &CompleteBody, limits: &Limits) -> Result<(RunResult, Du
             "result is required: the job's outcome as any JSON value, which every later start of this key answers",
         ));
     };
-    if body.retention_ms == Some(0) {
+    let longest = u64::try_from(limits.run_retention.as_millis()).unwrap_or(u64::MAX);
+    if body.retention_ms.is_some_and(|ms| ms == 0 || ms > longest) {
         return Err(ApiError::invalid(
             limits.rule("retention_ms").unwrap_or_default(),
         ));

@@ -169,7 +169,7 @@ pub struct RunDone {
     /// Always `done`.
     pub state: RunState,
     /// What the completing attempt stored: any JSON value.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Value)]
     pub result: Value,
     /// When it completed (RFC 3339, UTC).
     #[schema(format = DateTime)]
@@ -220,11 +220,11 @@ pub struct CompleteBody {
     /// the server's `--max-result-bytes` (default 65536) as compact JSON.
     /// Every later start of this key answers it.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Object, required = true)]
+    #[schema(value_type = Value, required = true)]
     pub result: Option<Value>,
-    /// How long to keep the result, in milliseconds: at most the server's
+    /// How long to keep the result, in milliseconds, from 1 to the server's
     /// `--run-retention-ms` (default 86400000, 24 h), which is also the
-    /// default. After it the key is new again.
+    /// default; more is refused (400). After it the key is new again.
     #[schema(minimum = 1, example = 86_400_000)]
     pub retention_ms: Option<u64>,
     /// The attempt's token, when it is not sent in the `Lock-Token` header
@@ -292,7 +292,7 @@ pub struct RunStatus {
     pub started_at: Option<String>,
     /// Done: the stored result.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<Value>)]
     pub result: Option<Value>,
     /// Done: when it completed (RFC 3339, UTC).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -37,7 +37,7 @@ use crate::metrics::Metrics;
         ("key" = LockNameSchema, Path, description = "The run's key (a delivery id, an event id, a cron slot): the alphabet of lock names; a run and a lock of the same name are unrelated"),
         ("Lock-Token" = Option<LockTokenSchema>, Header, nullable = false, description = "A token of your choosing; without one, lockd generates one. Sending the token of the live attempt again renews it (200): a retry after a lost answer"),
     ),
-    request_body(content = StartBody),
+    request_body(content = Option<StartBody>, description = "Optional; an empty body takes the defaults"),
     security((), ("bearer" = [])),
     responses(
         (status = 201, description = "A new attempt: run the job, then PUT its result (or DELETE to abandon it)", body = RunAttempt),
