@@ -741,6 +741,7 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
         "/semaphores/{name}/events",
         "/runs/{key}",
         "/runs/{key}/result",
+        "/runs/{key}/events",
         "/locks",
         "/semaphores",
         "/healthz",
