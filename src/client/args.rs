@@ -243,7 +243,7 @@ pub struct RunCompleteArgs {
     pub key: String,
     #[command(flatten)]
     pub token: TokenArg,
-    /// The result to store, as JSON [default: {}].
+    /// The result to store, as JSON.
     #[arg(long, default_value = "{}")]
     pub result: String,
 }
