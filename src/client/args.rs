@@ -208,6 +208,19 @@ pub enum RunCommand {
     Status(RunKeyArgs),
 }
 
+impl RunCommand {
+    /// The run's key the command names.
+    pub fn key(&self) -> &str {
+        match self {
+            Self::Start(args) => &args.key,
+            Self::Complete(args) => &args.key,
+            Self::Abandon(args) => &args.key,
+            Self::Extend(args) => &args.key,
+            Self::Status(args) => &args.key,
+        }
+    }
+}
+
 /// `lockd run start KEY`.
 #[derive(Debug, Args)]
 pub struct RunStartArgs {

@@ -124,12 +124,12 @@ pub async fn status(args: StatusArgs) -> u8 {
 
 /// `lockd run ...`: one call on a run.
 pub async fn run(command: RunCommand) -> u8 {
+    if let Err(e) = check_name(command.key()) {
+        eprintln!("lockd: {e}");
+        return exit::USAGE;
+    }
     match command {
         RunCommand::Start(args) => {
-            if let Err(e) = check_name(&args.key) {
-                eprintln!("lockd: {e}");
-                return exit::USAGE;
-            }
             let token = args
                 .token
                 .clone()
@@ -148,10 +148,6 @@ pub async fn run(command: RunCommand) -> u8 {
             .await
         }
         RunCommand::Complete(args) => {
-            if let Err(e) = check_name(&args.key) {
-                eprintln!("lockd: {e}");
-                return exit::USAGE;
-            }
             let result: serde_json::Value = match serde_json::from_str(&args.result) {
                 Ok(result) => result,
                 Err(e) => {
@@ -166,10 +162,6 @@ pub async fn run(command: RunCommand) -> u8 {
             .await
         }
         RunCommand::Abandon(args) => {
-            if let Err(e) = check_name(&args.key) {
-                eprintln!("lockd: {e}");
-                return exit::USAGE;
-            }
             call(&args.server, |s| async move {
                 s.release(Target::Run(&args.key), &args.token.token, CALL_TIMEOUT)
                     .await
@@ -177,10 +169,6 @@ pub async fn run(command: RunCommand) -> u8 {
             .await
         }
         RunCommand::Extend(args) => {
-            if let Err(e) = check_name(&args.key) {
-                eprintln!("lockd: {e}");
-                return exit::USAGE;
-            }
             call(&args.server, |s| async move {
                 s.extend(
                     Target::Run(&args.key),
@@ -193,10 +181,6 @@ pub async fn run(command: RunCommand) -> u8 {
             .await
         }
         RunCommand::Status(args) => {
-            if let Err(e) = check_name(&args.key) {
-                eprintln!("lockd: {e}");
-                return exit::USAGE;
-            }
             call(&args.server, |s| async move {
                 s.status(Target::Run(&args.key), CALL_TIMEOUT).await
             })
