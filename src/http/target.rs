@@ -178,10 +178,15 @@ fn target(request: &Request) -> Result<(), ApiError> {
         ));
     }
     if url::form_urlencoded::parse(query.as_bytes()).any(|(key, _)| key == "token") {
-        return Err(ApiError::invalid(
-            "a token must never be sent in the URL (URLs end up in logs); \
-             send it in the Lock-Token header or in the JSON body",
-        ));
+        // Reads (`GET`, `HEAD`) take no token: the usual hint would mislead.
+        let instead = if request.method().is_safe() {
+            "this request takes no token: drop it"
+        } else {
+            "send it in the Lock-Token header or in the JSON body"
+        };
+        return Err(ApiError::invalid(format!(
+            "a token must never be sent in the URL (URLs end up in logs); {instead}"
+        )));
     }
     Ok(())
 }

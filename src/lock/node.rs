@@ -22,7 +22,7 @@ use super::Kind;
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::run::ProbedRun;
 use super::run::{
-    Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
+    Attempt, Completed, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
 };
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
@@ -270,7 +270,7 @@ pub trait RunNode: Node {
         token: &Token,
         result: &RunResult,
         retention: Duration,
-    ) -> Result<Result<DoneRun, RunMiss>, LockError>;
+    ) -> Result<Result<Completed, RunMiss>, LockError>;
 
     /// Abandons the attempt `token` holds: the run is pending again and
     /// nothing is stored; its record (attempt count, fingerprint) is kept

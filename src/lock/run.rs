@@ -139,6 +139,25 @@ pub struct DoneRun {
     pub attempt: u64,
 }
 
+/// How a complete ended, when it was not refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completed {
+    /// This call stored the result.
+    Now(DoneRun),
+    /// The same token had completed the run already (a retry after a lost
+    /// answer): the stored run, unchanged.
+    Before(DoneRun),
+}
+
+impl Completed {
+    /// The done run, however it was completed.
+    pub fn run(&self) -> &DoneRun {
+        match self {
+            Self::Now(run) | Self::Before(run) => run,
+        }
+    }
+}
+
 /// How a start ended, when it was not refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Started {
@@ -166,6 +185,8 @@ pub enum StartRefusal {
     InProgress {
         /// What is left of the live attempt's lease.
         retry_after: Duration,
+        /// Whether the caller waited (`wait_ms`) before this refusal.
+        waited: bool,
     },
     /// The run was started with another fingerprint.
     FingerprintMismatch,

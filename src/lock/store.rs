@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
 use super::run::ProbedRun;
 use super::run::{
-    Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
+    Attempt, Completed, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
 };
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
@@ -230,7 +230,7 @@ pub trait RunStore: Send + Sync {
         token: &Token,
         result: &RunResult,
         retention: Duration,
-    ) -> Result<Result<DoneRun, RunMiss>, LockError>;
+    ) -> Result<Result<Completed, RunMiss>, LockError>;
 
     /// Abandons a run's attempt (see [`super::RunNode::abandon_run`]).
     ///
@@ -438,7 +438,7 @@ impl RunStore for Single {
         token: &Token,
         result: &RunResult,
         retention: Duration,
-    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+    ) -> Result<Result<Completed, RunMiss>, LockError> {
         self.node.complete_run(key, token, result, retention).await
     }
 

@@ -15,7 +15,7 @@ use crate::lock::Kind;
 use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
 use crate::lock::run::ProbedRun;
 use crate::lock::run::{
-    Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
+    Attempt, Completed, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
 };
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use crate::lock::{
@@ -251,7 +251,7 @@ impl RunNode for Instrumented {
         token: &Token,
         result: &RunResult,
         retention: Duration,
-    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+    ) -> Result<Result<Completed, RunMiss>, LockError> {
         self.time(
             "complete_run",
             self.inner.complete_run(key, token, result, retention),

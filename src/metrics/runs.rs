@@ -4,7 +4,7 @@
 use prometheus::IntCounterVec;
 
 use super::{Builder, Metrics, failure};
-use crate::lock::run::{DoneRun, RunMiss, StartRefusal, Started};
+use crate::lock::run::{Completed, RunMiss, StartRefusal, Started};
 use crate::lock::{LockError, LockName};
 
 /// The outcome labels of `lockd_runs_total`.
@@ -16,6 +16,7 @@ const OUTCOMES: &[&str] = &[
     "in_progress",
     "fingerprint_mismatch",
     "completed",
+    "repeated",
     "abandoned",
     "extended",
     "not_owner",
@@ -29,7 +30,8 @@ pub(super) struct RunMetrics {
     /// `lockd_runs_total{namespace,outcome}`: starts (started, taken_over
     /// when an earlier attempt's lease had run out unfinished, renewed,
     /// replayed for a done run, in_progress, fingerprint_mismatch),
-    /// completes, abandons and extends (completed, abandoned, extended,
+    /// completes, abandons and extends (completed, repeated for a retried
+    /// complete, abandoned, extended,
     /// not_owner, not_found), and failures (unavailable, error).
     total: IntCounterVec,
 }
@@ -97,9 +99,17 @@ impl Metrics {
     pub fn observe_run_complete(
         &self,
         key: &LockName,
-        outcome: &Result<Result<DoneRun, RunMiss>, LockError>,
+        outcome: &Result<Result<Completed, RunMiss>, LockError>,
     ) {
-        self.observe_run_end(key, outcome, "completed");
+        // A retried complete counts once, as `repeated`, not again as
+        // `completed`.
+        let label = match outcome {
+            Ok(Ok(Completed::Now(_))) => "completed",
+            Ok(Ok(Completed::Before(_))) => "repeated",
+            Ok(Err(miss)) => missed(miss),
+            Err(e) => failure(e),
+        };
+        self.count_run(key, label);
     }
 
     /// Counts an abandon's (`ok` "abandoned") or an extend's (`ok`

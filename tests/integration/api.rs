@@ -1023,7 +1023,25 @@ async fn a_token_in_any_url_is_refused(app: &TestApp) {
             "{path}: {problem}"
         );
         assert!(!r.text.contains(&token), "{path} echoed the token");
+        // A read takes no token: the hint must not send it to a header.
+        assert!(
+            problem["detail"]
+                .as_str()
+                .unwrap_or("")
+                .contains("takes no token"),
+            "{path}: {problem}"
+        );
     }
+    let path = format!("/runs/url:k?token={token}");
+    let r = app.send(Method::POST, &path, &[], None).await;
+    let problem = r.expect_problem(400, "invalid-request");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Lock-Token header"),
+        "{path}: {problem}"
+    );
 }
 
 async fn a_declared_oversized_body_is_refused_before_it_is_sent(app: &TestApp) {

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::{EventStream, Reply, TestApp, eventually, random_token, shared_cluster};
+use crate::support::{
+    EventStream, Reply, TestApp, eventually, metric, random_token, shared_cluster,
+};
 
 /// One test per listed `async fn name(app: &TestApp)`, on a fresh Redis
 /// (`redis::name`) and on the memory backend (`memory::name`).
@@ -222,6 +224,20 @@ async fn a_run_is_started_once_and_its_result_replayed(app: &TestApp) {
     let shown = status(app, "daily:2026-12-02").await.json();
     assert_eq!(shown["state"], "done");
     assert_eq!(shown["result"], json!({"rows": 42}));
+    // Each call counted once, by what it did: the retried PUT is not a
+    // second completion.
+    let text = app.metrics().await;
+    for (outcome, count) in [
+        ("started", 1.0),
+        ("renewed", 1.0),
+        ("completed", 1.0),
+        ("repeated", 1.0),
+        ("replayed", 1.0),
+        ("not_owner", 1.0),
+    ] {
+        let counted = metric(&text, "lockd_runs_total", &[("outcome", outcome)]);
+        assert_eq!(counted, Some(count), "{outcome}");
+    }
 }
 
 async fn many_first_calls_at_once_start_exactly_one_attempt(app: &TestApp) {
@@ -254,6 +270,19 @@ async fn an_attempt_taken_over_after_its_lease_ran_out_cannot_complete(app: &Tes
     let running = status(app, "webhook").await.json();
     assert_eq!(running["state"], "running");
     assert_eq!(running["fence"], taker.fence());
+    // As `GET /locks/{name}` shows a holder: `owner` null when none given,
+    // `granted_at` a time.
+    assert_eq!(running["owner"], Value::Null, "{running}");
+    assert!(running["granted_at"].is_string(), "{running}");
+    // A caller that waited and timed out is not told to wait.
+    let waited = start(app, "webhook", None, json!({"wait_ms": 100})).await;
+    let problem = waited.expect_problem(409, "run-in-progress");
+    let detail = problem["detail"].as_str().unwrap_or("");
+    assert!(detail.contains("did not end within wait_ms"), "{problem}");
+    let at_once = start(app, "webhook", None, json!({})).await;
+    let problem = at_once.expect_problem(409, "run-in-progress");
+    let detail = problem["detail"].as_str().unwrap_or("");
+    assert!(detail.contains("or start with wait_ms"), "{problem}");
     let done = complete(app, "webhook", &taker.token(), json!({"result": "fast"})).await;
     done.expect_status(200);
     assert_eq!(

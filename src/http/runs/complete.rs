@@ -67,5 +67,5 @@ pub async fn complete(
     .await;
     metrics.observe_run_complete(&key, &outcome);
     let done = outcome.map_err(timeout_or)??;
-    Ok(Json(RunDone::new(&key, &done)))
+    Ok(Json(RunDone::new(&key, done.run())))
 }

@@ -283,13 +283,16 @@ pub struct RunStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(format = DateTime)]
     pub expires_at: Option<String>,
-    /// Running: the holder's label, if it gave one.
+    /// Running: the holder's label (`null` when it gave none, as for a
+    /// lock).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-    /// Running: when the attempt started (RFC 3339, UTC).
+    #[schema(value_type = Option<String>)]
+    pub owner: Option<Option<String>>,
+    /// Running: when the attempt was granted (RFC 3339, UTC; `null` when
+    /// not recorded), as `granted_at` is for a lock.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(format = DateTime)]
-    pub started_at: Option<String>,
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub granted_at: Option<Option<String>>,
     /// Done: the stored result.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Value>)]
@@ -314,7 +317,7 @@ impl RunStatus {
             ttl_ms: None,
             expires_at: None,
             owner: None,
-            started_at: None,
+            granted_at: None,
             result: None,
             completed_at: None,
             last_attempt: None,
@@ -331,8 +334,8 @@ impl RunStatus {
                 (status.fence, status.attempt) = (fence, attempt);
                 status.ttl_ms = Some(u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX));
                 status.expires_at = Some(rfc3339(std::time::SystemTime::now() + remaining));
-                status.owner = owner;
-                status.started_at = started_at.map(rfc3339);
+                status.owner = Some(owner);
+                status.granted_at = Some(started_at.map(rfc3339));
             }
             RunInfo::Done(done) => {
                 status.state = RunState::Done;

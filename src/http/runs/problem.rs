@@ -47,14 +47,24 @@ pub fn run_not_found() -> ApiError {
 impl From<StartRefusal> for ApiError {
     fn from(refusal: StartRefusal) -> Self {
         match refusal {
-            StartRefusal::InProgress { retry_after } => ApiError::new(
-                Kind::Leased(&RUN_IN_PROGRESS),
-                format!(
-                    "another attempt is running this job; its lease ends in at most {} ms, when it completes, is abandoned or runs out; retry then, or start with wait_ms",
-                    retry_after.as_millis()
-                ),
-            )
-            .retry_after(retry_after),
+            StartRefusal::InProgress {
+                retry_after,
+                waited,
+            } => {
+                let then = if waited {
+                    "it did not end within wait_ms; retry then"
+                } else {
+                    "retry then, or start with wait_ms"
+                };
+                ApiError::new(
+                    Kind::Leased(&RUN_IN_PROGRESS),
+                    format!(
+                        "another attempt is running this job; its lease ends in at most {} ms, when it completes, is abandoned or runs out; {then}",
+                        retry_after.as_millis()
+                    ),
+                )
+                .retry_after(retry_after)
+            }
             StartRefusal::FingerprintMismatch => ApiError::new(
                 Kind::Leased(&FINGERPRINT_MISMATCH),
                 "this key was first used with another fingerprint: the same key with another payload is not the same job; nothing was changed",

@@ -25,7 +25,7 @@ mod semaphores;
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::run::ProbedRun;
 use super::run::{
-    Attempt as RunAttempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
+    Attempt as RunAttempt, Completed, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
     Started,
 };
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
@@ -474,7 +474,7 @@ impl RunNode for MemoryBackend {
         token: &Token,
         result: &RunResult,
         retention: Duration,
-    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+    ) -> Result<Result<Completed, RunMiss>, LockError> {
         MemoryBackend::complete_run(self, key, token, result, retention)
     }
 

@@ -7,8 +7,8 @@ use tokio::time::Instant;
 
 use super::{MemoryBackend, SWEEP_EVERY, State, lease, next_fence_in};
 use crate::lock::run::{
-    Attempt, DoneRun, LastEnd, ProbedRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
-    Started,
+    Attempt, Completed, DoneRun, LastEnd, ProbedRun, RunInfo, RunMiss, RunResult, StartRefusal,
+    StartRequest, Started,
 };
 use crate::lock::{Change, ExtendTtl, Kind, LockError, LockName, Token, Ttl, unix_millis};
 
@@ -118,6 +118,7 @@ impl MemoryBackend {
                     if *token != req.token {
                         return Ok(Err(StartRefusal::InProgress {
                             retry_after: *expires - now,
+                            waited: false,
                         }));
                     }
                     *expires = now + req.ttl.as_duration();
@@ -206,7 +207,7 @@ impl MemoryBackend {
         token: &Token,
         result: &RunResult,
         retention: Duration,
-    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+    ) -> Result<Result<Completed, RunMiss>, LockError> {
         let (now, wall) = (Instant::now(), SystemTime::now());
         let mut state = self.state();
         let Some(record) = state.run(key, now) else {
@@ -214,7 +215,7 @@ impl MemoryBackend {
         };
         if let Stage::Done { by, .. } = &record.stage {
             return Ok(match record.done() {
-                Some(done) if by == token => Ok(done),
+                Some(done) if by == token => Ok(Completed::Before(done)),
                 _ => Err(record.miss()),
             });
         }
@@ -232,7 +233,7 @@ impl MemoryBackend {
         let done = record.done();
         let fence = record.fence;
         self.tell(Kind::Run, key, &Change::Completed { fence });
-        Ok(done.ok_or(RunMiss::Unknown))
+        Ok(done.map(Completed::Now).ok_or(RunMiss::Unknown))
     }
 
     /// As [`crate::lock::redis::RedisBackend::abandon_run`].

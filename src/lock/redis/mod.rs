@@ -83,7 +83,7 @@ use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::reaper::{Attempt, Reap, Reaped};
 use super::run::ProbedRun;
 use super::run::{
-    Attempt as RunAttempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
+    Attempt as RunAttempt, Completed, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
     Started,
 };
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
@@ -1183,7 +1183,7 @@ impl RunNode for RedisBackend {
         token: &Token,
         result: &RunResult,
         retention: Duration,
-    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+    ) -> Result<Result<Completed, RunMiss>, LockError> {
         RedisBackend::complete_run(self, key, token, result, retention).await
     }
 

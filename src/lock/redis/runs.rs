@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use super::events;
 use super::{FENCE_LUA, Grant, GrantKind, PROBE_LUA, RedisBackend};
 use crate::lock::run::{
-    Attempt, DoneRun, LastEnd, ProbedRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
-    Started,
+    Attempt, Completed, DoneRun, LastEnd, ProbedRun, RunInfo, RunMiss, RunResult, StartRefusal,
+    StartRequest, Started,
 };
 use crate::lock::{
     ExtendTtl, Kind, LaggingWrite, Lease, LockError, LockName, Token, Ttl, unix_millis,
@@ -200,6 +200,7 @@ impl RedisBackend {
             3 => Ok(Started::Done(answer.done()?)),
             0 => Err(StartRefusal::InProgress {
                 retry_after: Duration::from_millis(answer.number()?),
+                waited: false,
             }),
             1 => {
                 let fence = answer.number()?;
@@ -272,7 +273,7 @@ impl RedisBackend {
         token: &Token,
         result: &RunResult,
         retention: Duration,
-    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+    ) -> Result<Result<Completed, RunMiss>, LockError> {
         let keys = RunKeys::new(&self.prefix, key);
         let now = SystemTime::now();
         let mut call = COMPLETE.prepare_invoke();
@@ -288,18 +289,20 @@ impl RedisBackend {
         let values: Vec<Value> = self.run_on(&call, &mut sent_on).await?;
         let mut answer = Answer::new(values);
         let status = answer.status()?;
-        if status == 1 {
+        // A retry after a 503 for short acks waits for them again: the
+        // record it finds may still be on the master alone.
+        if status == 1 || status == 2 {
             self.check_replicas(sent_on, &keys.record, None, LaggingWrite::Release)
                 .await?;
         }
         match status {
-            1 => Ok(Ok(DoneRun {
+            1 => Ok(Ok(Completed::Now(DoneRun {
                 fence: answer.number()?,
                 attempt: answer.number()?,
                 result: result.clone(),
                 completed_at: at_millis(unix_millis(now)),
-            })),
-            2 => Ok(Ok(answer.done()?)),
+            }))),
+            2 => Ok(Ok(Completed::Before(answer.done()?))),
             other => Ok(Err(miss(other)?)),
         }
     }

@@ -633,7 +633,7 @@ mod tests {
     use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
     use crate::lock::memory::MemoryBackend;
     use crate::lock::run::{
-        Attempt as RunAttempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
+        Attempt as RunAttempt, Completed, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
         Started,
     };
     use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
@@ -932,7 +932,7 @@ mod tests {
             token: &Token,
             result: &RunResult,
             retention: Duration,
-        ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+        ) -> Result<Result<Completed, RunMiss>, LockError> {
             RunNode::complete_run(&self.inner, key, token, result, retention).await
         }
 

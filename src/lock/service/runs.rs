@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Attached, Locks, Looked, Orphan, Tried, Waited};
 use crate::lock::reaper::{Attempt as Try, Reap, Reaped};
 use crate::lock::run::{
-    Attempt, DoneRun, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
+    Attempt, Completed, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
 };
 use crate::lock::{ExtendTtl, LockError, LockName, RunStore, Subject, Token};
 
@@ -79,7 +79,7 @@ impl Locks {
                 || {},
                 || async {
                     match store.start_run(req).await {
-                        Ok(Err(refusal @ StartRefusal::InProgress { retry_after })) => {
+                        Ok(Err(refusal @ StartRefusal::InProgress { retry_after, .. })) => {
                             Tried::Busy {
                                 retry_after,
                                 refusal,
@@ -94,9 +94,10 @@ impl Locks {
             .await?;
         match waited {
             Waited::Ended(outcome) => outcome,
-            Waited::TimedOut { retry_after, .. } => {
-                Ok(Err(StartRefusal::InProgress { retry_after }))
-            }
+            Waited::TimedOut { retry_after, .. } => Ok(Err(StartRefusal::InProgress {
+                retry_after,
+                waited: true,
+            })),
         }
     }
 
@@ -138,7 +139,7 @@ impl Locks {
         token: &Token,
         result: &RunResult,
         retention: Duration,
-    ) -> Result<Result<DoneRun, RunMiss>, LockError> {
+    ) -> Result<Result<Completed, RunMiss>, LockError> {
         self.store
             .runs()?
             .complete_run(key, token, result, retention)
