@@ -313,7 +313,10 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
     use std::sync::atomic::{AtomicBool, Ordering};
 
     let cluster = Arc::new(crate::support::Cluster::start());
-    let acks = |s: &mut lockd::config::Settings| crate::support::with_acks(s, 1);
+    let acks = |s: &mut lockd::config::Settings| {
+        crate::support::with_acks(s, 1);
+        long_waits(s);
+    };
     let a = Arc::new(TestApp::cluster_on(cluster.clone(), acks).await);
     let b = Arc::new(a.sibling(acks).await);
     let masters = cluster.masters();
@@ -449,8 +452,23 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
     }
 }
 
-/// A lock `holder` holds for a minute, and a waiter on `waiter` that waits
-/// for it (for 50 s), subscribed to its release events.
+/// How long a parked lock's lease lasts: longer than the phases between
+/// parking and release take on a busy machine (a reshard, a failover and
+/// the grants after it).
+const PARKED_LEASE_MS: u64 = 240_000;
+
+/// How long a parked waiter waits: less than the lease, so only a release
+/// event can grant it in time.
+const PARKED_WAIT_MS: u64 = 200_000;
+
+/// Lets an instance take a waiter of [`PARKED_WAIT_MS`].
+fn long_waits(settings: &mut lockd::config::Settings) {
+    settings.limits.max_wait = Duration::from_millis(PARKED_WAIT_MS);
+}
+
+/// A lock `holder` holds for [`PARKED_LEASE_MS`], and a waiter on `waiter`
+/// (an instance with [`long_waits`]) that waits for it for
+/// [`PARKED_WAIT_MS`], subscribed to its release events.
 struct ParkedWaiter {
     name: String,
     token: String,
@@ -465,14 +483,14 @@ impl ParkedWaiter {
         name: &str,
     ) -> Self {
         // Right after a failover one answer may still be a 503.
-        let mut held = holder.acquire_ttl(name, 60_000).await;
+        let mut held = holder.acquire_ttl(name, PARKED_LEASE_MS).await;
         let deadline = Instant::now() + Duration::from_secs(10);
         while held.status == 503 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            held = holder.acquire_ttl(name, 60_000).await;
+            held = holder.acquire_ttl(name, PARKED_LEASE_MS).await;
         }
         held.expect_status(201);
-        let answer = waiter.spawn_wait(name, 5_000, 50_000);
+        let answer = waiter.spawn_wait(name, 5_000, PARKED_WAIT_MS);
         let (key, channel) = (lock_key(name), format!("{}:released", lock_key(name)));
         assert!(
             eventually(Duration::from_secs(5), || async {
@@ -489,8 +507,8 @@ impl ParkedWaiter {
     }
 
     /// Releases the lock on `holder`; the waiter must be granted within 15 s
-    /// (its wait had 40 s and more left, the lease 30 s and more: a wake by
-    /// the lease's end would come later), a bound a busy machine meets.
+    /// (the lease outlasts the wait, so a wake by the lease's end would
+    /// come too late), a bound a busy machine meets.
     async fn release_and_expect_woken(self, holder: &TestApp, cluster: &crate::support::Cluster) {
         let last = std::sync::Mutex::new(String::new());
         let released = eventually(Duration::from_secs(30), || async {
@@ -549,6 +567,7 @@ async fn a_frozen_master_is_left_behind_and_grants_nothing_when_it_thaws() {
             .iter()
             .map(|p| format!("redis://127.0.0.1:{p}").into())
             .collect();
+        long_waits(s);
     };
     let a = Arc::new(
         TestApp::cluster_on(cluster.clone(), |s| {
@@ -690,6 +709,7 @@ async fn losing_the_only_seed_does_not_lose_the_cluster() {
     let waiter = app
         .sibling(|s| {
             s.store.redis_urls = vec![format!("redis://127.0.0.1:{seed}").into()];
+            long_waits(s);
         })
         .await;
     let app = Arc::new(app);
