@@ -453,6 +453,9 @@ pub struct AcquireParams<'a> {
     pub limit: Option<u32>,
     /// For a run: the fingerprint of the job's input.
     pub fingerprint: Option<&'a str>,
+    /// For a lock: take a shared lease (`mode: "shared"`, many holders at
+    /// once) rather than an exclusive one.
+    pub shared: bool,
 }
 
 impl LockClient {
@@ -582,6 +585,9 @@ impl LockClient {
         }
         if let Some(fingerprint) = params.fingerprint {
             body.insert("fingerprint".into(), json!(fingerprint));
+        }
+        if params.shared {
+            body.insert("mode".into(), json!("shared"));
         }
         let mut request = self.http.post(self.lock_url(target)).json(&body);
         if let Some(token) = params.token {

@@ -122,6 +122,12 @@ pub struct ExecArgs {
     /// exit --conflict-exit-code (75), or with --wait-ms wait for it.
     #[arg(long, conflicts_with = "semaphore")]
     pub once: bool,
+    /// Hold a shared lease of the lock, as `flock -s`: any number of
+    /// `--shared` holders run at once, while no exclusive holder does; a
+    /// waiting exclusive `lockd exec` keeps new shared ones out until it
+    /// has run.
+    #[arg(long, conflicts_with_all = ["semaphore", "once"])]
+    pub shared: bool,
     /// The lock to hold (with --semaphore: the semaphore to hold a permit
     /// of; with --once: the run's key, such as report:2026-12-02).
     pub name: String,
@@ -173,6 +179,11 @@ pub struct AcquireArgs {
     pub name: String,
     #[command(flatten)]
     pub semaphore: SemaphoreArg,
+    /// Take a shared lease of the lock (many holders at once, no exclusive
+    /// one) rather than an exclusive one. Extend and release it as any
+    /// lease, by its token.
+    #[arg(long, conflicts_with = "semaphore")]
+    pub shared: bool,
     /// Lease length in ms [default: the server's default TTL].
     #[arg(long, allow_negative_numbers = true, value_parser = millis)]
     pub ttl_ms: Option<u64>,

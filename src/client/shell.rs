@@ -71,6 +71,7 @@ pub async fn acquire(args: AcquireArgs) -> u8 {
         owner: args.owner.as_deref(),
         limit: args.semaphore.limit,
         fingerprint: None,
+        shared: args.shared,
     };
     let target = Target::new(&args.name, args.semaphore.semaphore);
     call(&args.server, |s| async move {
@@ -141,6 +142,7 @@ pub async fn run(command: RunCommand) -> u8 {
                 owner: args.owner.as_deref(),
                 limit: None,
                 fingerprint: args.fingerprint.as_deref(),
+                shared: false,
             };
             call(&args.server, |s| async move {
                 s.start_run(&args.key, &params, CALL_TIMEOUT).await

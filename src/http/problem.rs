@@ -169,6 +169,9 @@ pub enum Kind {
     LockHeld,
     /// 409: the lock is held under another token.
     NotLockOwner,
+    /// 409: the token holds the lock in the other mode (an upgrade or a
+    /// downgrade asked for).
+    ModeMismatch,
     /// 404: no such route.
     RouteNotFound,
     /// 405: the route exists, the method does not.
@@ -238,6 +241,11 @@ impl Kind {
                 S::CONFLICT,
                 "not-lock-owner",
                 "Token does not hold the lock",
+            ),
+            Self::ModeMismatch => (
+                S::CONFLICT,
+                "mode-mismatch",
+                "Token holds the lock in the other mode",
             ),
             Self::RouteNotFound => (S::NOT_FOUND, "route-not-found", "No such route"),
             Self::MethodNotAllowed => (
@@ -473,6 +481,12 @@ impl From<LockError> for ApiError {
             LockError::NotOwner => Self::new(
                 Kind::NotLockOwner,
                 "the lock is held under another token; nothing was changed",
+            ),
+            LockError::ModeMismatch { held } => Self::new(
+                Kind::ModeMismatch,
+                format!(
+                    "this token holds a {held} lease on this lock, and a token never changes mode: waiting would be for its own lease. Nothing was changed. To change mode, release (DELETE), then acquire again in the other mode, with wait_ms"
+                ),
             ),
             LockError::Unavailable(why) => {
                 tracing::warn!(error = %why, "lock backend unavailable");

@@ -26,6 +26,15 @@ pub enum LockError {
         /// The holder's remaining lease.
         retry_after: Duration,
     },
+    /// The request's token holds the lock in the other mode (`held`): a
+    /// shared holder asking for exclusive (an upgrade) or the reverse.
+    /// Answered at once, never waited on: the wait would be for its own
+    /// lease. Nothing is changed.
+    #[error("this token holds the lock in the other mode")]
+    ModeMismatch {
+        /// The mode the token holds the lock in.
+        held: super::Mode,
+    },
     /// The instance's wait queues are full (`max_waiters`).
     #[error("too many requests are waiting")]
     TooManyWaiters,

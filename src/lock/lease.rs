@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::{LockName, Owner, Token, Ttl};
+use super::semaphore::PermitInfo;
+use super::{LockName, Mode, Owner, Token, Ttl};
 
 /// A request to take a lock.
 #[derive(Debug, Clone)]
@@ -26,6 +27,18 @@ pub struct AcquireRequest {
     /// lock under it, so a grant whose answer was lost (a timeout, a caller
     /// who hung up) may safely be compare-and-deleted in the background.
     pub token_generated: bool,
+    /// Exclusive (one holder) or shared (many).
+    pub mode: Mode,
+    /// When an exclusive request waits (the service sets it while it
+    /// does): until when. A store records it while shared leases keep the
+    /// request out, and grants no new shared lease meanwhile, so that a
+    /// stream of readers never starves a writer. `None` for a request
+    /// that does not wait.
+    pub waits_until: Option<Instant>,
+    /// Renew only: when `token` holds no lease of the lock, take nothing
+    /// (answered [`super::LockError::Held`]). For a waiter queued behind
+    /// others, whose retry must not overtake them.
+    pub renew_only: bool,
 }
 
 /// A lease the caller now holds.
@@ -137,6 +150,52 @@ pub struct LockInfo {
     pub owner: Option<String>,
     /// When the current holder was granted the lock, when recorded.
     pub granted_at: Option<SystemTime>,
+    /// How it is held. For a shared lock, `fence`, `remaining`, `owner`
+    /// and `granted_at` are those of the shared lease that ends last (the
+    /// one a writer waits for), and `shared` lists every shared lease.
+    pub mode: Mode,
+    /// Each live shared lease, the earliest to end first (never a token);
+    /// empty for an exclusive lock.
+    pub shared: Vec<PermitInfo>,
+    /// Whether an exclusive request waits for the shared leases to end
+    /// (no new shared lease is granted meanwhile).
+    pub writer_waiting: bool,
+}
+
+impl LockInfo {
+    /// An exclusive holder's description.
+    pub fn exclusive(
+        fence: Option<u64>,
+        remaining: Option<Duration>,
+        owner: Option<String>,
+        granted_at: Option<SystemTime>,
+    ) -> Self {
+        Self {
+            fence,
+            remaining,
+            owner,
+            granted_at,
+            mode: Mode::Exclusive,
+            shared: Vec::new(),
+            writer_waiting: false,
+        }
+    }
+
+    /// A shared lock's description from its live leases (in any order),
+    /// or `None` when there are none.
+    pub fn shared(mut leases: Vec<PermitInfo>, writer_waiting: bool) -> Option<Self> {
+        leases.sort_by_key(|l| l.remaining);
+        let last = leases.last()?.clone();
+        Some(Self {
+            fence: Some(last.fence),
+            remaining: Some(last.remaining),
+            owner: last.owner,
+            granted_at: last.granted_at,
+            mode: Mode::Shared,
+            shared: leases,
+            writer_waiting,
+        })
+    }
 }
 
 /// What a watcher's probe of a lock read, in one atomic step with its

@@ -282,6 +282,20 @@ impl Permits {
         Some(SemaphoreInfo { limit, permits })
     }
 
+    /// Whether `token` holds a live permit at `now`.
+    pub fn holds(&mut self, now: u64, token: &Token) -> bool {
+        self.prune(now);
+        self.held.iter().any(|p| p.token == *token)
+    }
+
+    /// How long until the last live permit runs out at `now`; `None` when
+    /// none is held.
+    pub fn last_ends_in(&mut self, now: u64) -> Option<Duration> {
+        self.prune(now);
+        let last = self.held.iter().map(|p| p.until).max()?;
+        Some(Duration::from_micros(last.saturating_sub(now)).max(Duration::from_millis(1)))
+    }
+
     /// How many permits are live at `now`.
     pub fn live(&mut self, now: u64) -> usize {
         self.prune(now);

@@ -54,6 +54,11 @@ pub enum InvalidInput {
         max = super::listing::PageSize::MAX
     )]
     PageSize,
+    /// A lock's `mode` is not `exclusive` or `shared`.
+    #[error(
+        "mode must be \"exclusive\" (one holder, the default) or \"shared\" (many holders at once, no exclusive one)"
+    )]
+    Mode,
     /// A listing's `cursor` is not one lockd gave for this listing.
     #[error(
         "cursor is not one this listing gave: pass `next_cursor` from the previous page as it is, with the same prefix"
@@ -108,6 +113,57 @@ impl LockName {
 impl fmt::Display for LockName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// How a lock is held: by one holder ([`Mode::Exclusive`], a writer) or by
+/// any number of holders at once ([`Mode::Shared`], readers), never both.
+/// Every grant of a name, in either mode, takes its fence from the name's
+/// one counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Mode {
+    /// One holder at a time: the lock as it always was.
+    #[default]
+    Exclusive,
+    /// Many holders at once, each with its own token, lease and fence,
+    /// while no exclusive holder is live and no exclusive request waits.
+    Shared,
+}
+
+impl Mode {
+    /// The mode's name in the API: `exclusive` or `shared`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exclusive => "exclusive",
+            Self::Shared => "shared",
+        }
+    }
+
+    /// The other mode: the one a token holds when it is refused with
+    /// [`super::LockError::ModeMismatch`] for asking for this one.
+    pub fn other(self) -> Self {
+        match self {
+            Self::Exclusive => Self::Shared,
+            Self::Shared => Self::Exclusive,
+        }
+    }
+
+    /// Parses the API's name of a mode.
+    ///
+    /// # Errors
+    /// [`InvalidInput::Mode`] for anything but `exclusive` and `shared`.
+    pub fn parse(raw: &str) -> Result<Self, InvalidInput> {
+        match raw {
+            "exclusive" => Ok(Self::Exclusive),
+            "shared" => Ok(Self::Shared),
+            _ => Err(InvalidInput::Mode),
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -280,6 +336,17 @@ mod tests {
             assert_eq!(LockName::parse(bad), Err(InvalidInput::Name), "{bad:?}");
         }
         assert!(LockName::parse(&"x".repeat(201)).is_err());
+    }
+
+    #[test]
+    fn modes_parse_by_their_api_names_only() {
+        assert_eq!(Mode::parse("exclusive"), Ok(Mode::Exclusive));
+        assert_eq!(Mode::parse("shared"), Ok(Mode::Shared));
+        for bad in ["", "Shared", "read", "write", " shared"] {
+            assert_eq!(Mode::parse(bad), Err(InvalidInput::Mode), "{bad:?}");
+        }
+        assert_eq!(Mode::default(), Mode::Exclusive);
+        assert_eq!(Mode::Shared.to_string(), "shared");
     }
 
     #[test]

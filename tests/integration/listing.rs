@@ -184,9 +184,13 @@ async fn a_walk_lists_every_held_lock_under_the_prefix_and_no_released_one(app: 
                 "ttl_ms",
                 "expires_at",
                 "owner",
-                "granted_at"
+                "granted_at",
+                "mode",
+                "holder_count"
             ])
         );
+        assert_eq!(item["mode"], "exclusive");
+        assert_eq!(item["holder_count"], 1);
     }
     let text = format!("{pages:?}");
     for token in &tokens {

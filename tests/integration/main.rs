@@ -29,6 +29,7 @@ mod replicas;
 mod runs;
 mod semaphores;
 mod sentinel;
+mod shared;
 mod shutdown;
 mod strict_input;
 mod torture;

@@ -20,7 +20,7 @@ use crate::support::{TestApp, metric};
 use serde_json::Value;
 
 /// The snippets these tests run.
-const TESTED: [&str; 8] = [
+const TESTED: [&str; 10] = [
     "cron-sh",
     "retry-bash",
     "retry-python",
@@ -29,6 +29,8 @@ const TESTED: [&str; 8] = [
     "semaphore-python",
     "run-webhook-sh",
     "run-cron-sh",
+    "shared-read-sh",
+    "shared-write-sh",
 ];
 
 const MARKER: &str = "<!-- snippet: ";
@@ -498,4 +500,97 @@ async fn docs_run_cron_snippet_runs_once_across_two_hosts() {
         ["report"],
         "ran once across two hosts"
     );
+}
+
+/// The shared-lock recipe of docs/locks.md: two readers run at once; a
+/// writer that comes while they run waits for both and runs alone; a reader
+/// that comes while the writer waits runs after it. The jobs log when they
+/// start and end, so the order tells.
+#[tokio::test]
+async fn docs_shared_snippets_keep_the_writer_out_while_readers_run_and_let_it_in_after() {
+    let app = TestApp::redis().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("read.sh"), snippet("shared-read-sh")).unwrap();
+    std::fs::write(dir.path().join("write.sh"), snippet("shared-write-sh")).unwrap();
+    for (job, what) in [("read-dataset.sh", "read"), ("rewrite-dataset.sh", "write")] {
+        std::fs::write(
+            dir.path().join(job),
+            format!("#!/bin/sh\necho start-{what} >> log; sleep \"${{JOB_SECONDS:-1}}\"; echo end-{what} >> log\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            dir.path().join(job),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    let bin = std::path::Path::new(crate::support::LOCKD)
+        .parent()
+        .expect("the lockd binary's directory")
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let host = |script: &str, seconds: &str| {
+        tokio::process::Command::new("sh")
+            .arg(script)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .env("LOCKD_SERVER", app.url(""))
+            .env("JOB_SECONDS", seconds)
+            .kill_on_drop(true)
+            .output()
+    };
+    let readers = tokio::spawn({
+        let (a, b) = (host("read.sh", "2"), host("read.sh", "2"));
+        async move { tokio::join!(a, b) }
+    });
+    assert!(
+        crate::support::eventually(Duration::from_secs(20), || async {
+            let reply = app.inspect("dataset").await;
+            reply.status == 200 && reply.json()["holder_count"] == 2
+        })
+        .await,
+        "the two readers never held at once"
+    );
+    let writer = tokio::spawn(host("write.sh", "0.5"));
+    assert!(
+        crate::support::eventually(Duration::from_secs(20), || async {
+            app.inspect("dataset").await.json()["writer_waiting"] == true
+        })
+        .await,
+        "the writer never waited"
+    );
+    let late_reader = host("read.sh", "0.2").await.expect("the late reader");
+    let (a, b) = readers.await.unwrap();
+    let w = writer.await.unwrap().expect("the writer");
+    for out in [a.expect("reader a"), b.expect("reader b"), w, late_reader] {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "start-read",
+            "start-read",
+            "end-read",
+            "end-read",
+            "start-write",
+            "end-write",
+            "start-read",
+            "end-read"
+        ],
+        "the writer ran alone, after the readers that held and before the one that came while it waited"
+    );
+    app.inspect("dataset")
+        .await
+        .expect_problem(404, "lock-not-held");
 }

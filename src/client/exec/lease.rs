@@ -70,6 +70,7 @@ impl Holder {
             owner: Some(&owner),
             limit: args.semaphore.limit,
             fingerprint: None,
+            shared: args.shared,
         };
         if self.once {
             return self

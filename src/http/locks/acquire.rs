@@ -21,6 +21,12 @@ use crate::metrics::Metrics;
 /// `wait_ms`, wait up to that long for it (in arrival order, woken by the
 /// release or the lease's end).
 ///
+/// With `mode: "shared"`, any number of holders share the lock, each with
+/// its own token, lease and fence, while no exclusive holder is live and
+/// no exclusive request waits (a waiting writer keeps new shared requests
+/// out, so readers never starve it). A token keeps its mode: asking for
+/// the other one is 409 `mode-mismatch` at once, even with `wait_ms`.
+///
 /// `ttl_ms`, `owner` and `wait_ms` may come in the query string instead of
 /// the body (`?ttl_ms=30000&owner=cron`), and a token of your choosing as
 /// `token` in the body instead of the `Lock-Token` header. This document
@@ -40,7 +46,8 @@ use crate::metrics::Metrics;
         (status = 200, description = "Renewed: the given token already held the lock; same fence, lease reset", body = Grant),
         (status = 400, description = "Invalid name, TTL, token, owner or body; nothing was written", body = Problem, content_type = "application/problem+json"),
         KeyRefusals,
-        (status = 409, description = "Another holder has the lock (after `wait_ms`, if given); `retry_after_ms` and `Retry-After` say when it frees at the latest", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`lock-held`: another holder has the lock, or shared leases keep an exclusive request out, or a waiting exclusive request keeps a shared one out (after `wait_ms`, if given); `retry_after_ms` and `Retry-After` say when to try again. `mode-mismatch`: the token holds the lock in the other mode; nothing was changed", body = Problem, content_type = "application/problem+json"),
+        (status = 501, description = "`not-implemented`: Redlock mode has no shared locks", body = Problem, content_type = "application/problem+json"),
         BodyRefusals,
         (status = 503, description = "Redis did not answer in time, too many requests are waiting, or the service is shutting down; see `Retry-After`", body = Problem, content_type = "application/problem+json"),
         StoreError,
@@ -67,7 +74,7 @@ pub async fn acquire(
     // wait, they would keep that buffer (8 KiB) alive beside the one hyper
     // reads the next request into, for every parked waiter.
     drop(headers);
-    let (name, token) = (request.name.clone(), request.token.clone());
+    let (name, token, mode) = (request.name.clone(), request.token.clone(), request.mode);
     // Counted as cancelled if the client goes away before the answer.
     let counted = metrics.pending_acquire(&name, started);
     // The wait this request asked for, plus the time any request may take.
@@ -83,6 +90,6 @@ pub async fn acquire(
         Acquired::Granted(_) => StatusCode::CREATED,
         Acquired::Renewed(_) => StatusCode::OK,
     };
-    let grant = Grant::new(&name, token.expose().to_owned(), outcome.lease());
+    let grant = Grant::new(&name, token.expose().to_owned(), mode, outcome.lease());
     Ok((status, Json(grant)))
 }

@@ -7,7 +7,7 @@ use axum::http::HeaderMap;
 use super::model::{AcquireBody, AcquireQuery};
 use crate::http::limits::TtlPolicy;
 use crate::http::problem::ApiError;
-use crate::lock::{AcquireRequest, LockName, Owner, Token};
+use crate::lock::{AcquireRequest, LockName, Mode, Owner, Token};
 
 /// The header that carries a lock token on PATCH and DELETE.
 pub const LOCK_TOKEN: &str = "lock-token";
@@ -30,6 +30,11 @@ pub fn acquire_request(
         (Some(_), Some(_)) => return Err(ApiError::given_twice("owner")),
         (q, b) => q.or(b).map(|o| Owner::parse(&o)).transpose()?,
     };
+    let mode = match (query.mode, body.mode) {
+        (Some(_), Some(_)) => return Err(ApiError::given_twice("mode")),
+        (q, b) => q.or(b).map(|m| Mode::parse(&m)).transpose()?,
+    }
+    .unwrap_or_default();
     let given = given_token(headers, body.token.as_deref())?;
     let token_generated = given.is_none();
     let token = given.unwrap_or_else(Token::generate);
@@ -39,6 +44,9 @@ pub fn acquire_request(
         ttl,
         owner,
         token_generated,
+        mode,
+        waits_until: None,
+        renew_only: false,
     })
 }
 

@@ -11,7 +11,8 @@ use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
 use crate::lock::listing::{MAX_CURSOR_LEN, PageSize};
-use crate::lock::{Lease, LockInfo, LockName, Owner, Token};
+use crate::lock::semaphore::PermitInfo;
+use crate::lock::{Lease, LockInfo, LockName, Mode, Owner, Token};
 
 /// The OpenAPI schema of a lock name (component `LockName`), as
 /// [`LockName::parse`] accepts it: 1 to 200 characters of `[A-Za-z0-9._:@-]`,
@@ -206,6 +207,31 @@ pub struct AcquireBody {
     /// lease expiry; the lease counts from the grant.
     #[schema(minimum = 0, example = 5000)]
     pub wait_ms: Option<u64>,
+    /// `exclusive` (the default: one holder) or `shared` (any number of
+    /// holders at once, while no exclusive holder is live and no exclusive
+    /// request waits). A token keeps the mode it was granted in: asking
+    /// for the other one is 409 `mode-mismatch`.
+    #[schema(value_type = Option<LockMode>)]
+    pub mode: Option<String>,
+}
+
+/// The mode of a lock (component `LockMode`): `exclusive` or `shared`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LockMode {
+    /// One holder at a time.
+    Exclusive,
+    /// Many holders at once, none of them exclusive.
+    Shared,
+}
+
+impl From<Mode> for LockMode {
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Exclusive => Self::Exclusive,
+            Mode::Shared => Self::Shared,
+        }
+    }
 }
 
 /// Query parameters of `POST /locks/{name}`, for curl and webhook configs. A
@@ -222,6 +248,8 @@ pub struct AcquireQuery {
     pub owner: Option<String>,
     /// How long to wait for a held lock, in milliseconds, as decimal digits.
     pub wait_ms: Option<String>,
+    /// `exclusive` or `shared`.
+    pub mode: Option<String>,
 }
 
 /// Body of `PATCH /locks/{name}`; optional. lockd also takes the holder's
@@ -279,6 +307,8 @@ pub struct Grant {
     /// out of URLs and logs.
     #[schema(value_type = LockTokenSchema)]
     pub token: String,
+    /// How the lease holds the lock: `exclusive` or `shared`.
+    pub mode: LockMode,
     /// The fencing token: larger than every earlier grant of this lock, and
     /// unique to this grant (a renewal keeps it). Below 2^53. Pass it to the
     /// storage you write to, so it can refuse a stale holder.
@@ -331,6 +361,47 @@ pub struct Status {
     pub owner: Option<String>,
     /// When the holder was granted the lock (RFC 3339, UTC).
     pub granted_at: Option<String>,
+    /// How it is held: `exclusive` (one holder, described above) or
+    /// `shared` (the fields above describe the shared lease that ends
+    /// last; `holders` lists them all).
+    pub mode: LockMode,
+    /// How many leases hold it: 1 when exclusive.
+    pub holder_count: usize,
+    /// For a shared lock, each shared lease, the earliest to end first
+    /// (never a token); empty when exclusive.
+    pub holders: Vec<SharedHolder>,
+    /// Whether an exclusive request waits for the shared leases to end:
+    /// no new shared lease is granted meanwhile.
+    pub writer_waiting: bool,
+}
+
+/// One shared lease of a lock, as `GET /locks/{name}` shows it: never its
+/// token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SharedHolder {
+    /// The lease's fencing token.
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    /// The holder's label, if it gave one.
+    pub owner: Option<String>,
+    /// The lease left, in milliseconds.
+    pub ttl_ms: u64,
+    /// When the lease ends (RFC 3339, UTC).
+    pub expires_at: String,
+    /// When the lease was granted (RFC 3339, UTC).
+    pub granted_at: Option<String>,
+}
+
+impl SharedHolder {
+    fn new(lease: &PermitInfo, now: SystemTime) -> Self {
+        Self {
+            fence: lease.fence,
+            owner: lease.owner.clone(),
+            ttl_ms: millis(lease.remaining),
+            expires_at: rfc3339(now + lease.remaining),
+            granted_at: lease.granted_at.map(rfc3339),
+        }
+    }
 }
 
 /// A held lock in a listing: what `GET /locks/{name}` shows, never the
@@ -351,6 +422,11 @@ pub struct ListedLock {
     pub owner: Option<String>,
     /// When the holder was granted the lock (RFC 3339, UTC).
     pub granted_at: Option<String>,
+    /// `exclusive` or `shared` (the fields above then describe the shared
+    /// lease that ends last).
+    pub mode: LockMode,
+    /// How many leases hold it: 1 when exclusive.
+    pub holder_count: usize,
 }
 
 impl ListedLock {
@@ -363,6 +439,8 @@ impl ListedLock {
             expires_at,
             owner,
             granted_at,
+            mode,
+            holder_count,
             ..
         } = Status::new(name, info);
         Self {
@@ -372,6 +450,8 @@ impl ListedLock {
             expires_at,
             owner,
             granted_at,
+            mode,
+            holder_count,
         }
     }
 }
@@ -401,11 +481,12 @@ fn millis(d: std::time::Duration) -> u64 {
 }
 
 impl Grant {
-    /// The answer for `lease`, taken with `token`.
-    pub fn new(name: &LockName, token: String, lease: &Lease) -> Self {
+    /// The answer for `lease`, taken with `token` in `mode`.
+    pub fn new(name: &LockName, token: String, mode: Mode, lease: &Lease) -> Self {
         Self {
             name: name.to_string(),
             token,
+            mode: mode.into(),
             fence: lease.fence,
             ttl_ms: lease.ttl.as_millis(),
             expires_at: rfc3339(lease.expires_at),
@@ -437,6 +518,14 @@ impl Status {
             expires_at: info.remaining.map(|r| rfc3339(now + r)),
             owner: info.owner,
             granted_at: info.granted_at.map(rfc3339),
+            mode: info.mode.into(),
+            holder_count: info.shared.len().max(1),
+            holders: info
+                .shared
+                .iter()
+                .map(|l| SharedHolder::new(l, now))
+                .collect(),
+            writer_waiting: info.writer_waiting,
         }
     }
 }

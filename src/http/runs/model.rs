@@ -62,6 +62,7 @@ impl StartBody {
                 token,
                 owner,
                 wait_ms,
+                mode: None,
             },
         )
     }
@@ -97,6 +98,7 @@ impl StartQuery {
                 ttl_ms,
                 owner,
                 wait_ms,
+                mode: None,
             },
         )
     }

@@ -64,6 +64,7 @@ impl TakeBody {
                 token,
                 owner,
                 wait_ms,
+                mode: None,
             },
         )
     }
@@ -100,6 +101,7 @@ impl TakeQuery {
                 ttl_ms,
                 owner,
                 wait_ms,
+                mode: None,
             },
         )
     }

@@ -111,6 +111,9 @@ mod tests {
             ttl: Ttl::from_millis(ttl_ms, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
             token_generated: true,
+            mode: crate::lock::Mode::Exclusive,
+            waits_until: None,
+            renew_only: false,
         }
     }
 

@@ -22,6 +22,7 @@ use super::fence::{self, DEFAULT_RETENTION, unix_micros};
 mod listing;
 mod runs;
 mod semaphores;
+mod shared;
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::run::ProbedRun;
 use super::run::{
@@ -31,8 +32,8 @@ use super::run::{
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Node, Released, RunNode, SemaphoreNode, Subject, Token, Ttl, WaitInterest,
-    unix_millis,
+    LockName, LockNode, Mode, Node, Released, RunNode, SemaphoreNode, Subject, Token, Ttl,
+    WaitInterest, unix_millis,
 };
 
 struct Holder {
@@ -54,12 +55,12 @@ struct Counter {
 impl Holder {
     /// What an observer may know of this holder at `now`: never its token.
     fn info(&self, now: Instant) -> LockInfo {
-        LockInfo {
-            fence: Some(self.fence),
-            remaining: Some(self.expires - now),
-            owner: self.owner.clone(),
-            granted_at: Some(self.granted_at),
-        }
+        LockInfo::exclusive(
+            Some(self.fence),
+            Some(self.expires - now),
+            self.owner.clone(),
+            Some(self.granted_at),
+        )
     }
 }
 
@@ -73,6 +74,9 @@ struct State {
     /// fence retention after a lock's last grant; the process's wall clock
     /// keeps fences growing after that (see [`fence`]).
     fences: HashMap<String, Counter>,
+    /// The shared leases of locks, by name, and the exclusive requests
+    /// waiting for them (see `shared`). Their fences come from `fences`.
+    shared: HashMap<String, shared::SharedLock>,
     /// Semaphores (see [`super::semaphore`]), and their fencing counters.
     semaphores: BTreeMap<String, super::semaphore::Permits>,
     semaphore_fences: HashMap<String, Counter>,
@@ -97,8 +101,9 @@ impl State {
 
     /// Drops every expired holder and forgotten counter, so that names used
     /// once do not pile up.
-    fn sweep(&mut self, now: Instant) {
+    fn sweep(&mut self, now: Instant, at_us: u64) {
         self.holders.retain(|_, h| h.expires > now);
+        self.shared.retain(|_, lock| !lock.is_spent(now, at_us));
         self.fences.retain(|_, c| c.forget_at > now);
         self.semaphore_fences.retain(|_, c| c.forget_at > now);
         self.runs.retain(|_, r| r.forget_at > now);
@@ -178,7 +183,7 @@ impl MemoryBackend {
     /// used once leave nothing behind.
     pub fn fence_count(&self) -> usize {
         let mut state = self.state();
-        state.sweep(Instant::now());
+        state.sweep(Instant::now(), self.now_us());
         state.fences.len()
     }
 
@@ -219,8 +224,51 @@ impl MemoryBackend {
     /// How many locks are held now.
     pub fn held_count(&self) -> usize {
         let mut state = self.state();
-        state.sweep(Instant::now());
+        state.sweep(Instant::now(), self.now_us());
         state.holders.len()
+    }
+}
+
+impl MemoryBackend {
+    /// Releases `token`'s lease of `name`: the exclusive one, or else its
+    /// shared one.
+    fn release_held(
+        &self,
+        state: &mut State,
+        name: &LockName,
+        token: &Token,
+        now: Instant,
+    ) -> Result<Released, LockError> {
+        let Some(holder) = state.live(name, now) else {
+            return self.release_shared(state, name, token);
+        };
+        if &holder.token != token {
+            return Err(LockError::NotOwner);
+        }
+        let (granted_at, fence) = (holder.granted_at, holder.fence);
+        state.holders.remove(name.as_str());
+        self.tell(Kind::Lock, name, &Change::Released { fence });
+        Ok(Released {
+            granted_at: Some(granted_at),
+        })
+    }
+
+    /// The holder of `name`: its exclusive holder (and token), or its
+    /// shared leases (with no token); `None` when it is free.
+    fn holder_in(
+        &self,
+        state: &mut State,
+        name: &LockName,
+        now: Instant,
+    ) -> Option<(Token, LockInfo)> {
+        let writer_waiting = self.writer_waits(state, name, now);
+        if let Some(holder) = state.live(name, now) {
+            let mut info = holder.info(now);
+            info.writer_waiting = writer_waiting;
+            return Some((holder.token.clone(), info));
+        }
+        self.inspect_shared(state, name, now)
+            .map(|info| (Token::from_stored(String::new()), info))
     }
 }
 
@@ -270,6 +318,12 @@ impl LockNode for MemoryBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let now = Instant::now();
         let mut state = self.state();
+        if req.mode == Mode::Shared {
+            return self.acquire_shared(&mut state, req, now);
+        }
+        if let Some(refused) = self.refuse_beside_shared(&mut state, req, now) {
+            return Err(refused);
+        }
         if let Some(holder) = state.live(&req.name, now) {
             if holder.token != req.token {
                 return Err(LockError::Held {
@@ -292,10 +346,18 @@ impl LockNode for MemoryBackend {
             self.tell(Kind::Lock, &req.name, &change);
             return Ok(Acquired::Renewed(lease(fence, req.ttl)));
         }
+        if req.renew_only {
+            return Err(LockError::Held {
+                retry_after: Duration::from_millis(1),
+            });
+        }
         let fence = state.next_fence(&req.name, now, self.fence_retention);
+        if let Some(lock) = state.shared.get_mut(req.name.as_str()) {
+            lock.forget_writer(&req.token);
+        }
         state.grants += 1;
         if state.grants.is_multiple_of(SWEEP_EVERY) {
-            state.sweep(now);
+            state.sweep(now, self.now_us());
         }
         let granted_at = SystemTime::now();
         let owner = req.owner.as_ref().map(|o| o.as_str().to_owned());
@@ -329,6 +391,9 @@ impl LockNode for MemoryBackend {
     ) -> Result<Lease, LockError> {
         let now = Instant::now();
         let mut state = self.state();
+        if state.live(name, now).is_none() {
+            return self.extend_shared(&mut state, name, token, ttl);
+        }
         let holder = state.live(name, now).ok_or(LockError::NotHeld)?;
         if &holder.token != token {
             return Err(LockError::NotOwner);
@@ -356,31 +421,23 @@ impl LockNode for MemoryBackend {
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let holder = state.live(name, now).ok_or(LockError::NotHeld)?;
-        if &holder.token != token {
-            return Err(LockError::NotOwner);
+        let released = self.release_held(&mut state, name, token, now);
+        if released.is_err() {
+            self.withdraw_writer(&mut state, name, token);
         }
-        let (granted_at, fence) = (holder.granted_at, holder.fence);
-        state.holders.remove(name.as_str());
-        self.tell(Kind::Lock, name, &Change::Released { fence });
-        drop(state);
-        Ok(Released {
-            granted_at: Some(granted_at),
-        })
+        released
     }
 
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        Ok(state
-            .live(name, now)
-            .map(|h| (h.token.clone(), h.info(now))))
+        Ok(self.holder_in(&mut state, name, now))
     }
 
     async fn probe(&self, name: &LockName, marker: &str) -> Result<ProbedLock, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        let holder = state.live(name, now).map(|h| h.info(now));
+        let holder = self.holder_in(&mut state, name, now).map(|(_, info)| info);
         let counter = state
             .fences
             .get(name.as_str())
@@ -390,7 +447,6 @@ impl LockNode for MemoryBackend {
         drop(state);
         Ok(ProbedLock { holder, counter })
     }
-
     async fn raise_fence(
         &self,
         name: &LockName,
@@ -517,6 +573,9 @@ mod tests {
             ttl: Ttl::from_millis(ttl_ms, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
             token_generated: true,
+            mode: crate::lock::Mode::Exclusive,
+            waits_until: None,
+            renew_only: false,
         }
     }
 

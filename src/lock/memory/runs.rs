@@ -155,7 +155,7 @@ impl MemoryBackend {
         let fence = next_fence_in(&mut state.run_fences, &req.key, now, retention);
         state.grants += 1;
         if state.grants.is_multiple_of(SWEEP_EVERY) {
-            state.sweep(now);
+            state.sweep(now, self.now_us());
         }
         let kept_fingerprint = state
             .runs

@@ -17,7 +17,7 @@ use crate::lock::{
 impl MemoryBackend {
     /// Microseconds since this store began: the clock of
     /// [`crate::lock::semaphore::Permits`].
-    fn now_us(&self) -> u64 {
+    pub(super) fn now_us(&self) -> u64 {
         u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 

@@ -38,6 +38,11 @@
 //! - `P{N}:meta`: a hash with `fence`, `owner`, `granted_at_ms` and
 //!   `ttl_ms` (the lock's own TTL, used by an extend that names none),
 //!   written with the lock, with the same TTL, and deleted with it.
+//! - `P{N}:shared`, `P{N}:readers` and `P{N}:writers`: the lock's shared
+//!   leases (a sorted set of tokens by expiry, and their records), and the
+//!   exclusive requests waiting for them to end (see
+//!   `scripts/shared.lua`). An exclusive holder and a shared lease are
+//!   never live at once.
 //! - The channel `P{N}:released`: every script that changes the lock
 //!   publishes what it did there, in the same atomic step (`acquired
 //!   FENCE TTL GRANTED OWNER`, `extended FENCE TTL AT`, `released FENCE`,
@@ -86,10 +91,10 @@ use super::run::{
     Attempt as RunAttempt, Completed, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest,
     Started,
 };
-use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
+use super::semaphore::{Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Node, Released, RunNode, SemaphoreNode, Token, Ttl, WaitInterest,
+    LockName, LockNode, Mode, Node, Released, RunNode, SemaphoreNode, Token, Ttl, WaitInterest,
     unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
@@ -109,17 +114,42 @@ pub mod topology;
 /// fences.
 const FENCE_LUA: &str = include_str!("scripts/fence.lua");
 
+/// The shared-lease helpers (`scripts/shared.lua`) after the permit ones
+/// they use (`scripts/semaphore.lua`): put in front of every lock script,
+/// since every one of them must see the shared leases.
+static SHARED_LUA: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{}{}",
+        semaphores::SEMAPHORE_LUA,
+        include_str!("scripts/shared.lua")
+    )
+});
+
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{FENCE_LUA}{}",
+        "{FENCE_LUA}{}{}",
+        *SHARED_LUA,
         include_str!("scripts/acquire.lua")
     ))
 });
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static ACQUIRE_SHARED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{FENCE_LUA}{}{}",
+        *SHARED_LUA,
+        include_str!("scripts/shared_acquire.lua")
+    ))
+});
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{}{}",
+        *SHARED_LUA,
+        include_str!("scripts/release.lua")
+    ))
+});
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{FENCE_LUA}{}",
+        "{FENCE_LUA}{}{}",
+        *SHARED_LUA,
         include_str!("scripts/extend.lua")
     ))
 });
@@ -128,15 +158,17 @@ static RAISE_FENCE: LazyLock<Script> =
 const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
 /// A watcher's marker (`probe.lua`), put in front of an inspect script.
 const PROBE_LUA: &str = include_str!("scripts/probe.lua");
-static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{}{INSPECT_LUA}", *SHARED_LUA)));
 /// A lock's probe: the marker, the holder as `inspect.lua` reads it, and
 /// the fence counter (KEYS[3]) after it, in one step.
 static PROBE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{PROBE_LUA}local function read_holder()\n{INSPECT_LUA}\nend\n\
+        "{}{PROBE_LUA}local function read_holder()\n{INSPECT_LUA}\nend\n\
          local read = read_holder()\n\
          read[#read + 1] = redis.call('GET', KEYS[3]) or ''\n\
-         return read\n"
+         return read\n",
+        *SHARED_LUA
     ))
 });
 
@@ -214,6 +246,11 @@ struct Keys {
     lock: String,
     fence: String,
     meta: String,
+    /// Its shared leases, their records, and the exclusive requests
+    /// waiting for them (see `scripts/shared.lua`).
+    shared: String,
+    readers: String,
+    writers: String,
     released: String,
 }
 
@@ -223,6 +260,9 @@ impl Keys {
         Self {
             fence: format!("{lock}:fence"),
             meta: format!("{lock}:meta"),
+            shared: format!("{lock}:shared"),
+            readers: format!("{lock}:readers"),
+            writers: format!("{lock}:writers"),
             released: events::channel(prefix, Kind::Lock, name),
             lock,
         }
@@ -626,7 +666,12 @@ impl RedisBackend {
     fn inspect_call(&self, name: &LockName) -> ScriptInvocation<'static> {
         let keys = Keys::new(&self.prefix, name);
         let mut call = INSPECT.prepare_invoke();
-        call.key(&keys.lock).key(&keys.meta);
+        call.key(&keys.lock)
+            .key(&keys.meta)
+            .key(&keys.fence)
+            .key(&keys.shared)
+            .key(&keys.readers)
+            .key(&keys.writers);
         call
     }
 
@@ -635,6 +680,9 @@ impl RedisBackend {
         let mut call = RELEASE.prepare_invoke();
         call.key(&keys.lock)
             .key(&keys.meta)
+            .key(&keys.shared)
+            .key(&keys.readers)
+            .key(&keys.writers)
             .arg(token.expose())
             .arg(&keys.released)
             .arg(self.events.publish());
@@ -929,17 +977,37 @@ impl LockNode for RedisBackend {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
         let keys = Keys::new(&self.prefix, &req.name);
         let (sent, sent_wall) = (Instant::now(), SystemTime::now());
-        let mut call = ACQUIRE.prepare_invoke();
+        let script = match req.mode {
+            Mode::Exclusive => &ACQUIRE,
+            Mode::Shared => &ACQUIRE_SHARED,
+        };
+        // How much longer the request waits, in whole ms ('' when it does
+        // not): a waiting writer keeps new shared leases out that long.
+        let waits_ms = req
+            .waits_until
+            .map(|until| {
+                until
+                    .saturating_duration_since(sent)
+                    .as_millis()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let mut call = script.prepare_invoke();
         call.key(&keys.lock)
             .key(&keys.fence)
             .key(&keys.meta)
+            .key(&keys.shared)
+            .key(&keys.readers)
+            .key(&keys.writers)
             .arg(req.token.expose())
             .arg(req.ttl.as_millis())
             .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
             .arg(unix_millis(sent_wall))
             .arg(self.fence_retention_ms)
             .arg(&keys.released)
-            .arg(self.events.publish());
+            .arg(self.events.publish())
+            .arg(waits_ms)
+            .arg(if req.renew_only { "1" } else { "" });
         let mut sent_on = None;
         let (status, value): (i64, i64) = match self.run_on(&call, &mut sent_on).await {
             Ok(answer) => answer,
@@ -982,6 +1050,9 @@ impl LockNode for RedisBackend {
                     req.ttl.as_millis()
                 ))
             }),
+            3 => Err(LockError::ModeMismatch {
+                held: req.mode.other(),
+            }),
             // PTTL is -1 only for a key a foreign client set without a TTL:
             // there is no expiry to wait for, so suggest one second.
             _ if value < 0 => Err(LockError::Held {
@@ -1009,6 +1080,8 @@ impl LockNode for RedisBackend {
         call.key(&keys.lock)
             .key(&keys.meta)
             .key(&keys.fence)
+            .key(&keys.shared)
+            .key(&keys.readers)
             .arg(token.expose())
             .arg(given)
             .arg(&keys.released)
@@ -1072,21 +1145,26 @@ impl LockNode for RedisBackend {
         call.key(&keys.lock)
             .key(&keys.meta)
             .key(&keys.fence)
+            .key(&keys.shared)
+            .key(&keys.readers)
+            .key(&keys.writers)
             .arg(&keys.released)
             .arg(self.events.publish())
             .arg(marker);
         let read_at = Instant::now();
-        let (pttl, token, fence, owner, granted_at, counter): (
+        let (pttl, token, fence, owner, granted_at, writer, shared, counter): (
             i64,
             String,
             String,
             String,
             String,
+            i64,
+            Vec<String>,
             String,
         ) = self.run(&call).await?;
+        let answer = (pttl, token, fence, owner, granted_at, writer, shared);
         Ok(ProbedLock {
-            holder: holder_of((pttl, token, fence, owner, granted_at), read_at)
-                .map(|(_, info)| info),
+            holder: holder_of(answer, read_at).map(|(_, info)| info),
             counter: counter.parse().ok(),
         })
     }
@@ -1252,12 +1330,22 @@ async fn follow_cluster(pool: Pool, view: KnownNodes, timeout: Duration) {
 }
 
 /// What `inspect.lua` answers: `{pttl, token, fence, owner, granted_at_ms}`.
-type InspectAnswer = (i64, String, String, String, String);
+type InspectAnswer = (i64, String, String, String, String, i64, Vec<String>);
 
 /// The holder an `inspect.lua` answer tells of, read from a request sent at
-/// `read_at`; `None` when the lock is free.
+/// `read_at`; `None` when the lock is free. A shared lock has no token
+/// (`Token` is then empty: never one of a holder).
 fn holder_of(answer: InspectAnswer, read_at: Instant) -> Option<(Token, LockInfo)> {
-    let (pttl, token, fence, owner, granted_at) = answer;
+    let (pttl, token, fence, owner, granted_at, writer, shared) = answer;
+    let writer_waiting = writer == 1;
+    if pttl == -3 {
+        let leases = shared
+            .chunks_exact(2)
+            .filter_map(|pair| shared_lease(&pair[0], &pair[1], read_at))
+            .collect();
+        return LockInfo::shared(leases, writer_waiting)
+            .map(|info| (Token::from_stored(String::new()), info));
+    }
     if pttl == -2 {
         return None;
     }
@@ -1269,15 +1357,37 @@ fn holder_of(answer: InspectAnswer, read_at: Instant) -> Option<(Token, LockInfo
     let remaining = u64::try_from(pttl)
         .ok()
         .map(|ms| Duration::from_millis(ms).saturating_sub(read_at.elapsed()));
-    Some((
-        token,
-        LockInfo {
-            fence: fence.parse().ok(),
-            remaining,
-            owner: Some(owner).filter(|o| !o.is_empty()),
-            granted_at: parse_unix_millis(&granted_at),
-        },
-    ))
+    let mut info = LockInfo::exclusive(
+        fence.parse().ok(),
+        remaining,
+        Some(owner).filter(|o| !o.is_empty()),
+        parse_unix_millis(&granted_at),
+    );
+    info.writer_waiting = writer_waiting;
+    Some((token, info))
+}
+
+/// One shared lease of an `inspect.lua` answer: what is left of it (in
+/// ms, as text) and its JSON record; `None` for a record lockd did not
+/// write.
+fn shared_lease(left_ms: &str, record: &str, read_at: Instant) -> Option<PermitInfo> {
+    let left = Duration::from_millis(left_ms.parse().ok()?).saturating_sub(read_at.elapsed());
+    let record: serde_json::Value = serde_json::from_str(record).ok()?;
+    let fence = match &record["fence"] {
+        serde_json::Value::String(text) => text.parse().ok()?,
+        other => other.as_u64()?,
+    };
+    Some(PermitInfo {
+        fence,
+        owner: record["owner"]
+            .as_str()
+            .filter(|o| !o.is_empty())
+            .map(str::to_owned),
+        remaining: left,
+        granted_at: record["granted_at_ms"]
+            .as_u64()
+            .map(|ms| SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+    })
 }
 
 /// A wall-clock time stored as Unix milliseconds; `None` when empty or

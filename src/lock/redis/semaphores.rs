@@ -20,7 +20,7 @@ use crate::lock::semaphore::{
 use crate::lock::{ExtendTtl, Kind, Lease, LockError, LockName, Released, Token, Ttl, unix_millis};
 
 /// The shared part of the semaphore scripts (`prune`, `now_ms`, ...).
-const SEMAPHORE_LUA: &str = include_str!("scripts/semaphore.lua");
+pub(super) const SEMAPHORE_LUA: &str = include_str!("scripts/semaphore.lua");
 
 static TAKE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(

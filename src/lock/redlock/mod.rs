@@ -49,8 +49,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, LockStore, Released, RunStore, SemaphoreStore, Store, Subject, Token, Ttl,
-    WaitInterest,
+    LockName, LockNode, LockStore, Mode, Released, RunStore, SemaphoreStore, Store, Subject, Token,
+    Ttl, WaitInterest,
 };
 
 mod listing;
@@ -187,6 +187,9 @@ pub const NO_REDLOCK_RUNS: &str = "runs are not available in Redlock mode: a nod
 #[async_trait]
 impl LockStore for Redlock {
     async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+        if req.mode == Mode::Shared {
+            return Err(LockError::Unsupported(SHARED_UNSUPPORTED));
+        }
         self.reaper.stop(&req.name, &req.token).await;
         let started = Instant::now();
         let sent_wall = SystemTime::now();
@@ -386,6 +389,12 @@ impl Store for Redlock {
     }
 }
 
+/// Why Redlock refuses shared mode (501): a shared lease over independent
+/// masters would need each node's readers and writers kept together and
+/// their majorities shown to intersect under restarts and hung nodes,
+/// which lockd's Redlock tests do not yet prove.
+const SHARED_UNSUPPORTED: &str = "shared locks are not available in Redlock mode: a shared lease over independent masters is not yet proven as safe as an exclusive one (node restarts, hung nodes); use exclusive locks here, or a single Redis, Sentinel or Redis Cluster for shared ones";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,6 +407,9 @@ mod tests {
             ttl: Ttl::from_millis(10_000, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
             token_generated: true,
+            mode: Mode::Exclusive,
+            waits_until: None,
+            renew_only: false,
         }
     }
 

@@ -207,9 +207,9 @@ pub(super) fn agreed(
             .filter(|(t, _)| t == token)
             .map(|(_, info)| info)
             .collect();
-        let info = LockInfo {
-            fence: infos.iter().filter_map(|i| i.fence).max(),
-            remaining: infos
+        let info = LockInfo::exclusive(
+            infos.iter().filter_map(|i| i.fence).max(),
+            infos
                 .iter()
                 .map(|i| i.remaining)
                 .min_by(|a, b| match (a, b) {
@@ -218,9 +218,9 @@ pub(super) fn agreed(
                     (_, None) => Ordering::Less,
                 })
                 .flatten(),
-            owner: infos.iter().find_map(|i| i.owner.clone()),
-            granted_at: infos.iter().filter_map(|i| i.granted_at).min(),
-        };
+            infos.iter().find_map(|i| i.owner.clone()),
+            infos.iter().filter_map(|i| i.granted_at).min(),
+        );
         return Some((info, agreeing));
     }
     None
@@ -266,11 +266,8 @@ mod tests {
 
     #[test]
     fn the_holder_is_the_token_a_quorum_agrees_on() {
-        let info = |fence: u64, ms: u64| LockInfo {
-            fence: Some(fence),
-            remaining: Some(Duration::from_millis(ms)),
-            owner: None,
-            granted_at: None,
+        let info = |fence: u64, ms: u64| {
+            LockInfo::exclusive(Some(fence), Some(Duration::from_millis(ms)), None, None)
         };
         let (a, b) = (Token::generate(), Token::generate());
         let (a1, a2, b3) = (

@@ -44,7 +44,7 @@ use self::watch::{SharedInterest, Watch, Watches};
 use super::reaper::{Attempt, Reap, Reaped};
 use super::{
     AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, Released, Store, Subject, Token,
+    LockName, Mode, Released, Store, Subject, Token,
 };
 
 /// The most random delay added to a retry at the holder's lease end, so that
@@ -304,6 +304,12 @@ impl Locks {
         if wait.is_zero() {
             return self.try_acquire(req).await;
         }
+        // An exclusive request that waits says so, so that no new shared
+        // lease is granted meanwhile (the writer rule).
+        let attempt = AcquireRequest {
+            waits_until: (req.mode == Mode::Exclusive).then(|| Instant::now() + wait),
+            ..req.clone()
+        };
         let waited = self
             .wait_turn(
                 &Subject::lock(req.name.clone()),
@@ -311,7 +317,7 @@ impl Locks {
                 caller_gone,
                 || self.contended(&req.name),
                 || async {
-                    match self.store.locks().acquire(req).await {
+                    match self.store.locks().acquire(&attempt).await {
                         Err(LockError::Held { retry_after }) => Tried::Busy {
                             retry_after,
                             refusal: (),
@@ -461,8 +467,10 @@ impl Locks {
 
     /// For an acquire queued behind other waiters: when its token (one the
     /// client chose) holds the lock already, the retry renews the lease at
-    /// once (an extend to the requested TTL, keeping the fence), as it
-    /// would at the head of the queue; otherwise it waits its turn.
+    /// once (to the requested TTL, keeping the fence), as it would at the
+    /// head of the queue, and a token that holds it in the other mode is
+    /// answered [`LockError::ModeMismatch`] at once (waiting would be for
+    /// its own lease); otherwise it waits its turn, having taken nothing.
     async fn renew_behind_others(
         &self,
         req: &AcquireRequest,
@@ -470,14 +478,14 @@ impl Locks {
         if req.token_generated {
             return None;
         }
-        match self
-            .store
-            .locks()
-            .extend(&req.name, &req.token, ExtendTtl::To(req.ttl))
-            .await
-        {
-            Ok(lease) => Some(Ok(Acquired::Renewed(lease))),
-            Err(_) => None,
+        let renew = AcquireRequest {
+            renew_only: true,
+            ..req.clone()
+        };
+        match self.store.locks().acquire(&renew).await {
+            Ok(renewed @ Acquired::Renewed(_)) => Some(Ok(renewed)),
+            Err(mismatch @ LockError::ModeMismatch { .. }) => Some(Err(mismatch)),
+            _ => None,
         }
     }
 
@@ -561,8 +569,20 @@ struct LockOrphan {
 
 impl Orphan<Acquired> for LockOrphan {
     async fn undo(self, outcome: Result<Acquired, LockError>) {
-        if let Ok(Acquired::Granted(_)) = outcome {
-            self.locks.release_orphan(&self.req).await;
+        match outcome {
+            Ok(Acquired::Granted(_)) => self.locks.release_orphan(&self.req).await,
+            // An exclusive wait that ended with its caller gone may have
+            // been recorded as a waiting writer: a release of its token
+            // withdraws it at once, so readers are not kept out until its
+            // wait would have ended. Only for a token lockd generated,
+            // which nothing else holds; a client's token may hold the lock
+            // through another request, and its record ends with the wait.
+            Err(LockError::Cancelled)
+                if self.req.mode == Mode::Exclusive && self.req.token_generated =>
+            {
+                let _ = self.locks.release(&self.req.name, &self.req.token).await;
+            }
+            _ => {}
         }
     }
 }
@@ -653,6 +673,9 @@ mod tests {
             ttl: Ttl::from_millis(ttl_ms, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
             token_generated: true,
+            mode: crate::lock::Mode::Exclusive,
+            waits_until: None,
+            renew_only: false,
         }
     }
 

@@ -1,14 +1,26 @@
--- Acquire a lock: SET NX PX and the next fence in one script, so a grant
--- and its fence can never be separated.
--- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] holder metadata hash
+-- Acquire a lock exclusively: SET NX PX and the next fence in one script,
+-- so a grant and its fence can never be separated. Put after fence.lua,
+-- semaphore.lua (prune, expire_with_last) and shared.lua.
+-- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] holder metadata hash,
+-- KEYS[4] shared leases, KEYS[5] their records, KEYS[6] waiting writers
+-- (see shared.lua)
 -- ARGV[1] token, ARGV[2] TTL in ms (>= 1), ARGV[3] owner label ('' = none),
 -- ARGV[4] grant time in Unix ms, ARGV[5] fence retention in ms (>= 1000),
 -- ARGV[6] change channel (KEYS[1] .. ':released'), ARGV[7] the command to
--- publish with: PUBLISH, or SPUBLISH on a Redis Cluster
+-- publish with: PUBLISH, or SPUBLISH on a Redis Cluster, ARGV[8] how much
+-- longer the request waits, in ms ('' or 0: it does not wait), ARGV[9] '1'
+-- to renew only (a free lock is not granted: answered {0, -2})
 -- Returns {1, fence} for a new grant, {2, fence} when this token already
 -- held the lock (its lease is reset to the TTL, the fence is unchanged, the
 -- owner label replaced when one is given), {0, pttl} when another token
--- holds it.
+-- holds it or shared leases are live (pttl: until the last of them ends),
+-- {3, 0} when this token holds a shared lease (nothing is changed).
+-- A request that waits and is refused for shared leases is recorded among
+-- the waiting writers until its wait ends, so that no new shared lease is
+-- granted meanwhile and the shared leases drain; a grant forgets it. (One
+-- refused for an exclusive holder is not: at that holder's release it
+-- races new shared requests once at most, and if they win, it is refused
+-- for shared leases and recorded.)
 -- Publishes the change (src/lock/change.rs): `acquired FENCE TTL GRANTED
 -- OWNER` for a new grant, `extended FENCE TTL AT` for a renewal (AT: the
 -- grant time of this request, ARGV[4]).
@@ -22,7 +34,16 @@
 -- Redis does not roll a script back, so when the counter or the hash cannot
 -- be written (a foreign client left a key of another type there), the lock
 -- is deleted again before the error is returned: no half-written grant.
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local readers = live_shared(KEYS[4], KEYS[5], ARGV[6], ARGV[7])
+if readers > 0 then
+  if redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+    return {3, 0}
+  end
+  note_writer(KEYS[6], ARGV[1], ARGV[8])
+  return {0, last_shared_ms(KEYS[4])}
+end
+if ARGV[9] ~= '1' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('ZREM', KEYS[6], ARGV[1])
   local fence, err = next_fence(KEYS[2], ARGV[5])
   if not fence then
     redis.call('DEL', KEYS[1])

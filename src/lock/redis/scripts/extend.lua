@@ -2,7 +2,10 @@
 -- Publishes `extended FENCE TTL AT` on the change channel too
 -- (src/lock/change.rs), so that waiters learn the new lease end (an extend
 -- may shorten the lease) and watchers hear it.
--- KEYS[1] lock key, KEYS[2] holder metadata hash, KEYS[3] fencing counter
+-- Put after fence.lua, semaphore.lua and shared.lua: a token that holds a
+-- shared lease extends that lease alone (never another's).
+-- KEYS[1] lock key, KEYS[2] holder metadata hash, KEYS[3] fencing counter,
+-- KEYS[4] shared leases, KEYS[5] their records (see shared.lua)
 -- ARGV[1] token, ARGV[2] new TTL in ms ('' = the lock's own TTL, recorded
 -- in the hash at its grant or last extend), ARGV[3] release channel
 -- (KEYS[1] .. ':released'), ARGV[4] the TTL in ms when ARGV[2] is '' and
@@ -15,7 +18,24 @@
 -- of this script), so every lease has a fence.
 local current = redis.call('GET', KEYS[1])
 if not current then
-  return {0, 0, 0}
+  if live_shared(KEYS[4], KEYS[5], ARGV[3], ARGV[6]) == 0 then
+    return {0, 0, 0}
+  end
+  local field = holder_field(ARGV[1])
+  local mine = redis.call('HGET', KEYS[5], field)
+  if not (mine and redis.call('ZSCORE', KEYS[4], ARGV[1])) then
+    return {-1, 0, 0}
+  end
+  local record = cjson.decode(mine)
+  local ttl = tonumber(ARGV[2]) or tonumber(record.ttl_ms) or tonumber(ARGV[4])
+  record.ttl_ms = ttl
+  local now = now_us()
+  redis.call('ZADD', KEYS[4], 'XX', now + us(ttl), ARGV[1])
+  redis.call('HSET', KEYS[5], field, cjson.encode(record))
+  expire_with_last(KEYS[4], KEYS[5], now)
+  redis.pcall(ARGV[6], ARGV[3], 'extended ' .. tostring(record.fence) .. ' '
+    .. string.format('%.0f', ttl) .. ' ' .. ARGV[7])
+  return {1, tonumber(record.fence), ttl}
 end
 if current ~= ARGV[1] then
   return {-1, 0, 0}

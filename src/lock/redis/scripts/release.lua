@@ -1,19 +1,56 @@
 -- Release a lock: compare the token, then delete. Never a plain DEL.
+-- Put after semaphore.lua and shared.lua: a token that holds a shared
+-- lease releases that lease alone.
 -- Publishes `released FENCE` on the change channel (src/lock/change.rs),
 -- so that waiters wake at once and watchers hear it.
--- KEYS[1] lock key, KEYS[2] holder metadata hash
+-- KEYS[1] lock key, KEYS[2] holder metadata hash, KEYS[3] shared leases,
+-- KEYS[4] their records, KEYS[5] waiting writers (see shared.lua)
 -- ARGV[1] token, ARGV[2] release channel (KEYS[1] .. ':released'),
 -- ARGV[3] the command to publish it with: PUBLISH, or SPUBLISH on a Redis
 -- Cluster (sharded pub/sub: the channel shares the keys' slot)
 -- Returns {1, grant time in Unix ms ('' when not recorded)} when released,
 -- {0, ''} when nobody holds the lock, {-1, ''} when another token holds it
--- (nothing is changed then).
+-- (nothing is changed then). Either way a wait of `token` for the lock is
+-- forgotten (a caller that hung up, say): shared requests that it kept out
+-- are woken with an empty message ("changed").
+local withdrawn = redis.call('ZREM', KEYS[5], ARGV[1])
+local function refused(verdict)
+  if withdrawn == 1 then
+    redis.pcall(ARGV[3], ARGV[2], '')
+  end
+  return {verdict, ''}
+end
 local current = redis.call('GET', KEYS[1])
 if not current then
-  return {0, ''}
+  if live_shared(KEYS[3], KEYS[4], ARGV[2], ARGV[3]) == 0 then
+    return refused(0)
+  end
+  local field = holder_field(ARGV[1])
+  local mine = redis.call('HGET', KEYS[4], field)
+  if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then
+    return refused(-1)
+  end
+  redis.call('HDEL', KEYS[4], field)
+  if redis.call('ZCARD', KEYS[3]) == 0 then
+    redis.call('DEL', KEYS[4])
+  end
+  local granted, message = '', ''
+  if mine then
+    local ok, record = pcall(cjson.decode, mine)
+    if ok and type(record) == 'table' then
+      if tonumber(record.granted_at_ms) then
+        granted = string.format('%.0f', tonumber(record.granted_at_ms))
+      end
+      if record.fence then
+        message = 'released ' .. tostring(record.fence)
+      end
+    end
+  end
+  redis.pcall(ARGV[3], ARGV[2], message)
+  return {1, granted}
 end
 if current ~= ARGV[1] then
-  return {-1, ''}
+  return refused(-1)
 end
 local meta = redis.pcall('HMGET', KEYS[2], 'granted_at_ms', 'fence')
 if type(meta) ~= 'table' or meta.err then
