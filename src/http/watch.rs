@@ -23,7 +23,7 @@ use utoipa::ToSchema;
 
 use super::extract::{LockPath, StrictQuery};
 use super::limits::Limits;
-use super::locks::model::{LockNameSchema, NoQuery, rfc3339};
+use super::locks::model::{LockMode, LockNameSchema, NoQuery, rfc3339};
 use super::problem::{ApiError, KeyRefusals, Problem};
 use super::semaphores::model::PermitStatus;
 use crate::lock::service::watch::{LeaseView, RunStage, Sequenced, Snapshot, Watch, WatchEvent};
@@ -58,6 +58,13 @@ pub struct LockState {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub granted_at: Option<Option<String>>,
+    /// `exclusive` or `shared` (the fields above then describe the shared
+    /// lease that ends last); absent when free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LockMode>,
+    /// How many leases hold it (1 when exclusive); absent when free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder_count: Option<usize>,
 }
 
 /// `data` of a semaphore's `state` event: what `GET /semaphores/{name}`
@@ -148,6 +155,9 @@ pub struct LeaseEvent {
     pub expires_at: String,
     /// When the lease was granted (RFC 3339, UTC), `null` when not known.
     pub granted_at: Option<String>,
+    /// A lock's lease: `exclusive` or `shared` (absent for a permit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LockMode>,
 }
 
 /// `data` of a `released` event (its holder ended the lease) or an
@@ -159,8 +169,9 @@ pub struct EndedEvent {
     pub name: String,
     /// The ended lease's fencing token.
     pub fence: u64,
-    /// A semaphore's permits still held after this one ended (absent for a
-    /// lock, which is then free).
+    /// A semaphore's permits still held after this one ended; for a lock,
+    /// the shared leases still held after a shared one ended (absent when
+    /// the lock is then free).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holders: Option<usize>,
 }
@@ -340,9 +351,9 @@ fn sse_event(subject: &Subject, sequenced: &Sequenced) -> Event {
         WatchEvent::State(snapshot) => ("state", state_json(subject, name, snapshot)),
         WatchEvent::Acquired(lease) => (
             if run { "started" } else { "acquired" },
-            lease_json(name, lease),
+            lease_json(subject, name, lease),
         ),
-        WatchEvent::Extended(lease) => ("extended", lease_json(name, lease)),
+        WatchEvent::Extended(lease) => ("extended", lease_json(subject, name, lease)),
         WatchEvent::Released { fence } => (
             if run { "abandoned" } else { "released" },
             ended_json(subject, name, *fence, sequenced),
@@ -388,7 +399,8 @@ fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
             })
         }
         Kind::Lock => {
-            let holder = snapshot.leases.first();
+            // A shared lock: the lease that ends last, as GET shows it.
+            let holder = snapshot.leases.iter().max_by_key(|l| l.expires_at);
             to_json(&LockState {
                 name,
                 held: holder.is_some(),
@@ -397,6 +409,8 @@ fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
                 expires_at: holder.and_then(|h| h.expires_at).map(rfc3339),
                 owner: holder.map(|h| h.owner.clone()),
                 granted_at: holder.map(|h| h.granted_at.map(rfc3339)),
+                mode: holder.map(|h| h.mode.into()),
+                holder_count: holder.map(|_| snapshot.leases.len()),
             })
         }
         Kind::Semaphore => {
@@ -425,7 +439,7 @@ fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
     }
 }
 
-fn lease_json(name: String, lease: &LeaseView) -> String {
+fn lease_json(subject: &Subject, name: String, lease: &LeaseView) -> String {
     let now = SystemTime::now();
     let expires_at = lease.expires_at.unwrap_or(now);
     to_json(&LeaseEvent {
@@ -435,11 +449,16 @@ fn lease_json(name: String, lease: &LeaseView) -> String {
         ttl_ms: left_ms(expires_at, now),
         expires_at: rfc3339(expires_at),
         granted_at: lease.granted_at.map(rfc3339),
+        mode: (subject.kind() == Kind::Lock).then(|| lease.mode.into()),
     })
 }
 
 fn ended_json(subject: &Subject, name: String, fence: u64, sequenced: &Sequenced) -> String {
-    let holders = (subject.kind() == Kind::Semaphore).then_some(sequenced.holders);
+    let holders = match subject.kind() {
+        Kind::Semaphore => Some(sequenced.holders),
+        Kind::Lock => Some(sequenced.holders).filter(|n| *n > 0),
+        Kind::Run => None,
+    };
     to_json(&EndedEvent {
         name,
         fence,

@@ -11,6 +11,7 @@
 //! | message | when |
 //! | --- | --- |
 //! | `acquired FENCE TTL_MS GRANTED_AT_MS OWNER` | a new lease (`OWNER` may be empty, and may hold spaces) |
+//! | `shared FENCE TTL_MS GRANTED_AT_MS OWNER` | a new shared lease of a lock, beside the others (see [`super::Mode`]) |
 //! | `extended FENCE TTL_MS AT_MS` | a lease reset to `TTL_MS` from `AT_MS` (Unix ms of the lockd that sent it): an extend, or a holder's renewing acquire |
 //! | `released FENCE` | a lease ended by its holder (for a run: its attempt abandoned) |
 //! | `completed FENCE` | a run's attempt completed it: the run is done |
@@ -34,6 +35,10 @@ pub enum Change {
         granted_at_ms: u64,
         /// The holder's label, when given.
         owner: Option<String>,
+        /// A lock's mode: a shared lease leaves the other shared leases
+        /// held; an exclusive one (and every permit or attempt, whose
+        /// messages say `acquired`) is [`super::Mode::Exclusive`].
+        mode: super::Mode,
     },
     /// The lease with this fence now lasts `ttl_ms` from `at_ms`.
     Extended {
@@ -76,7 +81,12 @@ impl Change {
         };
         let (kind, rest) = text.split_once(' ').unwrap_or((text, ""));
         let parsed = match kind {
-            "acquired" => {
+            "acquired" | "shared" => {
+                let mode = if kind == "shared" {
+                    super::Mode::Shared
+                } else {
+                    super::Mode::Exclusive
+                };
                 let mut fields = rest.splitn(4, ' ');
                 let mut number = || fields.next().and_then(|f| f.parse::<u64>().ok());
                 match (number(), number(), number()) {
@@ -87,6 +97,7 @@ impl Change {
                             ttl_ms,
                             granted_at_ms,
                             owner,
+                            mode,
                         })
                     }
                     _ => None,
@@ -129,8 +140,13 @@ impl Change {
                 ttl_ms,
                 granted_at_ms,
                 owner,
+                mode,
             } => format!(
-                "acquired {fence} {ttl_ms} {granted_at_ms} {}",
+                "{} {fence} {ttl_ms} {granted_at_ms} {}",
+                match mode {
+                    super::Mode::Exclusive => "acquired",
+                    super::Mode::Shared => "shared",
+                },
                 owner.as_deref().unwrap_or("")
             ),
             Self::Extended {
@@ -180,6 +196,17 @@ mod tests {
                 ttl_ms: 1500,
                 granted_at_ms: 1_700_000_000_000,
                 owner: Some("host 1:42".into()),
+                mode: crate::lock::Mode::Exclusive,
+            }
+        );
+        assert_eq!(
+            Change::parse(b"shared 18 1500 1700000000000 r"),
+            Change::Acquired {
+                fence: 18,
+                ttl_ms: 1500,
+                granted_at_ms: 1_700_000_000_000,
+                owner: Some("r".into()),
+                mode: crate::lock::Mode::Shared,
             }
         );
         assert_eq!(
@@ -189,6 +216,7 @@ mod tests {
                 ttl_ms: 1500,
                 granted_at_ms: 0,
                 owner: None,
+                mode: crate::lock::Mode::Exclusive,
             }
         );
         assert_eq!(
@@ -244,10 +272,11 @@ mod tests {
             ttl_ms in any::<u64>(),
             granted_at_ms in any::<u64>(),
             owner in proptest::option::of("[^\\x00-\\x1f]{1,40}"),
-            kind in 0..5u8,
+            kind in 0..6u8,
         ) {
             let change = match kind {
-                0 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner },
+                0 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner, mode: crate::lock::Mode::Exclusive },
+                5 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner, mode: crate::lock::Mode::Shared },
                 1 => Change::Extended { fence, ttl_ms, at_ms: Some(granted_at_ms) },
                 2 => Change::Expired { fence },
                 3 => Change::Completed { fence },

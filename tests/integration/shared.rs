@@ -47,6 +47,7 @@ shared_tests!(
     a_shared_waiter_that_hangs_up_is_never_left_holding,
     a_writer_that_hangs_up_lets_readers_in_at_once,
     bad_mode_is_refused_with_a_problem_and_writes_nothing,
+    a_watch_tells_each_shared_lease_by_its_fence_and_mode,
 );
 
 fn path(name: &str) -> String {
@@ -371,12 +372,23 @@ async fn readers_share_and_each_lease_is_its_own(app: &TestApp) {
     let holders = body["holders"].as_array().expect("holders");
     assert_eq!(holders.len(), 2);
     assert!(holders.iter().any(|h| h["owner"] == "r1"));
+    // The listing shows it, with its mode and holder count, no token.
+    let listed = app.get("/locks?prefix=shared:own").await;
+    listed.expect_status(200);
+    let items = listed.json()["locks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(items.len(), 1, "{}", listed.text);
+    assert_eq!(items[0]["mode"], "shared");
+    assert_eq!(items[0]["holder_count"], 2);
     for token in [r1.token(), r2.token()] {
         assert!(
             !status.text.contains(&token),
             "a token in GET: {}",
             status.text
         );
+        assert!(!listed.text.contains(&token), "a token in the listing");
     }
     // Renewing one lease never extends another.
     let r2_ends = |body: &Value| {
@@ -742,4 +754,49 @@ async fn shared_locks_work_on_a_redis_cluster_across_two_instances() {
     let other = app.sibling(|_| {}).await;
     let name = format!("shared:cluster:{}", random_token());
     release_wakes_waiters(&app, &other, &name).await;
+}
+
+// ---------------------------------------------------------------------------
+// Watches
+// ---------------------------------------------------------------------------
+
+/// A watcher hears each shared lease as its own (`mode` shared, its fence),
+/// never one reader's grant as another's expiry; a release of one leaves
+/// the others held; the writer after them is exclusive.
+async fn a_watch_tells_each_shared_lease_by_its_fence_and_mode(app: &TestApp) {
+    use crate::support::EventStream;
+    let name = "shared:watched";
+    let mut stream = EventStream::open(app, &format!("/locks/{name}/events"), &[]).await;
+    let state = stream.expect("state").await;
+    assert_eq!(state.data["held"], false);
+    let r1 = shared(app, name, 20_000).await;
+    r1.expect_status(201);
+    let r2 = shared(app, name, 20_000).await;
+    r2.expect_status(201);
+    for reader in [&r1, &r2] {
+        let acquired = stream.expect("acquired").await;
+        assert_eq!(acquired.fence(), reader.fence());
+        assert_eq!(acquired.data["mode"], "shared", "{acquired:?}");
+    }
+    app.release(name, &r1.token()).await.expect_status(204);
+    let released = stream.expect("released").await;
+    assert_eq!(released.fence(), r1.fence());
+    assert_eq!(released.data["holders"], 1, "{released:?}");
+    // A new watcher's state: shared, one holder.
+    let mut late = EventStream::open(app, &format!("/locks/{name}/events"), &[]).await;
+    let state = late.expect("state").await;
+    assert_eq!(state.data["mode"], "shared", "{state:?}");
+    assert_eq!(state.data["holder_count"], 1);
+    assert_eq!(state.data["fence"], r2.fence());
+    app.release(name, &r2.token()).await.expect_status(204);
+    let released = stream.expect("released").await;
+    assert_eq!(released.fence(), r2.fence());
+    assert!(released.data.get("holders").is_none(), "{released:?}");
+    let w = app.acquire_ttl(name, 20_000).await;
+    w.expect_status(201);
+    let acquired = stream.expect("acquired").await;
+    assert_eq!(acquired.fence(), w.fence());
+    assert_eq!(acquired.data["mode"], "exclusive");
+    // Nothing else: no expiry was made up.
+    assert!(stream.next(Duration::from_millis(300)).await.is_none());
 }

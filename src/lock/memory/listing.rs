@@ -69,8 +69,33 @@ impl MemoryBackend {
         let range = (from, Bound::Unbounded);
         match kind {
             Kind::Lock => {
-                for (name, holder) in state.holders.range::<str, _>(range) {
-                    if !prefix.covers(name) || !visit(name, holder.expires > now) {
+                // The exclusive holders and the shared leases, merged in
+                // name order (a name is in one of them at a time, or
+                // briefly in both: listed once).
+                let super::State {
+                    holders, shared, ..
+                } = &mut *state;
+                let mut exclusive = holders.range::<str, _>(range).peekable();
+                let mut shared = shared.range_mut::<str, _>(range).peekable();
+                loop {
+                    let next_exclusive = exclusive.peek().map(|(n, _)| n.as_str());
+                    let next_shared = shared.peek().map(|(n, _)| n.as_str());
+                    let name = match (next_exclusive, next_shared) {
+                        (None, None) => break,
+                        (Some(e), Some(s)) => e.min(s).to_owned(),
+                        (Some(e), None) => e.to_owned(),
+                        (None, Some(s)) => s.to_owned(),
+                    };
+                    let mut live = false;
+                    if exclusive.peek().is_some_and(|(n, _)| **n == name) {
+                        live |= exclusive.next().is_some_and(|(_, h)| h.expires > now);
+                    }
+                    if shared.peek().is_some_and(|(n, _)| **n == name) {
+                        live |= shared
+                            .next()
+                            .is_some_and(|(_, lock)| lock.live_leases(at_us) > 0);
+                    }
+                    if !prefix.covers(&name) || !visit(&name, live) {
                         break;
                     }
                 }

@@ -76,7 +76,7 @@ struct State {
     fences: HashMap<String, Counter>,
     /// The shared leases of locks, by name, and the exclusive requests
     /// waiting for them (see `shared`). Their fences come from `fences`.
-    shared: HashMap<String, shared::SharedLock>,
+    shared: BTreeMap<String, shared::SharedLock>,
     /// Semaphores (see [`super::semaphore`]), and their fencing counters.
     semaphores: BTreeMap<String, super::semaphore::Permits>,
     semaphore_fences: HashMap<String, Counter>,
@@ -377,6 +377,7 @@ impl LockNode for MemoryBackend {
             ttl_ms: req.ttl.as_millis(),
             granted_at_ms: unix_millis(granted_at),
             owner,
+            mode: crate::lock::Mode::Exclusive,
         };
         self.tell(Kind::Lock, &req.name, &change);
         drop(state);

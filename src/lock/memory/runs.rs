@@ -186,6 +186,7 @@ impl MemoryBackend {
                 ttl_ms: req.ttl.as_millis(),
                 granted_at_ms: unix_millis(wall),
                 owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+                mode: crate::lock::Mode::Exclusive,
             },
         );
         Ok(Ok(Started::New {

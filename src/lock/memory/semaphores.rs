@@ -50,6 +50,7 @@ impl MemoryBackend {
                 ttl_ms,
                 granted_at_ms: unix_millis(granted_at),
                 owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+                mode: crate::lock::Mode::Exclusive,
             }),
             Taken::Renewed(fence) => Some(Change::Extended {
                 fence,

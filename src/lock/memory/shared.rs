@@ -33,6 +33,11 @@ impl SharedLock {
         self.writers.is_empty() && self.leases.live(at_us) == 0
     }
 
+    /// How many shared leases are live at `at_us` (the semaphores' clock).
+    pub(super) fn live_leases(&mut self, at_us: u64) -> usize {
+        self.leases.live(at_us)
+    }
+
     /// Forgets `token`'s wait (its request was granted).
     pub(super) fn forget_writer(&mut self, token: &Token) {
         self.writers.remove(token.expose());
@@ -151,6 +156,7 @@ impl MemoryBackend {
                     ttl_ms,
                     granted_at_ms: unix_millis(granted_at),
                     owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+                    mode: crate::lock::Mode::Shared,
                 };
                 self.tell(Kind::Lock, &req.name, &change);
                 Ok(Acquired::Granted(lease(fence, req.ttl)))

@@ -428,13 +428,15 @@ impl RedisBackend {
 
 /// The `SCAN MATCH` pattern of the keys that stand for one held lock (or
 /// semaphore) under key prefix `key_prefix` whose name starts with
-/// `prefix`: `P{prefix*}` for a lock (its `:fence` and `:meta` keys do not
-/// end with `}`), `Psem:{prefix*}:permits` for a semaphore, `Prun:{prefix*}:record`
+/// `prefix`: `P{prefix*[}d]` for a lock, matching its key `P{N}` when it is
+/// held exclusively and its `P{N}:shared` when shared leases hold it (its
+/// `:fence`, `:meta`, `:readers` and `:writers` keys end with neither `}`
+/// nor `d`), `Psem:{prefix*}:permits` for a semaphore, `Prun:{prefix*}:record`
 /// for a run.
 pub fn match_pattern(kind: Kind, key_prefix: &str, prefix: &NamePrefix) -> String {
     let (key_prefix, prefix) = (glob_escape(key_prefix), glob_escape(prefix.as_str()));
     match kind {
-        Kind::Lock => format!("{key_prefix}{{{prefix}*}}"),
+        Kind::Lock => format!("{key_prefix}{{{prefix}*[}}d]"),
         Kind::Semaphore => format!("{key_prefix}sem:{{{prefix}*}}:permits"),
         Kind::Run => format!("{key_prefix}run:{{{prefix}*}}:record"),
     }
@@ -451,7 +453,11 @@ pub fn name_of_key(
 ) -> Option<LockName> {
     let rest = key.strip_prefix(key_prefix)?;
     let name = match kind {
-        Kind::Lock => rest.strip_prefix('{')?.strip_suffix('}')?,
+        Kind::Lock => {
+            let rest = rest.strip_prefix('{')?;
+            rest.strip_suffix('}')
+                .or_else(|| rest.strip_suffix("}:shared"))?
+        }
         Kind::Semaphore => rest.strip_prefix("sem:{")?.strip_suffix("}:permits")?,
         Kind::Run => rest.strip_prefix("run:{")?.strip_suffix("}:record")?,
     };
@@ -467,16 +473,19 @@ mod tests {
     #[test]
     fn the_pattern_matches_the_lock_key_only_and_names_are_read_back() {
         let p = NamePrefix::parse("a:").expect("valid prefix");
-        assert_eq!(match_pattern(Kind::Lock, "lockd:", &p), "lockd:{a:*}");
+        assert_eq!(match_pattern(Kind::Lock, "lockd:", &p), "lockd:{a:*[}d]");
         assert_eq!(
             match_pattern(Kind::Semaphore, "lockd:", &p),
             "lockd:sem:{a:*}:permits"
         );
-        assert_eq!(match_pattern(Kind::Lock, "x*[", &p), "x\\*\\[{a:*}");
+        assert_eq!(match_pattern(Kind::Lock, "x*[", &p), "x\\*\\[{a:*[}d]");
         let name = |key| name_of_key(Kind::Lock, "lockd:", &p, key).map(|n| n.to_string());
         assert_eq!(name("lockd:{a:1}").as_deref(), Some("a:1"));
         assert_eq!(name("lockd:{a:1}:fence"), None);
         assert_eq!(name("lockd:{a:1}:meta"), None);
+        assert_eq!(name("lockd:{a:1}:shared").as_deref(), Some("a:1"));
+        assert_eq!(name("lockd:{a:1}:readers"), None);
+        assert_eq!(name("lockd:{a:1}:writers"), None);
         assert_eq!(name("lockd:{b:1}"), None);
         assert_eq!(name("lockd:{a:}x}"), None);
         assert_eq!(name("other:{a:1}"), None);

@@ -40,7 +40,7 @@ use crate::backoff::{Backoff, ExponentialBackoff};
 use crate::lock::run::{ProbedRun, RunInfo};
 use crate::lock::semaphore::{Limit, ProbedSemaphore};
 use crate::lock::{
-    Change, ChangeListener, Kind, LockError, ProbedLock, Store, Subject, WaitInterest,
+    Change, ChangeListener, Kind, LockError, Mode, ProbedLock, Store, Subject, WaitInterest,
 };
 
 /// The default of `--max-watchers`: open watches at once, per instance.
@@ -77,6 +77,9 @@ pub struct LeaseView {
     pub expires_at: Option<SystemTime>,
     /// When the lease was granted, when known.
     pub granted_at: Option<SystemTime>,
+    /// A lock's lease: exclusive or shared (a permit or a run's attempt:
+    /// exclusive).
+    pub mode: Mode,
 }
 
 /// What a watched lock, semaphore or run is: its live leases.
@@ -428,6 +431,7 @@ impl Tracked {
                 owner,
                 expires_at: None,
                 granted_at,
+                mode: Mode::Exclusive,
             },
             ends: None,
         };
@@ -462,15 +466,30 @@ struct Read {
 
 impl Read {
     fn of_lock(probed: ProbedLock) -> Self {
-        let leases = probed
-            .holder
-            .map(|info| {
+        let leases = match probed.holder {
+            None => BTreeMap::new(),
+            Some(info) if info.mode == Mode::Shared => info
+                .shared
+                .into_iter()
+                .map(|lease| {
+                    let mut tracked = Tracked::new(
+                        lease.fence,
+                        lease.owner,
+                        lease.granted_at,
+                        Some(lease.remaining),
+                        None,
+                    );
+                    tracked.view.mode = Mode::Shared;
+                    (lease.fence, tracked)
+                })
+                .collect(),
+            Some(info) => {
                 let fence = info.fence.unwrap_or(0);
                 let tracked =
                     Tracked::new(fence, info.owner, info.granted_at, info.remaining, None);
                 BTreeMap::from([(fence, tracked)])
-            })
-            .unwrap_or_default();
+            }
+        };
         Self {
             limit: None,
             leases,
@@ -807,6 +826,7 @@ impl Follower {
                 ttl_ms,
                 granted_at_ms,
                 owner,
+                mode,
             } => {
                 if self.leases.contains_key(&fence) {
                     return;
@@ -816,9 +836,16 @@ impl Follower {
                         // Older than what is known.
                         return;
                     }
-                    // A lock has one holder: the one before ended, and no
-                    // release came, so its lease ran out.
-                    let ended: Vec<u64> = self.leases.keys().copied().collect();
+                    // An exclusive lease is alone, and a shared one is
+                    // never beside an exclusive one: the leases before it
+                    // that it cannot be beside ended, and no release came,
+                    // so they ran out.
+                    let ended: Vec<u64> = self
+                        .leases
+                        .iter()
+                        .filter(|(_, t)| mode == Mode::Exclusive || t.view.mode == Mode::Exclusive)
+                        .map(|(f, _)| *f)
+                        .collect();
                     for ended in ended {
                         self.leases.remove(&ended);
                         self.emit(WatchEvent::Expired { fence: ended });
@@ -831,7 +858,8 @@ impl Follower {
                 let granted_at = (granted_at_ms > 0)
                     .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms));
                 let ttl = Some(Duration::from_millis(ttl_ms));
-                let tracked = Tracked::new(fence, owner, granted_at, ttl, granted_at);
+                let mut tracked = Tracked::new(fence, owner, granted_at, ttl, granted_at);
+                tracked.view.mode = mode;
                 let view = tracked.view.clone();
                 self.leases.insert(fence, tracked);
                 self.emit(WatchEvent::Acquired(view));
