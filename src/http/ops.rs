@@ -75,6 +75,7 @@ pub async fn metrics(
         {
             let mut scrape = Scrape {
                 permits_held: locks.permits_held(limits.request_timeout).await,
+                shared_held: locks.shared_held(limits.request_timeout).await,
                 watchers: locks.watching(),
                 ..Scrape::default()
             };

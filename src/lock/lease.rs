@@ -136,6 +136,9 @@ pub struct Released {
     /// renewals and extends do not reset it), when recorded: the lock was
     /// held from then until now.
     pub granted_at: Option<SystemTime>,
+    /// The mode of the lease it ended (a permit's or a run attempt's:
+    /// exclusive).
+    pub mode: Mode,
 }
 
 /// What an observer may know about a held lock. It never includes the token.

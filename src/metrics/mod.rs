@@ -32,7 +32,7 @@ pub use instrumented::Instrumented;
 use namespace::{Label, Namespaces};
 pub use semaphores::PendingPermit;
 
-use crate::lock::{Acquired, LockError, LockName, Released};
+use crate::lock::{Acquired, LockError, LockName, Mode, Released};
 
 /// Bucket bounds in seconds for backend latency: from 100 µs (a loopback
 /// Redis round trip) to 10 s.
@@ -68,10 +68,14 @@ const ACQUIRE_RESULTS: &[&str] = &[
     "reacquired",
     "contended",
     "timeout",
+    "mode_mismatch",
     "cancelled",
     "unavailable",
     "error",
 ];
+
+/// The `mode` labels of the lock metrics (see [`Mode`]).
+const MODES: [Mode; 2] = [Mode::Exclusive, Mode::Shared];
 const RELEASE_RESULTS: &[&str] = &["released", "not_held", "not_owner", "unavailable", "error"];
 const EXTEND_RESULTS: &[&str] = &["extended", "not_held", "not_owner", "unavailable", "error"];
 
@@ -79,6 +83,7 @@ const EXTEND_RESULTS: &[&str] = &["extended", "not_held", "not_owner", "unavaila
 pub struct PendingAcquire<'a> {
     metrics: &'a Metrics,
     name: LockName,
+    mode: Mode,
     started: Instant,
     done: bool,
 }
@@ -88,7 +93,7 @@ impl PendingAcquire<'_> {
     pub fn finish(mut self, outcome: &Result<Acquired, LockError>) {
         self.done = true;
         self.metrics
-            .observe_acquire(&self.name, outcome, self.started.elapsed());
+            .observe_acquire(&self.name, self.mode, outcome, self.started.elapsed());
     }
 }
 
@@ -96,7 +101,7 @@ impl Drop for PendingAcquire<'_> {
     fn drop(&mut self) {
         if !self.done {
             self.metrics
-                .observe_acquire_cancelled(&self.name, self.started.elapsed());
+                .observe_acquire_cancelled(&self.name, self.mode, self.started.elapsed());
         }
     }
 }
@@ -147,18 +152,20 @@ type MasterReader = Box<dyn Fn() -> MasterStatus + Send + Sync>;
 pub struct Metrics {
     registry: Registry,
     namespaces: Namespaces,
-    /// `lockd_acquire_total{namespace,result}`: acquired, reacquired,
-    /// contended (409), timeout (the wait ran out), cancelled (the client
-    /// went away first), unavailable (a 503), error (a 500).
+    /// `lockd_acquire_total{namespace,result,mode}`: acquired, reacquired,
+    /// contended (409), timeout (the wait ran out), mode_mismatch (409: the
+    /// token holds the other mode), cancelled (the client went away
+    /// first), unavailable (a 503), error (a 500); by the mode asked for
+    /// (`exclusive` or `shared`).
     acquire_total: IntCounterVec,
     /// `lockd_acquire_contended_total{namespace}`: acquires that found the
     /// lock held on their first try, whatever happened next.
     acquire_contended: IntCounterVec,
-    /// `lockd_acquire_wait_seconds{namespace,result}`: time from an acquire
-    /// request to its outcome, waiting included.
+    /// `lockd_acquire_wait_seconds{namespace,result,mode}`: time from an
+    /// acquire request to its outcome, waiting included.
     acquire_wait: HistogramVec,
-    /// `lockd_lock_hold_seconds{namespace}`: grant to release, recorded at
-    /// release.
+    /// `lockd_lock_hold_seconds{namespace,mode}`: grant to release,
+    /// recorded at release, by the mode of the lease released.
     lock_hold: HistogramVec,
     /// `lockd_lock_expired_total{namespace}`: releases and extends answered
     /// 404, the lease having run out before the holder came back.
@@ -167,6 +174,10 @@ pub struct Metrics {
     release_total: IntCounterVec,
     /// `lockd_extend_total{namespace,result}`.
     extend_total: IntCounterVec,
+    /// `lockd_shared_holders{namespace}`: live shared leases of the locks
+    /// this instance granted shared leases of, read from the store at
+    /// scrape time (by every instance's holders).
+    shared_holders: IntGaugeVec,
     /// `lockd_waiters{namespace}`: requests waiting for a lock, read at
     /// scrape time.
     waiters: IntGaugeVec,
@@ -225,6 +236,9 @@ pub struct Scrape {
     pub semaphore_waiters: Vec<(String, usize)>,
     /// Each semaphore known to this instance, and its live permits.
     pub permits_held: Vec<(String, usize)>,
+    /// Each lock this instance granted shared leases of, and its live
+    /// shared leases.
+    pub shared_held: Vec<(String, usize)>,
     /// Watches open on this instance.
     pub watchers: usize,
 }
@@ -275,6 +289,8 @@ impl Metrics {
         let b = Builder(&registry);
         let ns = &["namespace"];
         let ns_result = &["namespace", "result"];
+        let ns_result_mode = &["namespace", "result", "mode"];
+        let ns_mode = &["namespace", "mode"];
         let build_info = b.gauge(
             "lockd_build_info",
             "Always 1; the version of lockd that serves.",
@@ -301,7 +317,7 @@ impl Metrics {
         )?;
         registry.register(Box::new(watchers.clone()))?;
         let metrics = Self {
-            acquire_total: b.counter("lockd_acquire_total", "Acquire requests by namespace and result.", ns_result)?,
+            acquire_total: b.counter("lockd_acquire_total", "Acquire requests by namespace, result and mode.", ns_result_mode)?,
             acquire_contended: b.counter(
                 "lockd_acquire_contended_total",
                 "Acquire requests that found the lock held on their first try (then failed at once, waited, or timed out).",
@@ -310,13 +326,13 @@ impl Metrics {
             acquire_wait: b.histogram(
                 "lockd_acquire_wait_seconds",
                 "Time from an acquire request to its outcome, waiting included, in seconds.",
-                ns_result,
+                ns_result_mode,
                 WAIT_BUCKETS,
             )?,
             lock_hold: b.histogram(
                 "lockd_lock_hold_seconds",
                 "Time from a grant to its release, in seconds, recorded at release.",
-                ns,
+                ns_mode,
                 HOLD_BUCKETS,
             )?,
             lock_expired: b.counter(
@@ -327,6 +343,11 @@ impl Metrics {
             release_total: b.counter("lockd_release_total", "Release requests by namespace and result.", ns_result)?,
             extend_total: b.counter("lockd_extend_total", "Extend requests by namespace and result.", ns_result)?,
             waiters: b.gauge("lockd_waiters", "Requests waiting for a lock now.", ns)?,
+            shared_holders: b.gauge(
+                "lockd_shared_holders",
+                "Live shared leases of the locks this instance has granted shared leases of, read from the store at scrape time.",
+                ns,
+            )?,
             backend_duration: b.histogram(
                 "lockd_backend_duration_seconds",
                 "Time of one call to a lock backend node, in seconds.",
@@ -408,7 +429,6 @@ impl Metrics {
     /// Creates every series of a namespace at zero.
     fn create_namespace_series(&self, ns: &str) {
         for (vec, results) in [
-            (&self.acquire_total, ACQUIRE_RESULTS),
             (&self.release_total, RELEASE_RESULTS),
             (&self.extend_total, EXTEND_RESULTS),
         ] {
@@ -416,13 +436,17 @@ impl Metrics {
                 vec.with_label_values(&[ns, result]);
             }
         }
-        for result in ACQUIRE_RESULTS {
-            self.acquire_wait.with_label_values(&[ns, result]);
+        for mode in MODES.map(Mode::as_str) {
+            for result in ACQUIRE_RESULTS {
+                self.acquire_total.with_label_values(&[ns, result, mode]);
+                self.acquire_wait.with_label_values(&[ns, result, mode]);
+            }
+            self.lock_hold.with_label_values(&[ns, mode]);
         }
         self.acquire_contended.with_label_values(&[ns]);
-        self.lock_hold.with_label_values(&[ns]);
         self.lock_expired.with_label_values(&[ns]);
         self.waiters.with_label_values(&[ns]);
+        self.shared_holders.with_label_values(&[ns]);
         self.semaphores.create_namespace_series(ns);
         self.runs.create_namespace_series(ns);
     }
@@ -490,6 +514,7 @@ impl Metrics {
     pub fn observe_acquire(
         &self,
         name: &LockName,
+        mode: Mode,
         outcome: &Result<Acquired, LockError>,
         took: Duration,
     ) {
@@ -498,32 +523,39 @@ impl Metrics {
             Ok(Acquired::Renewed(_)) => "reacquired",
             Err(LockError::Held { .. }) => "contended",
             Err(LockError::WaitTimedOut { .. }) => "timeout",
+            Err(LockError::ModeMismatch { .. }) => "mode_mismatch",
             Err(e) => failure(e),
         };
-        self.count_acquire(name, result, took);
+        self.count_acquire(name, mode, result, took);
         self.count_quorum_failure("acquire", outcome);
     }
 
-    /// Starts counting an acquire of `name` that began at `started`: it is
-    /// counted by [`PendingAcquire::finish`], or as `cancelled` if the
-    /// request is dropped first (the client went away).
-    pub fn pending_acquire(&self, name: &LockName, started: Instant) -> PendingAcquire<'_> {
+    /// Starts counting an acquire of `name` in `mode` that began at
+    /// `started`: it is counted by [`PendingAcquire::finish`], or as
+    /// `cancelled` if the request is dropped first (the client went away).
+    pub fn pending_acquire(
+        &self,
+        name: &LockName,
+        mode: Mode,
+        started: Instant,
+    ) -> PendingAcquire<'_> {
         PendingAcquire {
             metrics: self,
             name: name.clone(),
+            mode,
             started,
             done: false,
         }
     }
 
     /// Counts an acquire whose client went away before the answer.
-    pub fn observe_acquire_cancelled(&self, name: &LockName, took: Duration) {
-        self.count_acquire(name, "cancelled", took);
+    pub fn observe_acquire_cancelled(&self, name: &LockName, mode: Mode, took: Duration) {
+        self.count_acquire(name, mode, "cancelled", took);
     }
 
-    fn count_acquire(&self, name: &LockName, result: &str, took: Duration) {
+    fn count_acquire(&self, name: &LockName, mode: Mode, result: &str, took: Duration) {
         let ns = self.namespace(name);
-        let labels = [ns.as_str(), result];
+        let labels = [ns.as_str(), result, mode.as_str()];
         self.acquire_total.with_label_values(&labels).inc();
         self.acquire_wait
             .with_label_values(&labels)
@@ -536,12 +568,13 @@ impl Metrics {
         self.count_ownership(&self.release_total, &ns, outcome, "released");
         if let Ok(Released {
             granted_at: Some(granted_at),
+            mode,
         }) = outcome
         {
             // Wall-clock times: a clock stepped back gives no sample.
             if let Ok(held) = SystemTime::now().duration_since(*granted_at) {
                 self.lock_hold
-                    .with_label_values(&[ns.as_str()])
+                    .with_label_values(&[ns.as_str(), mode.as_str()])
                     .observe(held.as_secs_f64());
             }
         }
@@ -590,6 +623,11 @@ impl Metrics {
     /// `scrape`.
     pub fn render(&self, scrape: &Scrape) -> String {
         self.update_waiters(&scrape.lock_waiters);
+        for (ns, count) in self.by_namespace(&scrape.shared_held) {
+            self.shared_holders
+                .with_label_values(&[ns.as_ref()])
+                .set(count);
+        }
         self.watchers
             .set(i64::try_from(scrape.watchers).unwrap_or(i64::MAX));
         self.update_semaphores(&scrape.semaphore_waiters, &scrape.permits_held);

@@ -198,6 +198,7 @@ impl Metrics {
             .inc();
         if let Ok(Some(Released {
             granted_at: Some(granted_at),
+            ..
         })) = outcome
             && let Ok(held) = SystemTime::now().duration_since(*granted_at)
         {

@@ -48,6 +48,7 @@ shared_tests!(
     a_writer_that_hangs_up_lets_readers_in_at_once,
     bad_mode_is_refused_with_a_problem_and_writes_nothing,
     a_watch_tells_each_shared_lease_by_its_fence_and_mode,
+    metrics_count_grants_waits_and_holds_by_mode_and_the_shared_holders,
 );
 
 fn path(name: &str) -> String {
@@ -799,4 +800,71 @@ async fn a_watch_tells_each_shared_lease_by_its_fence_and_mode(app: &TestApp) {
     assert_eq!(acquired.data["mode"], "exclusive");
     // Nothing else: no expiry was made up.
     assert!(stream.next(Duration::from_millis(300)).await.is_none());
+}
+
+// ---------------------------------------------------------------------------
+// Metrics
+// ---------------------------------------------------------------------------
+
+async fn metrics_count_grants_waits_and_holds_by_mode_and_the_shared_holders(app: &TestApp) {
+    use crate::support::metric;
+    let name = "metered:dataset";
+    let token = random_token();
+    take(
+        app,
+        name,
+        Some(&token),
+        json!({"mode": "shared", "ttl_ms": 20_000}),
+    )
+    .await
+    .expect_status(201);
+    let other = shared(app, name, 20_000).await;
+    other.expect_status(201);
+    take(app, name, Some(&token), json!({"ttl_ms": 5_000}))
+        .await
+        .expect_problem(409, "mode-mismatch");
+    let text = app.metrics().await;
+    let ns = ("namespace", "metered");
+    let count = |text: &str, result: &str, mode: &str| {
+        metric(
+            text,
+            "lockd_acquire_total",
+            &[ns, ("result", result), ("mode", mode)],
+        )
+    };
+    assert_eq!(count(&text, "acquired", "shared"), Some(2.0), "{text}");
+    assert_eq!(count(&text, "acquired", "exclusive"), Some(0.0));
+    assert_eq!(count(&text, "mode_mismatch", "exclusive"), Some(1.0));
+    assert_eq!(
+        metric(
+            &text,
+            "lockd_acquire_wait_seconds_count",
+            &[ns, ("mode", "shared")]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(metric(&text, "lockd_shared_holders", &[ns]), Some(2.0));
+    app.release(name, &token).await.expect_status(204);
+    let text = app.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            "lockd_lock_hold_seconds_count",
+            &[ns, ("mode", "shared")]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "lockd_lock_hold_seconds_count",
+            &[ns, ("mode", "exclusive")]
+        ),
+        Some(0.0)
+    );
+    assert_eq!(metric(&text, "lockd_shared_holders", &[ns]), Some(1.0));
+    app.release(name, &other.token()).await.expect_status(204);
+    let text = app.metrics().await;
+    assert_eq!(metric(&text, "lockd_shared_holders", &[ns]), Some(0.0));
 }

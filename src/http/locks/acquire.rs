@@ -76,7 +76,7 @@ pub async fn acquire(
     drop(headers);
     let (name, token, mode) = (request.name.clone(), request.token.clone(), request.mode);
     // Counted as cancelled if the client goes away before the answer.
-    let counted = metrics.pending_acquire(&name, started);
+    let counted = metrics.pending_acquire(&name, mode, started);
     // The wait this request asked for, plus the time any request may take.
     // Giving up here is safe: a grant made after it is released again.
     let limit = deadline.remaining() + wait;

@@ -250,6 +250,7 @@ impl MemoryBackend {
         self.tell(Kind::Lock, name, &Change::Released { fence });
         Ok(Released {
             granted_at: Some(granted_at),
+            mode: Mode::Exclusive,
         })
     }
 

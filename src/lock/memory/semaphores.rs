@@ -106,6 +106,7 @@ impl MemoryBackend {
         drop(state);
         Ok(gone.map(|(_, granted_at)| Released {
             granted_at: Some(granted_at),
+            ..Released::default()
         }))
     }
 

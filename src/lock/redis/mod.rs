@@ -756,7 +756,13 @@ impl RedisBackend {
                         None => self.run::<Vec<redis::Value>>(call).await,
                     };
                     match answer {
-                        Ok(answer) if answer.first() == Some(&redis::Value::Int(1)) => {
+                        // 1: a lock or a permit released; 2: a shared lease.
+                        Ok(answer)
+                            if matches!(
+                                answer.first(),
+                                Some(&redis::Value::Int(1) | &redis::Value::Int(2))
+                            ) =>
+                        {
                             grant.released_timed_out();
                             Attempt::Done
                         }
@@ -1119,13 +1125,18 @@ impl LockNode for RedisBackend {
             .run_on(&self.release_call(&keys, token), &mut sent_on)
             .await?;
         match verdict {
-            1 => {
+            1 | 2 => {
                 // A release the replicas did not hear of could come back
                 // with a failover: the caller is told to release again.
                 self.check_replicas(sent_on, &keys.lock, None, LaggingWrite::Release)
                     .await?;
                 Ok(Released {
                     granted_at: parse_unix_millis(&granted_at),
+                    mode: if verdict == 2 {
+                        Mode::Shared
+                    } else {
+                        Mode::Exclusive
+                    },
                 })
             }
             0 => Err(LockError::NotHeld),

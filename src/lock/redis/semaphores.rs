@@ -175,6 +175,7 @@ impl RedisBackend {
         Ok((released == 1).then(|| Released {
             granted_at: (granted_at_ms > 0)
                 .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms)),
+            ..Released::default()
         }))
     }
 

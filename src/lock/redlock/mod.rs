@@ -289,6 +289,7 @@ impl LockStore for Redlock {
             // The earliest grant time recorded: the lock was held since then.
             return Ok(Released {
                 granted_at: released.iter().filter_map(|r| r.granted_at).min(),
+                mode: Mode::Exclusive,
             });
         }
         answers.told(self.quorum)?;

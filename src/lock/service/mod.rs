@@ -133,6 +133,8 @@ pub struct Shared {
     /// The semaphores this instance granted permits of (see
     /// [`permits::Known`]).
     known: Arc<permits::Known>,
+    /// The locks this instance granted shared leases of.
+    known_shared: Arc<permits::Known>,
 }
 
 impl std::ops::Deref for Locks {
@@ -167,6 +169,7 @@ impl Locks {
             shutdown,
             on_contention: None,
             known: Arc::default(),
+            known_shared: Arc::default(),
         }))
     }
 
@@ -182,6 +185,7 @@ impl Locks {
             shutdown: shared.shutdown.clone(),
             on_contention: shared.on_contention.clone(),
             known: shared.known.clone(),
+            known_shared: shared.known_shared.clone(),
         });
         Self(Arc::new(Shared {
             on_contention: Some(hook),
@@ -262,11 +266,47 @@ impl Locks {
         let caller_gone = (!wait.is_zero()).then(CancellationToken::new);
         let (this, op_req, told) = (self.clone(), req.clone(), caller_gone.clone());
         let op = Box::pin(async move { this.acquire_or_wait(&op_req, wait, told.as_ref()).await });
+        let (name, mode) = (req.name.clone(), req.mode);
         let orphan = LockOrphan {
             locks: self.clone(),
             req,
         };
-        Attached::new(op, caller_gone, orphan).await
+        let outcome = Attached::new(op, caller_gone, orphan).await;
+        if mode == Mode::Shared && matches!(outcome, Ok(Acquired::Granted(_))) {
+            self.known_shared.remember(&name);
+        }
+        outcome
+    }
+
+    /// How many live shared leases each lock this instance granted shared
+    /// leases of has now, by every instance's holders, read from the store
+    /// (each read bounded by `timeout`; one that fails is left out). A
+    /// lock with none left is forgotten.
+    pub async fn shared_held(&self, timeout: Duration) -> Vec<(String, usize)> {
+        let names: Vec<LockName> = self.known_shared.names().iter().cloned().collect();
+        let store = self.store.locks();
+        let reads = names.iter().map(|name| async move {
+            (
+                name,
+                tokio::time::timeout(timeout, store.inspect(name)).await,
+            )
+        });
+        let mut held = Vec::new();
+        let mut gone = Vec::new();
+        for (name, read) in futures_util::future::join_all(reads).await {
+            match read {
+                Ok(Ok(Some(info))) if info.mode == Mode::Shared => {
+                    held.push((name.as_str().to_owned(), info.shared.len()));
+                }
+                Ok(Ok(_)) => gone.push(name.clone()),
+                _ => {}
+            }
+        }
+        let mut known = self.known_shared.names();
+        for name in &gone {
+            known.remove(name);
+        }
+        held
     }
 
     /// Releases a lock granted to a caller who went away: one attempt of

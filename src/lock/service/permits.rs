@@ -20,15 +20,24 @@ use crate::lock::{ExtendTtl, LockError, LockName, Released, SemaphoreStore, Subj
 /// The most semaphores [`Known`] remembers.
 const MAX_KNOWN: usize = 1_000;
 
-/// The semaphores this instance granted permits of, up to [`MAX_KNOWN`],
-/// for the permits-held gauge: each is read from the store at scrape time,
-/// and forgotten once it has no permit left.
+/// The semaphores this instance granted permits of (or the locks it
+/// granted shared leases of), up to [`MAX_KNOWN`], for the permits-held
+/// (shared-holders) gauge: each is read from the store at scrape time, and
+/// forgotten once it has no permit (shared lease) left.
 #[derive(Default)]
 pub(super) struct Known(Mutex<HashSet<LockName>>);
 
 impl Known {
-    fn names(&self) -> MutexGuard<'_, HashSet<LockName>> {
+    pub(super) fn names(&self) -> MutexGuard<'_, HashSet<LockName>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remembers `name`, while there is room.
+    pub(super) fn remember(&self, name: &LockName) {
+        let mut known = self.names();
+        if known.len() < MAX_KNOWN {
+            known.insert(name.clone());
+        }
     }
 }
 

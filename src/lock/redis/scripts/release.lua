@@ -8,7 +8,8 @@
 -- ARGV[1] token, ARGV[2] release channel (KEYS[1] .. ':released'),
 -- ARGV[3] the command to publish it with: PUBLISH, or SPUBLISH on a Redis
 -- Cluster (sharded pub/sub: the channel shares the keys' slot)
--- Returns {1, grant time in Unix ms ('' when not recorded)} when released,
+-- Returns {1, grant time in Unix ms ('' when not recorded)} when released
+-- (an exclusive holder), {2, grant time} when a shared lease was released,
 -- {0, ''} when nobody holds the lock, {-1, ''} when another token holds it
 -- (nothing is changed then). Either way a wait of `token` for the lock is
 -- forgotten (a caller that hung up, say): shared requests that it kept out
@@ -47,7 +48,7 @@ if not current then
     end
   end
   redis.pcall(ARGV[3], ARGV[2], message)
-  return {1, granted}
+  return {2, granted}
 end
 if current ~= ARGV[1] then
   return refused(-1)
