@@ -2,7 +2,8 @@
 //! with `mode: "shared"` on a real Redis and on the memory backend (the
 //! same answers), field cases C27–C29, the writer rule, 50 clients mixing
 //! modes checked from their own grant intervals, cancel safety, bad
-//! input, two instances, a Redis Cluster, and Redlock's refusal.
+//! input, two instances, watches, metrics, a Sentinel failover, a Redis
+//! Cluster, and Redlock's refusal.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -867,4 +868,50 @@ async fn metrics_count_grants_waits_and_holds_by_mode_and_the_shared_holders(app
     app.release(name, &other.token()).await.expect_status(204);
     let text = app.metrics().await;
     assert_eq!(metric(&text, "lockd_shared_holders", &[ns]), Some(0.0));
+}
+
+/// Through Sentinel, with `--min-replicas-acked 1`: shared leases are
+/// granted on the master Sentinel names once a replica has them, so a
+/// failover keeps both readers, and the writer still waits for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_leases_survive_a_sentinel_failover_and_keep_the_writer_out() {
+    let set = Arc::new(crate::support::SentinelSet::start().await);
+    let app = TestApp::sentinel_on(set.clone(), |s| crate::support::with_acks(s, 1)).await;
+    let name = "shared:sentinel";
+    let (r1, r2) = (
+        shared(&app, name, 120_000).await,
+        shared(&app, name, 120_000).await,
+    );
+    r1.expect_status(201);
+    r2.expect_status(201);
+    set.fail_over().await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let reply = app.inspect(name).await;
+            reply.status == 200 && reply.json()["holder_count"] == 2
+        })
+        .await,
+        "the readers did not survive the failover: {}",
+        app.inspect(name).await.text
+    );
+    // Through the new master: an exclusive request is still kept out.
+    let refused = app.acquire_ttl(name, 5_000).await;
+    refused.expect_problem(409, "lock-held");
+    let writer = spawn_take(
+        &app,
+        name,
+        json!({"ttl_ms": 5_000, "wait_ms": 60_000}),
+        Duration::from_secs(70),
+    );
+    until_writer_waits(&app, name).await;
+    for reader in [&r1, &r2] {
+        let released = eventually(Duration::from_secs(30), || async {
+            app.release(name, &reader.token()).await.status == 204
+        })
+        .await;
+        assert!(released, "a reader could not release");
+    }
+    let (w, _) = answer(writer, Duration::from_secs(60)).await;
+    w.expect_status(201);
+    assert!(w.fence() > r2.fence());
 }
