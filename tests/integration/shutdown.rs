@@ -147,8 +147,10 @@ async fn until_subscribed(redis: &RedisServer) {
 /// on its own for the rest of the test), then parks `per_lock` waiters on
 /// each, with `wait_ms` 30 s and a token of their own; returns the holders'
 /// tokens, the waiters' tokens and the waiters. Parked means: `lockd_waiters`
-/// counts them all, and each queue head's first try is over (two acquires
-/// per lock reached Redis: the holder's and the head's).
+/// counts them all, and every first try is over: per lock, the holder's
+/// acquire, the head's, and one renew-only acquire of each waiter queued
+/// behind it (its token, chosen by the client, might hold the lock already:
+/// it is renewed at once if so, and takes nothing otherwise).
 async fn hold_and_park(
     lockd: &Lockd,
     http: &reqwest::Client,
@@ -185,7 +187,7 @@ async fn hold_and_park(
     }
     let within = Duration::from_secs(20);
     #[allow(clippy::cast_precision_loss)]
-    let (parked, acquires) = (waiters.len() as f64, 2.0 * names.len() as f64);
+    let (parked, acquires) = (waiters.len() as f64, ((per_lock + 1) * names.len()) as f64);
     until_metric(http, metrics_url, "lockd_waiters", &[], parked, within).await;
     until_metric(
         http,

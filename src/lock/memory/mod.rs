@@ -2,7 +2,8 @@
 //! `lockd serve --dev` and tests. Locks live in this process only: two lockd
 //! processes never see each other's locks.
 //!
-//! This file keeps the locks; `semaphores` the permits, `runs` the runs,
+//! This file keeps the locks; `shared` their shared leases (and the
+//! writers waiting for them), `semaphores` the permits, `runs` the runs,
 //! and `listing` the walk of the held names in order.
 //!
 //! A std [`Mutex`] is right here (as in mini-redis's `db.rs`): the critical

@@ -195,14 +195,10 @@ impl MemoryBackend {
             ExtendTtl::Own { .. } => None,
         };
         let extended = lock.leases.extend(at, token, asked);
-        let live = lock.leases.live(at);
         self.tell_ended_shared(name, lock);
+        // Not held under this token (as a permit), whoever else holds it.
         let Some((fence, _, ttl_ms)) = extended else {
-            return Err(if live > 0 {
-                LockError::NotOwner
-            } else {
-                LockError::NotHeld
-            });
+            return Err(LockError::NotHeld);
         };
         let ttl = crate::lock::Ttl::new(ttl_ms).ok_or(LockError::NotHeld)?;
         let change = Change::Extended {
@@ -228,14 +224,9 @@ impl MemoryBackend {
             .get_mut(name.as_str())
             .ok_or(LockError::NotHeld)?;
         let given_back = lock.leases.give_back(at, token);
-        let live = lock.leases.live(at);
         self.tell_ended_shared(name, lock);
         let Some((fence, granted_at)) = given_back else {
-            return Err(if live > 0 {
-                LockError::NotOwner
-            } else {
-                LockError::NotHeld
-            });
+            return Err(LockError::NotHeld);
         };
         self.tell(Kind::Lock, name, &Change::Released { fence });
         Ok(Released {

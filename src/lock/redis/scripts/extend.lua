@@ -23,8 +23,9 @@ if not current then
   end
   local field = holder_field(ARGV[1])
   local mine = redis.call('HGET', KEYS[5], field)
+  -- Not held under this token (as a permit), though others hold the lock.
   if not (mine and redis.call('ZSCORE', KEYS[4], ARGV[1])) then
-    return {-1, 0, 0}
+    return {0, 0, 0}
   end
   local record = cjson.decode(mine)
   local ttl = tonumber(ARGV[2]) or tonumber(record.ttl_ms) or tonumber(ARGV[4])

@@ -28,8 +28,11 @@ if not current then
   end
   local field = holder_field(ARGV[1])
   local mine = redis.call('HGET', KEYS[4], field)
+  -- A token with no shared lease: not held (as a permit), though other
+  -- shared leases hold the lock, so that a release retried after a
+  -- lagging one hears that it is gone.
   if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then
-    return refused(-1)
+    return refused(0)
   end
   redis.call('HDEL', KEYS[4], field)
   if redis.call('ZCARD', KEYS[3]) == 0 then
