@@ -252,6 +252,7 @@ impl ClientError {
             | "payload-too-large"
             | "unsupported-media-type"
             | "limit-mismatch"
+            | "mode-mismatch"
             | "fingerprint-mismatch"
             | "not-implemented" => Self::Refused { answer },
             _ => match answer.status {
@@ -1031,6 +1032,12 @@ mod tests {
         assert!(matches!(
             refusal(StatusCode::NOT_FOUND, gone),
             ClientError::NotHeld { .. }
+        ));
+        // An upgrade refused: not a held lock to retry on, a usage error.
+        let mode = r#"{"type":"urn:lockd:problem:mode-mismatch"}"#;
+        assert!(matches!(
+            refusal(StatusCode::CONFLICT, mode),
+            ClientError::Refused { .. }
         ));
         let route = r#"{"type":"urn:lockd:problem:route-not-found"}"#;
         assert!(matches!(

@@ -485,7 +485,7 @@ impl From<LockError> for ApiError {
             LockError::ModeMismatch { held } => Self::new(
                 Kind::ModeMismatch,
                 format!(
-                    "this token holds a {held} lease on this lock, and a token never changes mode: waiting would be for its own lease. Nothing was changed. To change mode, release (DELETE), then acquire again in the other mode, with wait_ms"
+                    "this token holds the lock in {held} mode, and a token never changes mode: waiting would be for its own lease. Nothing was changed. To renew, ask again in {held} mode; to change mode, release (DELETE), then acquire again in the other mode, with wait_ms"
                 ),
             ),
             LockError::Unavailable(why) => {

@@ -47,6 +47,7 @@ shared_tests!(
     never_a_shared_and_an_exclusive_holder_at_once,
     a_shared_waiter_that_hangs_up_is_never_left_holding,
     a_writer_that_hangs_up_lets_readers_in_at_once,
+    a_writer_gone_without_a_word_keeps_no_reader_out_of_a_free_lock,
     bad_mode_is_refused_with_a_problem_and_writes_nothing,
     a_watch_tells_each_shared_lease_by_its_fence_and_mode,
     metrics_count_grants_waits_and_holds_by_mode_and_the_shared_holders,
@@ -922,7 +923,40 @@ async fn shared_leases_survive_a_sentinel_failover_and_keep_the_writer_out() {
             last.lock().unwrap()
         );
     }
-    let (w, _) = answer(writer, Duration::from_secs(60)).await;
+    // The new master's replica may still be catching up: a grant short of
+    // its ack is undone (503 replication-lagging) and tried again.
+    let (mut w, _) = answer(writer, Duration::from_secs(60)).await;
+    let retry_until = Instant::now() + Duration::from_secs(30);
+    while w.status == 503 && Instant::now() < retry_until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        w = app.acquire_ttl(name, 5_000).await;
+    }
     w.expect_status(201);
     assert!(w.fence() > r2.fence());
+}
+
+/// A writer with a token of its own that hangs up (or a `lockd exec`
+/// killed, or a lockd that stopped) is not withdrawn; once the readers it
+/// waited for are gone, it keeps no reader out of the free lock, long
+/// before its wait (25 s) or their leases (30 s) would have ended.
+async fn a_writer_gone_without_a_word_keeps_no_reader_out_of_a_free_lock(app: &TestApp) {
+    let name = "shared:writer-vanished";
+    let r = shared(app, name, 30_000).await;
+    r.expect_status(201);
+    let gone = spawn_take(
+        app,
+        name,
+        json!({"ttl_ms": 5_000, "wait_ms": 25_000, "token": random_token()}),
+        Duration::from_millis(500),
+    );
+    until_writer_waits(app, name).await;
+    assert!(
+        gone.await.expect("task").is_err(),
+        "the client should give up"
+    );
+    app.release(name, &r.token()).await.expect_status(204);
+    let started = Instant::now();
+    let next = shared(app, name, 5_000).await;
+    next.expect_status(201);
+    assert!(started.elapsed() < Duration::from_secs(10));
 }

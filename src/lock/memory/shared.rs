@@ -63,9 +63,13 @@ impl State {
         self.shared.entry(name.as_str().to_owned()).or_default()
     }
 
-    /// Records that `req` (an exclusive request) waits, when it does.
-    pub(super) fn note_writer(&mut self, req: &AcquireRequest, now: Instant) {
+    /// Records that `req` (an exclusive request) waits, when it does:
+    /// until its wait ends, or a second after `last` (the end of the last
+    /// shared lease it waits for), whichever is first, as `note_writer` of
+    /// `shared.lua` does.
+    pub(super) fn note_writer(&mut self, req: &AcquireRequest, now: Instant, last: Duration) {
         if let Some(until) = req.waits_until.filter(|until| *until > now) {
+            let until = until.min(now + last + Duration::from_secs(1));
             self.shared_of(&req.name)
                 .writers
                 .insert(req.token.expose().to_owned(), until);
@@ -98,7 +102,7 @@ impl MemoryBackend {
         if shared.leases.holds(at, &req.token) {
             return Some(LockError::ModeMismatch { held: Mode::Shared });
         }
-        state.note_writer(req, now);
+        state.note_writer(req, now, last);
         Some(LockError::Held { retry_after: last })
     }
 
@@ -224,6 +228,11 @@ impl MemoryBackend {
             .get_mut(name.as_str())
             .ok_or(LockError::NotHeld)?;
         let given_back = lock.leases.give_back(at, token);
+        if lock.leases.live(at) == 0 {
+            // The last shared lease: the waiting writers are forgotten, as
+            // `release.lua` does.
+            lock.writers.clear();
+        }
         self.tell_ended_shared(name, lock);
         let Some((fence, granted_at)) = given_back else {
             return Err(LockError::NotHeld);

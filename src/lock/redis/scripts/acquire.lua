@@ -16,8 +16,10 @@
 -- holds it or shared leases are live (pttl: until the last of them ends),
 -- {3, 0} when this token holds a shared lease (nothing is changed).
 -- A request that waits and is refused for shared leases is recorded among
--- the waiting writers until its wait ends, so that no new shared lease is
--- granted meanwhile and the shared leases drain; a grant forgets it. (One
+-- the waiting writers (until its wait ends, or a second after the last
+-- shared lease, whichever is first: see note_writer), so that no new
+-- shared lease is granted meanwhile and the shared leases drain; a grant
+-- forgets it. (One
 -- refused for an exclusive holder is not: at that holder's release it
 -- races new shared requests once at most, and if they win, it is refused
 -- for shared leases and recorded.)
@@ -39,7 +41,7 @@ if readers > 0 then
   if redis.call('ZSCORE', KEYS[4], ARGV[1]) then
     return {3, 0}
   end
-  note_writer(KEYS[6], ARGV[1], ARGV[8])
+  note_writer(KEYS[6], ARGV[1], ARGV[8], KEYS[4])
   return {0, last_shared_ms(KEYS[4])}
 end
 if ARGV[9] ~= '1' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then

@@ -36,7 +36,11 @@ if not current then
   end
   redis.call('HDEL', KEYS[4], field)
   if redis.call('ZCARD', KEYS[3]) == 0 then
-    redis.call('DEL', KEYS[4])
+    -- The last shared lease: the lock is free, and the waiting writers
+    -- are forgotten with it. One still there takes the lock at this
+    -- release's message (SET NX needs no record); one that is gone
+    -- without a word keeps no reader out of a free lock.
+    redis.call('DEL', KEYS[4], KEYS[5])
   end
   local granted, message = '', ''
   if mine then

@@ -33,15 +33,26 @@ local function last_shared_ms(shared)
 end
 
 -- Records that `token`'s exclusive request waits `wait_ms` more (nothing
--- when it does not wait), and keeps the set for as long as its last wait.
-local function note_writer(writers, token, wait_ms)
+-- when it does not wait), for as long as it waits but no longer than a
+-- second past the end of the last shared lease (`shared`) it waits for: a
+-- writer that is still there tries again by then (the lease's end, or an
+-- extend's message, wakes it) and records itself anew, while one that is
+-- gone without a word (a client that hung up with its own token, a lockd
+-- that stopped) keeps readers out no longer than that. Keeps the set for
+-- as long as its last record.
+local function note_writer(writers, token, wait_ms, shared)
   local wait = tonumber(wait_ms)
   if not wait or wait <= 0 then
     return
   end
   local now = now_us()
+  local until_us = now + us(wait)
+  local last = redis.call('ZRANGE', shared, -1, -1, 'WITHSCORES')
+  if #last == 2 then
+    until_us = math.min(until_us, tonumber(last[2]) + 1000000)
+  end
   redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
-  redis.call('ZADD', writers, now + us(wait), token)
+  redis.call('ZADD', writers, until_us, token)
   local last = redis.call('ZRANGE', writers, -1, -1, 'WITHSCORES')
   redis.call('PEXPIRE', writers, math.floor((tonumber(last[2]) - now) / 1000) + 1)
 end
