@@ -476,7 +476,7 @@ impl From<LockError> for ApiError {
             .retry_after(UNAVAILABLE_RETRY),
             LockError::NotHeld => Self::new(
                 Kind::LockNotHeld,
-                "nobody holds this lock: it was released or its lease ran out",
+                "this token holds no lease of this lock: it was released or its lease ran out (other holders, shared ones, may hold it still); nothing was changed",
             ),
             LockError::NotOwner => Self::new(
                 Kind::NotLockOwner,
