@@ -13,30 +13,7 @@ use crate::support::{
     EventStream, Reply, TestApp, eventually, metric, random_token, shared_cluster,
 };
 
-/// One test per listed `async fn name(app: &TestApp)`, on a fresh Redis
-/// (`redis::name`) and on the memory backend (`memory::name`).
-macro_rules! run_tests {
-    ($($name:ident),* $(,)?) => {
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(&crate::support::TestApp::redis().await).await;
-                }
-            )*
-        }
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(&crate::support::TestApp::memory().await).await;
-                }
-            )*
-        }
-    };
-}
-
-run_tests!(
+crate::support::redis_and_memory_tests!(
     c24_run_stuck_an_attempt_that_died_never_blocks_its_key_longer_than_its_lease,
     c25_run_mismatch_a_key_reused_with_another_payload_is_refused_not_replayed,
     c26_run_failure_a_failed_attempt_is_retried_never_replayed_as_done,

@@ -15,30 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::support::{Reply, TestApp, eventually, metric, ms_until, random_token, shared_cluster};
 
-/// One test per listed `async fn name(app: &TestApp)`, on a fresh Redis
-/// (`redis::name`) and on the memory backend (`memory::name`).
-macro_rules! semaphore_tests {
-    ($($name:ident),* $(,)?) => {
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(&crate::support::TestApp::redis().await).await;
-                }
-            )*
-        }
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(&crate::support::TestApp::memory().await).await;
-                }
-            )*
-        }
-    };
-}
-
-semaphore_tests!(
+crate::support::redis_and_memory_tests!(
     c18_semaphore_reacquire_takes_no_second_permit,
     c20_semaphore_wakeup_a_freed_permit_wakes_a_waiter,
     a_permit_that_runs_out_wakes_a_waiter_and_is_free_at_once,

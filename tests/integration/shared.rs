@@ -15,30 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::support::{Reply, TestApp, eventually, ms_until, random_token};
 
-/// One test per listed `async fn name(app: &TestApp)`, on a fresh Redis
-/// (`redis::name`) and on the memory backend (`memory::name`).
-macro_rules! shared_tests {
-    ($($name:ident),* $(,)?) => {
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(&crate::support::TestApp::redis().await).await;
-                }
-            )*
-        }
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(&crate::support::TestApp::memory().await).await;
-                }
-            )*
-        }
-    };
-}
-
-shared_tests!(
+crate::support::redis_and_memory_tests!(
     c27_shared_zombie_one_readers_renewal_never_keeps_another_alive,
     c28_shared_wakeup_a_writer_waiting_behind_a_release_is_woken_at_once,
     c29_shared_upgrade_never_deadlocks_on_itself,

@@ -692,3 +692,31 @@ macro_rules! backend_tests {
 }
 #[allow(unused_imports)]
 pub(crate) use backend_tests;
+
+/// Generates one `#[tokio::test]` per backend that keeps every kind of
+/// lease (a fresh redis-server, `redis::name`, and the in-memory backend,
+/// `memory::name`) for each listed `async fn name(app: &TestApp)` of the
+/// calling file: the tests of a kind Redlock refuses (semaphores, runs,
+/// shared locks), which test its 501 on their own.
+#[allow(unused_macros)]
+macro_rules! redis_and_memory_tests {
+    ($($name:ident),* $(,)?) => {
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(&crate::support::TestApp::redis().await).await;
+                }
+            )*
+        }
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(&crate::support::TestApp::memory().await).await;
+                }
+            )*
+        }
+    };
+}
+pub(crate) use redis_and_memory_tests;

@@ -64,6 +64,8 @@
 //!   `redlock::name`), so the same conformance tests run against all three. Its `mod m = tweak; ...` form
 //!   builds every app with settings changed by `tweak`, in module `m`; a
 //!   name may carry attributes such as `#[ignore = "bug: ..."]`.
+//!   [`redis_and_memory_tests!`] does the same over `redis` and `memory`
+//!   only, for the kinds of lease Redlock refuses.
 //!
 //! Set `TEST_LOG=1` (or a filter such as `TEST_LOG=lockd=debug`) to see lockd's logs while a test runs (with
 //! `cargo test -- --nocapture`; libtest captures them otherwise).
