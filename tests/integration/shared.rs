@@ -564,8 +564,9 @@ async fn never_a_shared_and_an_exclusive_holder_at_once(app: &TestApp) {
         }));
     }
     // At least 3 s of load, and until both modes were granted often
-    // enough (a busy machine takes longer); a run that gets nowhere in a
-    // minute fails below.
+    // enough (a busy machine takes longer: 48 exclusive grants in a minute
+    // beside a CPU hog); a run that gets nowhere in two minutes fails
+    // below.
     let count = |exclusive: bool| {
         held.lock()
             .unwrap()
@@ -574,7 +575,7 @@ async fn never_a_shared_and_an_exclusive_holder_at_once(app: &TestApp) {
             .count()
     };
     let at_least = Instant::now() + Duration::from_secs(3);
-    let give_up = Instant::now() + Duration::from_secs(60);
+    let give_up = Instant::now() + Duration::from_secs(120);
     while (Instant::now() < at_least || count(true) < 50 || count(false) < 50)
         && Instant::now() < give_up
     {
@@ -594,7 +595,7 @@ async fn never_a_shared_and_an_exclusive_holder_at_once(app: &TestApp) {
     );
     assert!(
         exclusive.len() >= 50 && shared.len() >= 50,
-        "too few grants in a minute"
+        "too few grants in two minutes"
     );
     let mut readers_at_once = 0;
     for (i, a) in held.iter().enumerate() {

@@ -379,7 +379,7 @@ impl LockNode for MemoryBackend {
             ttl_ms: req.ttl.as_millis(),
             granted_at_ms: unix_millis(granted_at),
             owner,
-            mode: crate::lock::Mode::Exclusive,
+            mode: Mode::Exclusive,
         };
         self.tell(Kind::Lock, &req.name, &change);
         drop(state);
@@ -394,10 +394,9 @@ impl LockNode for MemoryBackend {
     ) -> Result<Lease, LockError> {
         let now = Instant::now();
         let mut state = self.state();
-        if state.live(name, now).is_none() {
+        let Some(holder) = state.live(name, now) else {
             return self.extend_shared(&mut state, name, token, ttl);
-        }
-        let holder = state.live(name, now).ok_or(LockError::NotHeld)?;
+        };
         if &holder.token != token {
             return Err(LockError::NotOwner);
         }
@@ -450,6 +449,7 @@ impl LockNode for MemoryBackend {
         drop(state);
         Ok(ProbedLock { holder, counter })
     }
+
     async fn raise_fence(
         &self,
         name: &LockName,

@@ -283,30 +283,15 @@ impl Locks {
     /// (each read bounded by `timeout`; one that fails is left out). A
     /// lock with none left is forgotten.
     pub async fn shared_held(&self, timeout: Duration) -> Vec<(String, usize)> {
-        let names: Vec<LockName> = self.known_shared.names().iter().cloned().collect();
         let store = self.store.locks();
-        let reads = names.iter().map(|name| async move {
-            (
-                name,
-                tokio::time::timeout(timeout, store.inspect(name)).await,
-            )
-        });
-        let mut held = Vec::new();
-        let mut gone = Vec::new();
-        for (name, read) in futures_util::future::join_all(reads).await {
-            match read {
-                Ok(Ok(Some(info))) if info.mode == Mode::Shared => {
-                    held.push((name.as_str().to_owned(), info.shared.len()));
-                }
-                Ok(Ok(_)) => gone.push(name.clone()),
-                _ => {}
-            }
-        }
-        let mut known = self.known_shared.names();
-        for name in &gone {
-            known.remove(name);
-        }
-        held
+        self.known_shared
+            .counts(timeout, |name| async move {
+                let info = store.inspect(&name).await?;
+                Ok(info
+                    .filter(|info| info.mode == Mode::Shared)
+                    .map(|info| info.shared.len()))
+            })
+            .await
     }
 
     /// Releases a lock granted to a caller who went away: one attempt of

@@ -39,6 +39,36 @@ impl Known {
             known.insert(name.clone());
         }
     }
+
+    /// Each remembered name with what `count` reads of it from the store
+    /// (each read bounded by `timeout`): the names it finds held, with
+    /// their count; those it finds with none (`Ok(None)`) are forgotten,
+    /// those whose read fails are left out and kept.
+    pub(super) async fn counts<F, Fut>(&self, timeout: Duration, count: F) -> Vec<(String, usize)>
+    where
+        F: Fn(LockName) -> Fut,
+        Fut: std::future::Future<Output = Result<Option<usize>, LockError>>,
+    {
+        let names: Vec<LockName> = self.names().iter().cloned().collect();
+        let reads = names.into_iter().map(|name| {
+            let read = count(name.clone());
+            async move { (name, tokio::time::timeout(timeout, read).await) }
+        });
+        let mut held = Vec::new();
+        let mut gone = Vec::new();
+        for (name, read) in futures_util::future::join_all(reads).await {
+            match read {
+                Ok(Ok(Some(n))) => held.push((name.as_str().to_owned(), n)),
+                Ok(Ok(None)) => gone.push(name),
+                _ => {}
+            }
+        }
+        let mut known = self.names();
+        for name in &gone {
+            known.remove(name);
+        }
+        held
+    }
 }
 
 /// A permit request's [`Orphan`]: gives back a new permit.
@@ -94,28 +124,15 @@ impl Locks {
     /// read bounded by `timeout`; one that fails is left out). A semaphore
     /// with none left is forgotten.
     pub async fn permits_held(&self, timeout: Duration) -> Vec<(String, usize)> {
-        let names: Vec<LockName> = self.known.names().iter().cloned().collect();
         let Ok(store) = self.store.semaphores() else {
             return Vec::new();
         };
-        let reads = names.iter().map(|name| async move {
-            let read = tokio::time::timeout(timeout, store.inspect_semaphore(name)).await;
-            (name, read)
-        });
-        let mut held = Vec::new();
-        let mut gone = Vec::new();
-        for (name, read) in futures_util::future::join_all(reads).await {
-            match read {
-                Ok(Ok(Some(info))) => held.push((name.as_str().to_owned(), info.permits.len())),
-                Ok(Ok(None)) => gone.push(name.clone()),
-                _ => {}
-            }
-        }
-        let mut known = self.known.names();
-        for name in &gone {
-            known.remove(name);
-        }
-        held
+        self.known
+            .counts(timeout, |name| async move {
+                let info = store.inspect_semaphore(&name).await?;
+                Ok(info.map(|info| info.permits.len()))
+            })
+            .await
     }
 
     async fn take_or_wait(

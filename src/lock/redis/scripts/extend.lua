@@ -29,11 +29,7 @@ if not current then
   end
   local record = cjson.decode(mine)
   local ttl = tonumber(ARGV[2]) or tonumber(record.ttl_ms) or tonumber(ARGV[4])
-  record.ttl_ms = ttl
-  local now = now_us()
-  redis.call('ZADD', KEYS[4], 'XX', now + us(ttl), ARGV[1])
-  redis.call('HSET', KEYS[5], field, cjson.encode(record))
-  expire_with_last(KEYS[4], KEYS[5], now)
+  reset_lease(KEYS[4], KEYS[5], ARGV[1], record, ttl, now_us())
   redis.pcall(ARGV[6], ARGV[3], 'extended ' .. tostring(record.fence) .. ' '
     .. string.format('%.0f', ttl) .. ' ' .. ARGV[7])
   return {1, tonumber(record.fence), ttl}

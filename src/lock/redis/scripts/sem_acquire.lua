@@ -27,13 +27,10 @@ end
 local mine = redis.call('HGET', holders, holder_field(token))
 if mine and redis.call('ZSCORE', permits, token) then
   local record = cjson.decode(mine)
-  record.ttl_ms = ttl
   if ARGV[4] ~= '' then
     record.owner = ARGV[4]
   end
-  redis.call('ZADD', permits, 'XX', now + us(ttl), token)
-  redis.call('HSET', holders, holder_field(token), cjson.encode(record))
-  expire_with_last(permits, holders, now)
+  reset_lease(permits, holders, token, record, ttl, now)
   redis.pcall(ARGV[8], ARGV[7], 'extended ' .. tostring(record.fence or '') .. ' ' .. ARGV[3]
     .. ' ' .. ARGV[5])
   return {2, record.fence, limit}

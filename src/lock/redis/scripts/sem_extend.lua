@@ -19,10 +19,7 @@ if not (mine and redis.call('ZSCORE', permits, token)) then
 end
 local record = cjson.decode(mine)
 local ttl = tonumber(ARGV[2]) or tonumber(record.ttl_ms) or tonumber(ARGV[5])
-record.ttl_ms = ttl
-redis.call('ZADD', permits, 'XX', now + us(ttl), token)
-redis.call('HSET', holders, holder_field(token), cjson.encode(record))
-expire_with_last(permits, holders, now)
+reset_lease(permits, holders, token, record, ttl, now)
 redis.pcall(ARGV[4], ARGV[3], 'extended ' .. tostring(record.fence or '') .. ' ' .. string.format('%.0f', ttl)
   .. ' ' .. ARGV[6])
 return {1, record.fence, tonumber(redis.call('HGET', holders, 'limit')), ttl}

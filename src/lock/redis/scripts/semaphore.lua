@@ -77,3 +77,13 @@ end
 local function holder_field(token)
   return 't:' .. token
 end
+
+-- Resets `token`'s lease to `ttl` ms from `now`: its expiry in `permits`,
+-- its `record` (decoded, its TTL set here) in `holders`, and both keys'
+-- life (expire_with_last). For a renewal and an extend alike.
+local function reset_lease(permits, holders, token, record, ttl, now)
+  record.ttl_ms = ttl
+  redis.call('ZADD', permits, 'XX', now + us(ttl), token)
+  redis.call('HSET', holders, holder_field(token), cjson.encode(record))
+  expire_with_last(permits, holders, now)
+end

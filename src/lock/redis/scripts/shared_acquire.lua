@@ -29,13 +29,10 @@ local field = holder_field(token)
 local mine = redis.call('HGET', readers, field)
 if mine and redis.call('ZSCORE', shared, token) then
   local record = cjson.decode(mine)
-  record.ttl_ms = ttl
   if ARGV[3] ~= '' then
     record.owner = ARGV[3]
   end
-  redis.call('ZADD', shared, 'XX', now + us(ttl), token)
-  redis.call('HSET', readers, field, cjson.encode(record))
-  expire_with_last(shared, readers, now)
+  reset_lease(shared, readers, token, record, ttl, now)
   redis.pcall(ARGV[7], ARGV[6], 'extended ' .. tostring(record.fence) .. ' ' .. ARGV[2]
     .. ' ' .. ARGV[4])
   return {2, tonumber(record.fence)}
