@@ -95,6 +95,10 @@ pub struct Application {
     auth: Option<Arc<Auth>>,
     /// TLS or not, and the limits on request heads.
     transport: Transport,
+    /// SIGHUP, caught from the moment lockd is bound: a SIGHUP that came
+    /// before serving began would otherwise take the default action and
+    /// stop lockd.
+    hangups: std::io::Result<tokio::signal::unix::Signal>,
 }
 
 impl Application {
@@ -165,6 +169,7 @@ impl Application {
             shutdown_timeout: settings.service.shutdown_timeout,
             auth,
             transport,
+            hangups: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()),
         })
     }
 
@@ -206,6 +211,7 @@ impl Application {
         F: Future<Output = ()> + Send + 'static,
     {
         tokio::spawn(reload_keys_on_sighup(
+            self.hangups,
             self.auth.clone(),
             self.stopping.clone(),
         ));
@@ -310,12 +316,16 @@ fn shared_state(
     Ok((state, auth, stopping))
 }
 
-/// Reloads the API keys at every SIGHUP until `stop`. A file that no
-/// longer loads leaves the keys in force as they were. Without a keys file
-/// a SIGHUP is logged and otherwise ignored (it does not stop lockd).
-async fn reload_keys_on_sighup(auth: Option<Arc<Auth>>, stop: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut hangups = match signal(SignalKind::hangup()) {
+/// Reloads the API keys at every SIGHUP of `hangups` until `stop`. A file
+/// that no longer loads leaves the keys in force as they were. Without a
+/// keys file a SIGHUP is logged and otherwise ignored (it does not stop
+/// lockd).
+async fn reload_keys_on_sighup(
+    hangups: std::io::Result<tokio::signal::unix::Signal>,
+    auth: Option<Arc<Auth>>,
+    stop: CancellationToken,
+) {
+    let mut hangups = match hangups {
         Ok(hangups) => hangups,
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for SIGHUP; API keys will not be reloaded");
@@ -559,31 +569,31 @@ fn pool_status(backend: &RedisBackend) -> PoolStatus {
     }
 }
 
-/// Completes on SIGINT (Ctrl-C) or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+/// A future that completes on SIGINT (Ctrl-C) or SIGTERM.
+///
+/// The handlers are installed when this is called, not when the future is
+/// first polled: a signal that arrives after the call and before the first
+/// poll is kept for it, where it would otherwise take the default action
+/// and kill the process (exit by signal, no graceful shutdown). Call it
+/// before serving the first request.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut caught = Vec::new();
+    for (kind, what) in [
+        (SignalKind::interrupt(), "SIGINT (Ctrl-C)"),
+        (SignalKind::terminate(), "SIGTERM"),
+    ] {
+        match signal(kind) {
+            Ok(stream) => caught.push(stream),
+            Err(e) => tracing::error!(error = %e, "cannot listen for {what}"),
+        }
+    }
+    async move {
+        let arrivals = caught.iter_mut().map(|s| Box::pin(s.recv()));
+        if arrivals.len() == 0 {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sigterm) => {
-                sigterm.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
+        futures_util::future::select_all(arrivals).await;
+        tracing::info!("shutting down: finishing requests in flight");
     }
-    tracing::info!("shutting down: finishing requests in flight");
 }

@@ -75,12 +75,14 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(app: Application) -> Result<(), Box<dyn std::error::Error>> {
+    // Before the first request: a SIGTERM from then on shuts down cleanly.
+    let stop = shutdown_signal();
     let scheme = if app.is_tls() { "https" } else { "http" };
     tracing::info!(addr = %app.local_addr()?, scheme, "lockd listening");
     if let Some(addr) = app.metrics_addr()? {
         tracing::info!(addr = %addr, "metrics, /healthz and /readyz listening");
     }
-    app.run_until(shutdown_signal()).await?;
+    app.run_until(stop).await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -592,6 +592,52 @@ async fn one_server_given_twice_to_redlock_is_refused() {
     );
 }
 
+/// SIGTERM and SIGHUP are caught from the moment lockd says it listens:
+/// a signal sent then, before lockd has served a request, shuts it down
+/// cleanly (exit 0) or reloads, where it took the default action and
+/// killed lockd (no exit code) when the handlers were installed only once
+/// the serving loop first ran, which a busy machine delays.
+#[tokio::test]
+async fn signals_sent_as_lockd_starts_listening_are_caught() {
+    for round in 0..16 {
+        let mut cmd = lockd();
+        cmd.args(["serve", "--dev", "--listen", "127.0.0.1:0"])
+            .env("LOCKD_LOG", "info");
+        let mut child = Lockd::spawn(cmd);
+        let started = Instant::now();
+        while !child.stderr().contains("lockd listening") {
+            assert!(
+                child.exited().is_none() && started.elapsed() < Duration::from_secs(60),
+                "lockd did not start listening:\n{}",
+                child.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if round % 2 == 1 {
+            child.signal(Signal::SIGHUP);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(
+                child.exited().is_none(),
+                "SIGHUP stopped lockd:\n{}",
+                child.stderr()
+            );
+        }
+        let exit = child.terminate().await;
+        assert_eq!(
+            exit.status.code(),
+            Some(0),
+            "round {round}: {:?}\n{}",
+            exit.status,
+            exit.stderr
+        );
+        assert!(
+            exit.stderr.contains("stopped"),
+            "round {round}:\n{}",
+            exit.stderr
+        );
+    }
+}
+
 /// A Redis that does not answer at start-up: one warning names the node,
 /// never its password, and lockd serves all the same.
 #[tokio::test]
