@@ -95,9 +95,9 @@ pub struct Application {
     auth: Option<Arc<Auth>>,
     /// TLS or not, and the limits on request heads.
     transport: Transport,
-    /// SIGHUP, caught from the moment lockd is bound: a SIGHUP that came
-    /// before serving began would otherwise take the default action and
-    /// stop lockd.
+    /// SIGHUP, caught from the first step of start-up: a SIGHUP that came
+    /// while lockd reached Redis or bound its address would otherwise take
+    /// the default action and stop lockd.
     hangups: std::io::Result<tokio::signal::unix::Signal>,
 }
 
@@ -112,6 +112,7 @@ impl Application {
     /// not an error, nor is a Redis server whose TLS certificate cannot be
     /// verified (it is logged): requests get 503 until it comes back.
     pub async fn build(settings: &Settings) -> Result<Self, StartupError> {
+        let hangups = hangups();
         // A keys file that does not load is a bad setting: said first, on
         // its own, before anything reaches Redis.
         if let Some(path) = &settings.auth.keys_file {
@@ -124,7 +125,7 @@ impl Application {
         }
         let metrics = Arc::new(Metrics::new(settings.metrics.max_namespaces)?);
         let backend = build_backend(settings, &metrics, &tls, &reports)?;
-        Self::assemble(settings, backend, metrics).await
+        Self::assemble(settings, backend, metrics, hangups).await
     }
 
     /// Like [`Application::build`], with a backend of the caller's (tests
@@ -136,16 +137,18 @@ impl Application {
         settings: &Settings,
         backend: Arc<dyn Backend>,
     ) -> Result<Self, StartupError> {
+        let hangups = hangups();
         let metrics = Arc::new(Metrics::new(settings.metrics.max_namespaces)?);
         metrics.watch_pool("custom", PoolStatus::default);
         let node = Arc::new(Instrumented::new(backend, metrics.clone(), "custom".into()));
-        Self::assemble(settings, Arc::new(Single::new(node)), metrics).await
+        Self::assemble(settings, Arc::new(Single::new(node)), metrics, hangups).await
     }
 
     async fn assemble(
         settings: &Settings,
         backend: Arc<dyn Store>,
         metrics: Arc<Metrics>,
+        hangups: std::io::Result<tokio::signal::unix::Signal>,
     ) -> Result<Self, StartupError> {
         let (state, auth, stopping) = shared_state(settings, backend, metrics)?;
         let transport = Transport::from_settings(&settings.listen)?;
@@ -169,7 +172,7 @@ impl Application {
             shutdown_timeout: settings.service.shutdown_timeout,
             auth,
             transport,
-            hangups: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()),
+            hangups,
         })
     }
 
@@ -569,13 +572,20 @@ fn pool_status(backend: &RedisBackend) -> PoolStatus {
     }
 }
 
+/// Catches SIGHUP from now on (tokio keeps a signal's handler installed
+/// for the life of the process once it is set).
+fn hangups() -> std::io::Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+}
+
 /// A future that completes on SIGINT (Ctrl-C) or SIGTERM.
 ///
 /// The handlers are installed when this is called, not when the future is
 /// first polled: a signal that arrives after the call and before the first
 /// poll is kept for it, where it would otherwise take the default action
 /// and kill the process (exit by signal, no graceful shutdown). Call it
-/// before serving the first request.
+/// before start-up, which may take seconds when Redis is slow to answer,
+/// and stop starting when it completes first.
 pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut caught = Vec::new();

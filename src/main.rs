@@ -48,7 +48,17 @@ async fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let app = match Application::build(&settings).await {
+            // From here a SIGTERM or Ctrl-C stops lockd cleanly, start-up
+            // included (which waits for Redis for up to seconds).
+            let mut stop = Box::pin(shutdown_signal());
+            let built = tokio::select! {
+                built = Application::build(&settings) => built,
+                () = &mut stop => {
+                    tracing::info!("stopped before start-up ended");
+                    return ExitCode::SUCCESS;
+                }
+            };
+            let app = match built {
                 Ok(app) => app,
                 Err(e) => {
                     // Settings that cannot be used (such as an unreadable
@@ -63,7 +73,7 @@ async fn main() -> ExitCode {
                     };
                 }
             };
-            match serve(app).await {
+            match serve(app, stop).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e}");
@@ -74,9 +84,10 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn serve(app: Application) -> Result<(), Box<dyn std::error::Error>> {
-    // Before the first request: a SIGTERM from then on shuts down cleanly.
-    let stop = shutdown_signal();
+async fn serve(
+    app: Application,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error>> {
     let scheme = if app.is_tls() { "https" } else { "http" };
     tracing::info!(addr = %app.local_addr()?, scheme, "lockd listening");
     if let Some(addr) = app.metrics_addr()? {

@@ -638,6 +638,73 @@ async fn signals_sent_as_lockd_starts_listening_are_caught() {
     }
 }
 
+/// Start-up waits for Redis (seconds, when it takes connections and never
+/// answers), and a SIGHUP then (a reload soon after `systemctl start`) or a
+/// SIGTERM (a stop) must not take the default action and kill lockd: the
+/// SIGHUP is caught, the SIGTERM stops it cleanly, exit 0.
+#[tokio::test]
+async fn signals_sent_while_lockd_waits_for_redis_at_start_up_are_caught() {
+    // A "Redis" that takes connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", silent.local_addr().unwrap());
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    std::thread::spawn(move || {
+        for conn in silent.incoming().flatten() {
+            keep.lock().unwrap().push(conn);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let made = run_blocking(
+        lockd()
+            .args(["keygen", "--id", "ops", "--prefix", "*", "--keys-file"])
+            .arg(&keys)
+            .stdin(Stdio::null()),
+    );
+    assert!(made.status.success(), "{}", made.stderr);
+    for round in 0..4 {
+        let mut cmd = lockd();
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--redis-url", &url])
+            .arg("--auth-keys-file")
+            .arg(&keys)
+            .env("LOCKD_LOG", "info");
+        let mut child = Lockd::spawn(cmd);
+        let started = Instant::now();
+        while !child.stderr().contains("API keys loaded") {
+            assert!(
+                child.exited().is_none() && started.elapsed() < Duration::from_secs(60),
+                "lockd did not load its keys:\n{}",
+                child.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if round % 2 == 0 {
+            child.signal(Signal::SIGHUP);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(
+                child.exited().is_none(),
+                "round {round}: SIGHUP at start-up stopped lockd:\n{}",
+                child.stderr()
+            );
+        }
+        let exit = child.terminate().await;
+        assert_eq!(
+            exit.status.code(),
+            Some(0),
+            "round {round}: {:?}\n{}",
+            exit.status,
+            exit.stderr
+        );
+        assert!(
+            exit.stderr.contains("stopped"),
+            "round {round}:\n{}",
+            exit.stderr
+        );
+    }
+    drop(held);
+}
+
 /// A Redis that does not answer at start-up: one warning names the node,
 /// never its password, and lockd serves all the same.
 #[tokio::test]
