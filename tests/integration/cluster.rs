@@ -425,8 +425,16 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
     );
     moved_waiter.release_and_expect_woken(&a, &cluster).await;
 
-    // 2. A master is killed; a replica takes over.
+    // 2. A master is killed; a replica takes over. Its replica has the
+    // parked lock first: what is asked here is that the waiter follows
+    // the failover, not that Redis's asynchronous replication kept a write.
     let victim = masters[2];
+    assert!(
+        cluster
+            .replicated_within(victim, Duration::from_secs(30))
+            .await,
+        "no replica of {victim} caught up within 30 s"
+    );
     cluster.kill(victim);
     let killed_at = Instant::now();
     let healed = cluster.healed_within(Duration::from_secs(30)).await;
@@ -473,6 +481,9 @@ struct ParkedWaiter {
     name: String,
     token: String,
     answer: tokio::task::JoinHandle<Result<crate::support::Reply, reqwest::Error>>,
+    /// When the lock was taken: a release past [`PARKED_LEASE_MS`] finds
+    /// the lease run out.
+    parked_at: Instant,
 }
 
 impl ParkedWaiter {
@@ -490,6 +501,7 @@ impl ParkedWaiter {
             held = holder.acquire_ttl(name, PARKED_LEASE_MS).await;
         }
         held.expect_status(201);
+        let parked_at = Instant::now();
         let answer = waiter.spawn_wait(name, 5_000, PARKED_WAIT_MS);
         let (key, channel) = (lock_key(name), format!("{}:released", lock_key(name)));
         assert!(
@@ -503,6 +515,7 @@ impl ParkedWaiter {
             name: name.to_owned(),
             token: held.token(),
             answer,
+            parked_at,
         }
     }
 
@@ -519,8 +532,9 @@ impl ParkedWaiter {
         .await;
         assert!(
             released,
-            "{}: the holder could not release: {}",
+            "{}: the holder could not release ({:?} after it took the lock): {}",
             self.name,
+            self.parked_at.elapsed(),
             last.lock().unwrap()
         );
         let at = Instant::now();

@@ -293,6 +293,34 @@ impl Cluster {
         }
     }
 
+    /// Waits, up to `within`, until a replica of the master on `port` has
+    /// acknowledged every write the master had when called (the
+    /// `offset=` of a `slaveN:` line of its `INFO replication`, against
+    /// its `master_repl_offset`), so that killing the master then loses
+    /// nothing written before. Returns whether one did.
+    pub async fn replicated_within(&self, port: u16, within: Duration) -> bool {
+        let field = |info: &str, name: &str| -> Option<u64> {
+            info.lines()
+                .find_map(|l| l.trim().strip_prefix(name)?.parse().ok())
+        };
+        let info = cli(port, &["INFO", "replication"]);
+        let Some(written) = field(&info, "master_repl_offset:") else {
+            return false;
+        };
+        crate::support::eventually(within, || async {
+            cli(port, &["INFO", "replication"]).lines().any(|line| {
+                line.starts_with("slave")
+                    && line.contains("state=online")
+                    && line
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix("offset="))
+                        .and_then(|o| o.parse::<u64>().ok())
+                        .is_some_and(|o| o >= written)
+            })
+        })
+        .await
+    }
+
     /// The node id of the node on `port`.
     pub fn node_id(&self, port: u16) -> String {
         cli(port, &["CLUSTER", "MYID"]).trim().to_owned()
