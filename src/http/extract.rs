@@ -38,9 +38,9 @@ impl<S: Send + Sync> FromRequestParts<S> for LockPath {
     }
 }
 
-/// An optional JSON body: an empty body, or the JSON `null` (which the
-/// OpenAPI document allows for an optional body), gives `T::default()`. Any
-/// other body must be a JSON object of `T`, whatever its `Content-Type`, so
+/// An optional JSON body: an empty body gives `T::default()`. Any other
+/// body must be a JSON object of `T` (the JSON `null` included: the OpenAPI
+/// document shows an optional object, not a nullable one), whatever its `Content-Type`, so
 /// that `curl -d '{"ttl_ms":1500}'` works without `-H`. Arrays are refused
 /// (serde would otherwise fill the fields by position), and so are
 /// compressed bodies (415), and so is a key given twice in any object of
@@ -79,11 +79,10 @@ where
         }
         let Unique(value) = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))?;
-        if value.is_null() {
-            return Ok(Self(T::default()));
-        }
         if !value.is_object() {
-            return Err(ApiError::invalid("the JSON body must be an object"));
+            return Err(ApiError::invalid(
+                "the JSON body must be an object, or left out",
+            ));
         }
         match T::deserialize(&value) {
             Ok(body) => Ok(Self(body)),
@@ -95,7 +94,9 @@ where
 /// The 400 of a body object that `T` refused: naming the field at fault
 /// (the first that `T` refuses on its own), with the rule of that field
 /// when [`Limits::rule`] has one (so `{"ttl_ms": -1}` is told the TTLs
-/// allowed, as `?ttl_ms=-1` is), else serde's words.
+/// allowed, as `?ttl_ms=-1` is), else serde's words; a field the route
+/// does not take (`ttl_ms` on `DELETE`) is named as unknown, whatever its
+/// value.
 fn body_refusal<T: DeserializeOwned>(
     value: &Value,
     error: &serde_json::Error,
@@ -108,7 +109,12 @@ fn body_refusal<T: DeserializeOwned>(
         })
     });
     match culprit {
-        Some((key, _)) if let Some(rule) = limits.rule(key) => ApiError::invalid(rule),
+        Some((key, e))
+            if !e.to_string().starts_with("unknown field")
+                && let Some(rule) = limits.rule(key) =>
+        {
+            ApiError::invalid(rule)
+        }
         Some((key, e)) => ApiError::invalid(format!("invalid JSON body: `{key}`: {e}")),
         None => ApiError::invalid(format!("invalid JSON body: {error}")),
     }

@@ -24,7 +24,7 @@ pub struct Health {
 }
 
 /// Liveness: 200 while the process runs.
-#[utoipa::path(get, path = "/healthz", tag = "ops",
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "ops",
     responses((status = 200, description = "The process runs", body = Health)))]
 pub async fn healthz() -> Json<Health> {
     Json(Health { status: "ok" })
@@ -32,7 +32,7 @@ pub async fn healthz() -> Json<Health> {
 
 /// Readiness: 200 when the lock backend answers PING; 503 when it does not,
 /// or from the moment a shutdown begins.
-#[utoipa::path(get, path = "/readyz", tag = "ops",
+#[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "ops",
     responses(
         (status = 200, description = "Redis answers", body = Health),
         (status = 503, description = "Redis does not answer, or the service is shutting down", body = Problem, content_type = "application/problem+json"),
@@ -54,7 +54,7 @@ pub async fn readyz(
 }
 
 /// Prometheus metrics in text format 0.0.4.
-#[utoipa::path(get, path = "/metrics", tag = "ops",
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "ops",
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4"),
@@ -91,7 +91,7 @@ pub async fn metrics(
 }
 
 /// This API's OpenAPI 3.1 document.
-#[utoipa::path(get, path = "/openapi.json", tag = "ops",
+#[utoipa::path(get, path = "/openapi.json", operation_id = "openapi", tag = "ops",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json")))]
 pub async fn openapi(Extension(doc): Extension<Arc<OpenApi>>) -> Json<OpenApi> {
     // Built once by the router, from its route list (see `routes::document`).

@@ -99,7 +99,8 @@ fn timeout(limit: Duration) -> TimeoutLayer {
 }
 
 /// The OpenAPI document of a server with `limits`: [`ApiDoc`] with every
-/// route of the list, `/metrics` included, fitted to the limits
+/// route of the list, `/metrics` included, its headers and open
+/// endpoints declared ([`openapi::annotate`]), fitted to the limits
 /// ([`openapi::fit`]).
 pub fn document(limits: &Limits) -> OpenApi {
     let Routes {
@@ -114,6 +115,7 @@ pub fn document(limits: &Limits) -> OpenApi {
         .merge(ops)
         .routes(metrics)
         .into_openapi();
+    openapi::annotate(&mut doc);
     openapi::fit(&mut doc, limits);
     doc
 }

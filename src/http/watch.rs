@@ -227,6 +227,7 @@ pub enum SemaphoreEvents {
 #[utoipa::path(
     get,
     path = "/locks/{name}/events",
+    operation_id = "watchLock",
     tag = "locks",
     params(("name" = LockNameSchema, Path, description = "Lock name")),
     security((), ("bearer" = [])),
@@ -252,6 +253,7 @@ pub async fn lock_events(
 #[utoipa::path(
     get,
     path = "/semaphores/{name}/events",
+    operation_id = "watchSemaphore",
     tag = "semaphores",
     params(("name" = LockNameSchema, Path, description = "Semaphore name")),
     security((), ("bearer" = [])),
@@ -278,6 +280,7 @@ pub async fn semaphore_events(
 #[utoipa::path(
     get,
     path = "/runs/{key}/events",
+    operation_id = "watchRun",
     tag = "runs",
     params(("key" = LockNameSchema, Path, description = "The run's key")),
     security((), ("bearer" = [])),

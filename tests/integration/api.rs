@@ -38,7 +38,8 @@ backend_tests!(
     a_declared_oversized_body_is_refused_before_it_is_sent,
     unknown_methods_share_one_metric_label,
     reacquire_with_a_new_owner_label_updates_it,
-    a_json_null_body_is_an_empty_body,
+    a_json_null_body_is_refused_and_an_absent_one_is_not,
+    a_field_the_route_does_not_take_is_named_unknown_whatever_its_value,
 );
 
 /// Requests that must be refused before the store is touched.
@@ -912,6 +913,7 @@ async fn bodies_must_be_json_objects_and_uncompressed(app: &TestApp) {
         "[]",
         "5",
         r#""text""#,
+        "null",
     ] {
         let r = app
             .send(Method::POST, path, &[], Some(body.as_bytes().to_vec()))
@@ -939,49 +941,83 @@ async fn bodies_must_be_json_objects_and_uncompressed(app: &TestApp) {
     );
 }
 
-/// The OpenAPI document lets an optional body be the JSON `null`, and
-/// Schemathesis sends it: it must mean what an empty body means, on every
-/// route with a body, and not be a 400.
-async fn a_json_null_body_is_an_empty_body(app: &TestApp) {
+/// The OpenAPI document shows an optional body as an optional object, and
+/// Schemathesis sends the JSON `null` as a body of the wrong type: on every
+/// method it must be a 400 that writes nothing, while leaving the body out
+/// (or sending an empty one) means the defaults.
+async fn a_json_null_body_is_refused_and_an_absent_one_is_not(app: &TestApp) {
     let json = ("Content-Type", "application/json");
+    let taken = app.send(Method::POST, "/locks/null:k", &[json], None).await;
+    taken.expect_status(201);
+    assert_lease_ms(
+        Some(taken.u64("ttl_ms")),
+        app.settings.limits.default_ttl.as_millis(),
+    );
+    let token = taken.token();
+    let holder = [json, ("Lock-Token", token.as_str())];
+    let (_, pttl_before) = app.holder("null:k").await.expect("held");
     for body in ["null", " null\n"] {
         let body = || Some(body.as_bytes().to_vec());
-        let taken = app
-            .send(Method::POST, "/locks/null:k", &[json], body())
-            .await;
-        taken.expect_status(201);
-        let token = taken.token();
-        assert_lease_ms(
-            Some(taken.u64("ttl_ms")),
-            app.settings.limits.default_ttl.as_millis(),
-        );
-        let holder = [json, ("Lock-Token", token.as_str())];
-        // A retry with the header and a null body renews, like an empty one.
-        let again = app
-            .send(Method::POST, "/locks/null:k", &holder, body())
-            .await;
-        again.expect_status(200);
-        assert_eq!(again.fence(), taken.fence());
-        app.send(Method::PATCH, "/locks/null:k", &holder, body())
-            .await
-            .expect_status(200);
-        // Without a token, a null body is as empty as no body: no token.
+        for (method, path, headers) in [
+            (Method::POST, "/locks/null:free", &[json][..]),
+            (Method::POST, "/locks/null:k", &holder[..]),
+            (Method::PATCH, "/locks/null:k", &holder[..]),
+            (Method::DELETE, "/locks/null:k", &holder[..]),
+        ] {
+            let problem = app
+                .send(method.clone(), path, headers, body())
+                .await
+                .expect_problem(400, "invalid-request");
+            assert!(
+                problem["detail"].as_str().unwrap_or("").contains("object"),
+                "{method} {path}: {problem}"
+            );
+        }
+    }
+    assert_eq!(app.holder("null:free").await, None);
+    let (still, pttl_after) = app.holder("null:k").await.expect("still held");
+    assert_eq!(still, token);
+    assert!(pttl_after <= pttl_before, "{pttl_before} -> {pttl_after}");
+    // With the token in its header, PATCH and DELETE need no body, and an
+    // empty one is no body.
+    app.send(Method::PATCH, "/locks/null:k", &holder, Some(Vec::new()))
+        .await
+        .expect_status(200);
+    app.send(Method::DELETE, "/locks/null:k", &holder, None)
+        .await
+        .expect_status(204);
+    assert_eq!(app.holder("null:k").await, None);
+}
+
+/// `{"ttl_ms":1000}` on `DELETE` (or `wait_ms` on `PATCH`) is refused as
+/// a field the route does not take, not with the rule of its values, which
+/// 1000 meets.
+async fn a_field_the_route_does_not_take_is_named_unknown_whatever_its_value(app: &TestApp) {
+    let taken = app.acquire_ttl("unknown:k", 30_000).await;
+    taken.expect_status(201);
+    let token = taken.token();
+    let holder = [("Lock-Token", token.as_str())];
+    for (method, body, field) in [
+        (Method::DELETE, r#"{"ttl_ms":1000}"#, "ttl_ms"),
+        (Method::DELETE, r#"{"wait_ms":1000}"#, "wait_ms"),
+        (Method::PATCH, r#"{"wait_ms":1000}"#, "wait_ms"),
+    ] {
         let problem = app
-            .send(Method::PATCH, "/locks/null:k", &[json], body())
+            .send(
+                method.clone(),
+                "/locks/unknown:k",
+                &holder,
+                Some(body.as_bytes().to_vec()),
+            )
             .await
             .expect_problem(400, "invalid-request");
+        let detail = problem["detail"].as_str().unwrap_or("");
         assert!(
-            problem["detail"]
-                .as_str()
-                .unwrap_or("")
-                .contains("no token"),
-            "{problem}"
+            detail.contains(&format!("unknown field `{field}`")),
+            "{method} {body}: {problem}"
         );
-        app.send(Method::DELETE, "/locks/null:k", &holder, body())
-            .await
-            .expect_status(204);
-        assert_eq!(app.holder("null:k").await, None);
     }
+    assert_eq!(app.holder("unknown:k").await.map(|(t, _)| t), Some(token));
 }
 
 async fn a_lock_token_header_on_acquire_chooses_the_token(app: &TestApp) {

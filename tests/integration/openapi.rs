@@ -102,3 +102,120 @@ async fn served_openapi_states_this_servers_maxima_and_required_token() {
         assert_eq!(header["required"], true, "{method}: {header}");
     }
 }
+
+/// Every operation of `doc`, as (path, method, operation).
+fn operations(doc: &serde_json::Value) -> Vec<(String, String, serde_json::Value)> {
+    let paths = doc["paths"].as_object().expect("paths");
+    paths
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .expect("path item")
+                .iter()
+                .map(|(method, op)| (path.clone(), method.clone(), op.clone()))
+        })
+        .collect()
+}
+
+/// What client generators read (issue 31): an `operationId` unique to each
+/// operation, the headers each answer carries, `security: []` on the
+/// endpoints that need no key, optional bodies as optional objects (not
+/// `oneOf [null, …]`), `format: date-time` on every timestamp, and a
+/// server to call.
+#[tokio::test]
+async fn served_openapi_reads_right_in_client_generators() {
+    let mut settings = Settings::default();
+    settings.listen.addr = "127.0.0.1:0".parse().expect("address");
+    let served = served_document(&settings).await;
+    let ops = operations(&served);
+    assert!(ops.len() >= 22, "{} operations", ops.len());
+
+    let mut ids = std::collections::BTreeSet::new();
+    for (path, method, op) in &ops {
+        let id = op["operationId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{method} {path}: no operationId"));
+        assert!(
+            ids.insert(id.to_owned()),
+            "{method} {path}: operationId {id} repeated"
+        );
+
+        for (status, response) in op["responses"].as_object().expect("responses") {
+            let headers = &response["headers"];
+            assert!(
+                headers["x-request-id"].is_object(),
+                "{method} {path} {status}: {response}"
+            );
+            if ["409", "429", "503"].contains(&status.as_str()) {
+                assert_eq!(
+                    headers["Retry-After"]["schema"]["type"], "integer",
+                    "{method} {path} {status}"
+                );
+            }
+            if status == "401" {
+                assert!(
+                    headers["WWW-Authenticate"].is_object(),
+                    "{method} {path} 401"
+                );
+            }
+        }
+
+        let open = ["/healthz", "/readyz", "/openapi.json"].contains(&path.as_str());
+        let security = op["security"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{method} {path}: no security"));
+        assert_eq!(
+            security.is_empty(),
+            open,
+            "{method} {path}: security {security:?}"
+        );
+
+        if let Some(body) = op.get("requestBody") {
+            let schema = &body["content"]["application/json"]["schema"];
+            assert!(
+                schema.get("oneOf").is_none(),
+                "{method} {path}: body {schema}"
+            );
+            assert!(schema["$ref"].is_string(), "{method} {path}: body {schema}");
+        }
+    }
+    for id in [
+        "listLocks",
+        "listSemaphores",
+        "inspectLock",
+        "inspectSemaphore",
+        "inspectRun",
+        "releaseLock",
+        "watchLock",
+    ] {
+        assert!(ids.contains(id), "no operation {id}: {ids:?}");
+    }
+    // Release needs no body: its token may come in `Lock-Token`.
+    assert_eq!(
+        served["paths"]["/locks/{name}"]["delete"]["requestBody"]["required"],
+        false
+    );
+
+    // Every `*_at` string of every schema is a date-time.
+    let mut timestamps = 0;
+    let mut stack: Vec<&serde_json::Value> = vec![&served["components"]["schemas"]];
+    while let Some(value) = stack.pop() {
+        if let Some(properties) = value.get("properties").and_then(|p| p.as_object()) {
+            for (field, property) in properties {
+                if field.ends_with("_at") {
+                    timestamps += 1;
+                    assert_eq!(property["format"], "date-time", "{field}: {property}");
+                }
+            }
+        }
+        match value {
+            serde_json::Value::Object(map) => stack.extend(map.values()),
+            serde_json::Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    assert!(timestamps >= 20, "{timestamps} timestamps");
+
+    let servers = served["servers"].as_array().expect("servers");
+    assert!(servers.iter().any(|s| s["url"].is_string()), "{servers:?}");
+}

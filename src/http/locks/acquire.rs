@@ -34,6 +34,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     post,
     path = "/locks/{name}",
+    operation_id = "acquireLock",
     tag = "locks",
     params(
         ("name" = LockNameSchema, Path, description = "Lock name: 1 to 200 of `A-Za-z0-9._-:@`, other than `.` and `..`"),

@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     patch,
     path = "/locks/{name}",
+    operation_id = "extendLock",
     tag = "locks",
     params(
         ("name" = LockNameSchema, Path, description = "Lock name"),

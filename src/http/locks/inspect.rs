@@ -16,6 +16,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     get,
     path = "/locks/{name}",
+    operation_id = "inspectLock",
     tag = "locks",
     params(("name" = LockNameSchema, Path, description = "Lock name")),
     security((), ("bearer" = [])),

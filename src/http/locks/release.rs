@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     delete,
     path = "/locks/{name}",
+    operation_id = "releaseLock",
     tag = "locks",
     params(
         ("name" = LockNameSchema, Path, description = "Lock name"),

@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     delete,
     path = "/runs/{key}",
+    operation_id = "abandonRun",
     tag = "runs",
     params(
         ("key" = LockNameSchema, Path, description = "The run's key"),

@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     put,
     path = "/runs/{key}/result",
+    operation_id = "completeRun",
     tag = "runs",
     params(
         ("key" = LockNameSchema, Path, description = "The run's key"),

@@ -24,6 +24,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     patch,
     path = "/runs/{key}",
+    operation_id = "extendRun",
     tag = "runs",
     params(
         ("key" = LockNameSchema, Path, description = "The run's key"),

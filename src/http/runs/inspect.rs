@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     get,
     path = "/runs/{key}",
+    operation_id = "inspectRun",
     tag = "runs",
     params(("key" = LockNameSchema, Path, description = "The run's key")),
     security((), ("bearer" = [])),

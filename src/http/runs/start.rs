@@ -32,6 +32,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     post,
     path = "/runs/{key}",
+    operation_id = "startRun",
     tag = "runs",
     params(
         ("key" = LockNameSchema, Path, description = "The run's key (a delivery id, an event id, a cron slot): the alphabet of lock names; a run and a lock of the same name are unrelated"),

@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     patch,
     path = "/semaphores/{name}",
+    operation_id = "extendPermit",
     tag = "semaphores",
     params(
         ("name" = LockNameSchema, Path, description = "Semaphore name"),

@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     delete,
     path = "/semaphores/{name}",
+    operation_id = "releasePermit",
     tag = "semaphores",
     params(
         ("name" = LockNameSchema, Path, description = "Semaphore name"),

@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     get,
     path = "/semaphores/{name}",
+    operation_id = "inspectSemaphore",
     tag = "semaphores",
     params(("name" = LockNameSchema, Path, description = "Semaphore name")),
     security((), ("bearer" = [])),

@@ -24,6 +24,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     get,
     path = "/semaphores",
+    operation_id = "listSemaphores",
     tag = "semaphores",
     params(
         ("prefix" = Option<NamePrefixSchema>, Query, description = "List the names that start with it; absent or empty: every name (with an API key limited to some prefixes: every name under them). Outside the key's prefixes: 403"),

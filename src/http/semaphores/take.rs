@@ -32,6 +32,7 @@ use crate::metrics::Metrics;
 #[utoipa::path(
     post,
     path = "/semaphores/{name}",
+    operation_id = "takePermit",
     tag = "semaphores",
     params(
         ("name" = LockNameSchema, Path, description = "Semaphore name: the alphabet of lock names; a semaphore and a lock of the same name are unrelated"),
