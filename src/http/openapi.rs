@@ -10,6 +10,7 @@
 //! openapi/openapi.json` regenerates it, and a test fails when the two
 //! differ.
 
+use utoipa::openapi::extensions::ExtensionsBuilder;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::request_body::RequestBody;
@@ -20,9 +21,12 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{Header, RefOr, Required};
 use utoipa::{Modify, Number, OpenApi};
 
+use axum::http::StatusCode;
+
 use super::limits::Limits;
 use super::locks::model;
-use super::{ops, problem};
+use super::problem::Kind;
+use super::{ops, problem, runs, semaphores};
 
 /// The whole API but its paths, which the route list adds.
 #[derive(OpenApi)]
@@ -136,34 +140,46 @@ const OPEN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
 /// Declares, on every operation of `doc`, the headers lockd sets on an
 /// answer of each status: `x-request-id` on all of them, `Retry-After`
 /// (whole seconds) on 409, 429 and 503, `WWW-Authenticate` on 401; and
-/// marks [`OPEN_PATHS`] as needing no key; gives every `*_at` string
+/// marks `/healthz`, `/readyz` and `/openapi.json` as needing no key; lists every problem type in
+/// `Problem.type`, and on each problem answer the types it may carry
+/// (`x-problem-types`, and in its description); gives every `*_at` string
 /// `format: date-time` (lockd's timestamps are all RFC 3339, UTC); and makes each optional
 /// request body an optional object (`required: false`) where utoipa
 /// writes `oneOf [null, …]`, which generators turn into a required
 /// nullable argument. One place for what every handler's
 /// `#[utoipa::path]` would otherwise repeat.
 pub fn annotate(doc: &mut utoipa::openapi::OpenApi) {
+    let types = problem_types();
     if let Some(components) = doc.components.as_mut() {
         for schema in components.schemas.values_mut() {
             mark_timestamps(schema);
         }
+        if let Some(RefOr::T(Schema::Object(problem))) = components.schemas.get_mut("Problem")
+            && let Some(RefOr::T(Schema::Object(uri))) = problem.properties.get_mut("type")
+        {
+            let mut all: Vec<&str> = types.iter().map(|t| t.uri.as_str()).collect();
+            all.sort_unstable();
+            all.dedup();
+            uri.enum_values = Some(all.into_iter().map(Into::into).collect());
+        }
     }
     for (path, item) in &mut doc.paths.paths {
         let open = OPEN_PATHS.contains(&path.as_str());
-        for operation in [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
-        {
+        for (method, operation) in [
+            ("get", &mut item.get),
+            ("put", &mut item.put),
+            ("post", &mut item.post),
+            ("delete", &mut item.delete),
+            ("patch", &mut item.patch),
+        ] {
+            let Some(operation) = operation else {
+                continue;
+            };
             if open {
                 operation.security = Some(Vec::new());
             }
             declare_headers(operation);
+            name_problem_types(operation, path, method, &types);
             if let Some(body) = operation.request_body.as_mut() {
                 unwrap_optional(body);
             }
@@ -242,6 +258,107 @@ fn unwrap_optional(body: &mut RequestBody) {
             items.retain(|schema| !is_null(schema));
             content.schema = items.pop();
             body.required = Some(Required::False);
+        }
+    }
+}
+
+/// A problem type as the document shows it.
+struct ProblemType {
+    /// Its HTTP status.
+    status: StatusCode,
+    /// `urn:lockd:problem:<slug>`.
+    uri: String,
+    /// The routes that answer with it: every one (`None`), or those under
+    /// this prefix (the kinds of one kind of lease).
+    under: Option<&'static str>,
+    /// The methods that answer with it (lowercase): all (`None`), or these.
+    methods: Option<&'static [&'static str]>,
+    /// Whether a documented operation answers with it: not `route-not-found`
+    /// nor `method-not-allowed`, which answer requests no operation takes.
+    of_operations: bool,
+}
+
+/// Every problem type lockd answers with: [`Kind::COMMON`], and those of
+/// each kind of lease.
+fn problem_types() -> Vec<ProblemType> {
+    let common = Kind::COMMON.into_iter().map(|kind| ProblemType {
+        status: kind.status(),
+        uri: kind.type_uri(),
+        under: Kind::OF_LOCKS.contains(&kind).then_some("/locks"),
+        methods: answered_by(&kind.type_uri()),
+        of_operations: !matches!(kind, Kind::RouteNotFound | Kind::MethodNotAllowed),
+    });
+    let leased = [
+        ("/semaphores", &semaphores::problem::PROBLEMS),
+        ("/runs", &runs::problem::PROBLEMS),
+    ]
+    .into_iter()
+    .flat_map(|(under, problems)| {
+        problems.iter().map(move |p| ProblemType {
+            status: p.status,
+            uri: p.type_uri(),
+            under: Some(under),
+            methods: answered_by(&p.type_uri()),
+            of_operations: true,
+        })
+    });
+    common.chain(leased).collect()
+}
+
+/// The methods whose answers carry the problem type `uri`, for the types
+/// of one kind of lease: a refusal to grant only `POST`, a missing lease
+/// only the methods that name one. `None`: every method.
+fn answered_by(uri: &str) -> Option<&'static [&'static str]> {
+    match uri.rsplit(':').next()? {
+        "lock-held"
+        | "mode-mismatch"
+        | "semaphore-full"
+        | "limit-mismatch"
+        | "run-in-progress"
+        | "fingerprint-mismatch" => Some(&["post"]),
+        "lock-not-held" => Some(&["get", "patch", "delete"]),
+        "not-lock-owner" | "permit-not-held" => Some(&["patch", "delete"]),
+        "semaphore-free" => Some(&["get"]),
+        "not-run-owner" => Some(&["patch", "delete", "put"]),
+        "run-not-found" => Some(&["get", "patch", "delete", "put"]),
+        _ => None,
+    }
+}
+
+/// Names, on each problem answer of `operation` (`method` on `path`), the problem
+/// types of its status that its route answers with: as the extension
+/// `x-problem-types` (a list of type URIs) and in its description.
+fn name_problem_types(operation: &mut Operation, path: &str, method: &str, types: &[ProblemType]) {
+    for (status, response) in &mut operation.responses.responses {
+        let RefOr::T(response) = response else {
+            continue;
+        };
+        if !response.content.contains_key(problem::PROBLEM_JSON) {
+            continue;
+        }
+        let carried: Vec<&str> = types
+            .iter()
+            .filter(|t| t.of_operations && t.status.as_str() == status)
+            .filter(|t| t.under.is_none_or(|under| path.starts_with(under)))
+            .filter(|t| t.methods.is_none_or(|methods| methods.contains(&method)))
+            .map(|t| t.uri.as_str())
+            .collect();
+        if carried.is_empty() {
+            continue;
+        }
+        let listed: Vec<String> = carried.iter().map(|uri| format!("`{uri}`")).collect();
+        let noun = if listed.len() == 1 { "type" } else { "types" };
+        response.description = format!(
+            "{}. Problem {noun}: {}",
+            response.description.trim_end_matches('.'),
+            listed.join(", ")
+        );
+        let extensions = ExtensionsBuilder::new()
+            .add("x-problem-types", carried)
+            .build();
+        match response.extensions.as_mut() {
+            Some(existing) => existing.merge(extensions),
+            None => response.extensions = Some(extensions),
         }
     }
 }

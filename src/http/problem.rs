@@ -221,7 +221,63 @@ pub struct LeaseProblem {
     pub title: &'static str,
 }
 
+impl LeaseProblem {
+    /// The type URI, `urn:lockd:problem:<slug>`.
+    pub fn type_uri(&self) -> String {
+        format!("{TYPE_PREFIX}{}", self.slug)
+    }
+}
+
 impl Kind {
+    /// Every kind but [`Kind::Leased`]: each kind of lease lists its own
+    /// (`http::semaphores::problem::PROBLEMS`, `http::runs::problem::PROBLEMS`).
+    /// The OpenAPI document's `Problem.type` lists them all.
+    pub const COMMON: [Kind; 25] = [
+        Self::InvalidRequest,
+        Self::Unauthorized,
+        Self::Forbidden,
+        Self::CrossOrigin,
+        Self::MisdirectedRequest,
+        Self::RateLimited,
+        Self::LockNotHeld,
+        Self::LockHeld,
+        Self::NotLockOwner,
+        Self::ModeMismatch,
+        Self::RouteNotFound,
+        Self::MethodNotAllowed,
+        Self::PayloadTooLarge,
+        Self::UnsupportedMediaType,
+        Self::BackendUnavailable,
+        Self::QuorumUnavailable,
+        Self::ReplicationLagging,
+        Self::TooManyWaiters,
+        Self::TooManyWatchers,
+        Self::ShuttingDown,
+        Self::Overloaded,
+        Self::BackendError,
+        Self::Timeout,
+        Self::Internal,
+        Self::NotImplemented,
+    ];
+
+    /// The kinds only a lock answers with (`/locks/...`).
+    pub const OF_LOCKS: [Kind; 4] = [
+        Self::LockNotHeld,
+        Self::LockHeld,
+        Self::NotLockOwner,
+        Self::ModeMismatch,
+    ];
+
+    /// The HTTP status of this kind.
+    pub fn status(self) -> StatusCode {
+        self.parts().0
+    }
+
+    /// The type URI of this kind, `urn:lockd:problem:<slug>`.
+    pub fn type_uri(self) -> String {
+        format!("{TYPE_PREFIX}{}", self.parts().1)
+    }
+
     fn parts(self) -> (StatusCode, &'static str, &'static str) {
         use StatusCode as S;
         match self {

@@ -219,3 +219,349 @@ async fn served_openapi_reads_right_in_client_generators() {
     let servers = served["servers"].as_array().expect("servers");
     assert!(servers.iter().any(|s| s["url"].is_string()), "{servers:?}");
 }
+
+/// `Problem.type` lists every problem type, docs/api.md's table of them
+/// included, and each problem answer names the types it carries
+/// (`x-problem-types`): the refusals a client meets, made here through
+/// HTTP, each carry a type its answer names.
+#[tokio::test]
+async fn each_problem_answer_names_the_problem_types_it_carries() {
+    let mut settings = Settings::default();
+    settings.listen.addr = "127.0.0.1:0".parse().expect("address");
+    let app = Application::with_backend(&settings, Arc::new(MemoryBackend::new()))
+        .await
+        .expect("app builds");
+    let addr = app.local_addr().expect("bound");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+    let base = format!("http://{addr}");
+    let http = reqwest::Client::new();
+    let doc: serde_json::Value = http
+        .get(format!("{base}/openapi.json"))
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("JSON");
+
+    let listed: std::collections::BTreeSet<String> =
+        doc["components"]["schemas"]["Problem"]["properties"]["type"]["enum"]
+            .as_array()
+            .expect("Problem.type lists its values")
+            .iter()
+            .map(|v| v.as_str().expect("a URI").to_owned())
+            .collect();
+    let api_md = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/api.md"),
+    )
+    .expect("docs/api.md");
+    let documented: std::collections::BTreeSet<String> = api_md
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `urn:lockd:problem:"))
+        .filter_map(|l| l.split('`').next())
+        .map(|slug| format!("urn:lockd:problem:{slug}"))
+        .collect();
+    assert!(documented.len() >= 30, "{documented:?}");
+    assert_eq!(listed, documented, "Problem.type against docs/api.md");
+
+    // Every problem answer of every operation names at least one type.
+    for (path, method, op) in operations(&doc) {
+        for (status, response) in op["responses"].as_object().expect("responses") {
+            if response["content"]
+                .get("application/problem+json")
+                .is_some()
+            {
+                let types = response["x-problem-types"].as_array();
+                assert!(
+                    types.is_some_and(|t| !t.is_empty()),
+                    "{method} {path} {status}: {response}"
+                );
+            }
+        }
+    }
+
+    let token = || "t".repeat(24) + &format!("{:08}", rand_suffix());
+    type Case = (
+        reqwest::Method,
+        &'static str,
+        String,
+        Vec<(&'static str, String)>,
+        String,
+    );
+    let send = |(method, template, path, headers, body): Case| {
+        let http = http.clone();
+        let base = base.clone();
+        async move {
+            let mut request = http
+                .request(method.clone(), format!("{base}{path}"))
+                .body(body);
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+            let answer = request.send().await.expect("request");
+            let status = answer.status().as_u16();
+            let body: serde_json::Value = answer.json().await.unwrap_or_default();
+            (method, template, status, body)
+        }
+    };
+    use reqwest::Method as M;
+    let held = send((
+        M::POST,
+        "/locks/{name}",
+        "/locks/p:held".into(),
+        vec![],
+        String::new(),
+    ))
+    .await;
+    assert_eq!(held.2, 201, "{}", held.3);
+    let holder = held.3["token"].as_str().expect("token").to_owned();
+    let permit = send((
+        M::POST,
+        "/semaphores/{name}",
+        "/semaphores/p:s".into(),
+        vec![],
+        r#"{"limit":1}"#.into(),
+    ))
+    .await;
+    assert_eq!(permit.2, 201, "{}", permit.3);
+    let run = send((
+        M::POST,
+        "/runs/{key}",
+        "/runs/p:r".into(),
+        vec![],
+        r#"{"fingerprint":"a"}"#.into(),
+    ))
+    .await;
+    assert_eq!(run.2, 201, "{}", run.3);
+
+    let cases: Vec<(Case, &str)> = vec![
+        (
+            (
+                M::POST,
+                "/locks/{name}",
+                "/locks/p:held".into(),
+                vec![],
+                String::new(),
+            ),
+            "lock-held",
+        ),
+        (
+            (
+                M::POST,
+                "/locks/{name}",
+                "/locks/p:held".into(),
+                vec![("Lock-Token", holder.clone())],
+                r#"{"mode":"shared"}"#.into(),
+            ),
+            "mode-mismatch",
+        ),
+        (
+            (
+                M::DELETE,
+                "/locks/{name}",
+                "/locks/p:held".into(),
+                vec![("Lock-Token", token())],
+                String::new(),
+            ),
+            "not-lock-owner",
+        ),
+        (
+            (
+                M::PATCH,
+                "/locks/{name}",
+                "/locks/p:held".into(),
+                vec![("Lock-Token", token())],
+                String::new(),
+            ),
+            "not-lock-owner",
+        ),
+        (
+            (
+                M::PATCH,
+                "/locks/{name}",
+                "/locks/p:free".into(),
+                vec![("Lock-Token", token())],
+                String::new(),
+            ),
+            "lock-not-held",
+        ),
+        (
+            (
+                M::DELETE,
+                "/locks/{name}",
+                "/locks/p:free".into(),
+                vec![("Lock-Token", token())],
+                String::new(),
+            ),
+            "lock-not-held",
+        ),
+        (
+            (
+                M::GET,
+                "/locks/{name}",
+                "/locks/p:free".into(),
+                vec![],
+                String::new(),
+            ),
+            "lock-not-held",
+        ),
+        (
+            (
+                M::POST,
+                "/locks/{name}",
+                "/locks/p:bad".into(),
+                vec![],
+                "[]".into(),
+            ),
+            "invalid-request",
+        ),
+        (
+            (
+                M::POST,
+                "/locks/{name}",
+                "/locks/p:bad".into(),
+                vec![("Content-Encoding", "gzip".into())],
+                "{}".into(),
+            ),
+            "unsupported-media-type",
+        ),
+        (
+            (
+                M::POST,
+                "/semaphores/{name}",
+                "/semaphores/p:s".into(),
+                vec![],
+                r#"{"limit":1}"#.into(),
+            ),
+            "semaphore-full",
+        ),
+        (
+            (
+                M::POST,
+                "/semaphores/{name}",
+                "/semaphores/p:s".into(),
+                vec![],
+                r#"{"limit":2}"#.into(),
+            ),
+            "limit-mismatch",
+        ),
+        (
+            (
+                M::GET,
+                "/semaphores/{name}",
+                "/semaphores/p:free".into(),
+                vec![],
+                String::new(),
+            ),
+            "semaphore-free",
+        ),
+        (
+            (
+                M::DELETE,
+                "/semaphores/{name}",
+                "/semaphores/p:s".into(),
+                vec![("Lock-Token", token())],
+                String::new(),
+            ),
+            "permit-not-held",
+        ),
+        (
+            (
+                M::PATCH,
+                "/semaphores/{name}",
+                "/semaphores/p:s".into(),
+                vec![("Lock-Token", token())],
+                String::new(),
+            ),
+            "permit-not-held",
+        ),
+        (
+            (
+                M::POST,
+                "/runs/{key}",
+                "/runs/p:r".into(),
+                vec![],
+                r#"{"fingerprint":"a"}"#.into(),
+            ),
+            "run-in-progress",
+        ),
+        (
+            (
+                M::POST,
+                "/runs/{key}",
+                "/runs/p:r".into(),
+                vec![],
+                r#"{"fingerprint":"b"}"#.into(),
+            ),
+            "fingerprint-mismatch",
+        ),
+        (
+            (
+                M::PATCH,
+                "/runs/{key}",
+                "/runs/p:r".into(),
+                vec![("Lock-Token", token())],
+                String::new(),
+            ),
+            "not-run-owner",
+        ),
+        (
+            (
+                M::DELETE,
+                "/runs/{key}",
+                "/runs/p:r".into(),
+                vec![("Lock-Token", token())],
+                String::new(),
+            ),
+            "not-run-owner",
+        ),
+        (
+            (
+                M::GET,
+                "/runs/{key}",
+                "/runs/p:none".into(),
+                vec![],
+                String::new(),
+            ),
+            "run-not-found",
+        ),
+        (
+            (
+                M::PATCH,
+                "/runs/{key}",
+                "/runs/p:none".into(),
+                vec![("Lock-Token", token())],
+                String::new(),
+            ),
+            "run-not-found",
+        ),
+    ];
+    assert!(cases.len() >= 20);
+    for (case, slug) in cases {
+        let (method, template, status, body) = send(case).await;
+        let uri = format!("urn:lockd:problem:{slug}");
+        assert_eq!(body["type"], uri, "{method} {template}: {status} {body}");
+        let response = &doc["paths"][template][method.as_str().to_lowercase()]["responses"]
+            [status.to_string()];
+        let named = response["x-problem-types"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            named.iter().any(|t| *t == uri),
+            "{method} {template} {status} carried {uri}, its answer names {named:?}"
+        );
+    }
+    let _ = stop.send(());
+    server.await.expect("server task").expect("server ran");
+}
+
+/// A number that differs from call to call, for distinct tokens.
+fn rand_suffix() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}

@@ -7,6 +7,14 @@ use axum::http::StatusCode;
 use crate::http::problem::{ApiError, Kind, LeaseProblem};
 use crate::lock::run::{RunMiss, StartRefusal};
 
+/// Every problem type only a run answers with.
+pub const PROBLEMS: [&LeaseProblem; 4] = [
+    &RUN_IN_PROGRESS,
+    &FINGERPRINT_MISMATCH,
+    &NOT_RUN_OWNER,
+    &RUN_NOT_FOUND,
+];
+
 /// 409 `run-in-progress`: another attempt holds the run.
 pub const RUN_IN_PROGRESS: LeaseProblem = LeaseProblem {
     status: StatusCode::CONFLICT,

@@ -7,6 +7,14 @@ use axum::http::StatusCode;
 use crate::http::problem::{ApiError, Kind, LeaseProblem};
 use crate::lock::semaphore::Refusal;
 
+/// Every problem type only a semaphore answers with.
+pub const PROBLEMS: [&LeaseProblem; 4] = [
+    &SEMAPHORE_FULL,
+    &LIMIT_MISMATCH,
+    &PERMIT_NOT_HELD,
+    &SEMAPHORE_FREE,
+];
+
 /// 409 `semaphore-full`: every permit of the semaphore is held.
 pub const SEMAPHORE_FULL: LeaseProblem = LeaseProblem {
     status: StatusCode::CONFLICT,
