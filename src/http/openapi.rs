@@ -86,10 +86,24 @@ impl Modify for BearerKeys {
 }
 
 /// Fits `doc` to a server with `limits`: every `ttl_ms`, `wait_ms`,
-/// `limit` and `retention_ms` of a body gets the server's longest TTL,
-/// longest wait, largest semaphore limit and run retention as its `maximum`, and an example above it is
-/// lowered to it.
+/// `limit` and `retention_ms` of a body (and every `wait_ms` of a query,
+/// a watch's) gets the server's longest TTL, longest wait, largest
+/// semaphore limit and run retention as its `maximum`, and an example
+/// above it is lowered to it.
 pub fn fit(doc: &mut utoipa::openapi::OpenApi, limits: &Limits) {
+    for item in doc.paths.paths.values_mut() {
+        let parameters = item
+            .get
+            .iter_mut()
+            .flat_map(|op| op.parameters.iter_mut().flatten());
+        for parameter in parameters {
+            if parameter.name == "wait_ms"
+                && let Some(schema) = parameter.schema.as_mut()
+            {
+                cap(schema, limits.wait.max_ms);
+            }
+        }
+    }
     let limit = |field: &str| match field {
         "ttl_ms" => Some(limits.ttl.max_ms),
         "wait_ms" => Some(limits.wait.max_ms),
@@ -150,9 +164,15 @@ const OPEN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
 /// `#[utoipa::path]` would otherwise repeat.
 pub fn annotate(doc: &mut utoipa::openapi::OpenApi) {
     let types = problem_types();
+    let streams = event_streams(doc);
     if let Some(components) = doc.components.as_mut() {
         for schema in components.schemas.values_mut() {
             mark_timestamps(schema);
+        }
+        for name in &streams {
+            if let Some(RefOr::T(Schema::OneOf(events))) = components.schemas.get_mut(name) {
+                on_the_wire(events);
+            }
         }
         if let Some(RefOr::T(Schema::Object(problem))) = components.schemas.get_mut("Problem")
             && let Some(RefOr::T(Schema::Object(uri))) = problem.properties.get_mut("type")
@@ -205,6 +225,85 @@ fn declare_headers(operation: &mut Operation) {
             }
             _ => {}
         }
+    }
+}
+
+/// The schemas (by component name) of the `text/event-stream` answers.
+fn event_streams(doc: &utoipa::openapi::OpenApi) -> Vec<String> {
+    let mut names = Vec::new();
+    for item in doc.paths.paths.values() {
+        let Some(operation) = &item.get else {
+            continue;
+        };
+        for response in operation.responses.responses.values() {
+            if let RefOr::T(response) = response
+                && let Some(content) = response.content.get("text/event-stream")
+                && let Some(RefOr::Ref(reference)) = &content.schema
+                && let Some(name) = reference.ref_location.rsplit('/').next()
+            {
+                names.push(name.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// Rewrites a watch's events, which utoipa writes as objects keyed by the
+/// event name (`{"acquired": LeaseEvent}`), as they are on the wire: each
+/// one SSE event, `{event, id, data}`, `event` its name, `id` `FENCE-SEQ`,
+/// and `data` a line of JSON whose schema is the `contentSchema`. As an
+/// OpenAPI 3.1 `schema` of `text/event-stream`, Schemathesis validates each
+/// event of a stream against it (OpenAPI 3.2 names it `itemSchema`).
+fn on_the_wire(events: &mut utoipa::openapi::schema::OneOf) {
+    for variant in &mut events.items {
+        let RefOr::T(Schema::Object(object)) = variant else {
+            continue;
+        };
+        let Some((event, data)) = object.properties.pop_first() else {
+            continue;
+        };
+        let data = match data {
+            RefOr::Ref(mut reference) => {
+                reference.description = String::new();
+                RefOr::Ref(reference)
+            }
+            other => other,
+        };
+        let mut payload = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .content_media_type("application/json")
+            .description(Some(format!("The JSON of the `{event}` event's data")))
+            .build();
+        // JSON Schema's `contentSchema`, which utoipa has no field for.
+        let mut keywords = utoipa::openapi::extensions::Extensions::default();
+        keywords.insert(
+            "contentSchema".into(),
+            serde_json::to_value(&data).unwrap_or_default(),
+        );
+        payload.extensions = Some(keywords);
+        *object = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(object.description.take())
+            .property(
+                "event",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some([event.clone()])),
+            )
+            .property(
+                "id",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some("^[0-9]+-[0-9]+$"))
+                    .description(Some(
+                        "`FENCE-SEQ`: the fence the event is about (0 for a free lock's `state`) and its place in this instance's sequence",
+                    )),
+            )
+            .property("data", payload)
+            .required("event")
+            .required("id")
+            .required("data")
+            .build();
     }
 }
 

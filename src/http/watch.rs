@@ -8,7 +8,8 @@
 //! `completed`, `abandoned`, `expired`), and `state` again when changes may
 //! have been missed. A comment line goes out when the stream has been idle
 //! for the keep-alive interval (15 s by default), so that proxies keep it
-//! open. The stream ends at shutdown. Never a token.
+//! open. The stream ends at shutdown, or once `?wait_ms` ([`WatchQuery`])
+//! has passed. Never a token.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -17,13 +18,13 @@ use std::time::{Duration, SystemTime};
 use axum::extract::State;
 use axum::http::HeaderName;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use futures_util::Stream;
-use serde::Serialize;
-use utoipa::ToSchema;
+use futures_util::{Stream, StreamExt as _};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
 use super::extract::{LockPath, StrictQuery};
 use super::limits::Limits;
-use super::locks::model::{LockMode, LockNameSchema, NoQuery, rfc3339};
+use super::locks::model::{LockMode, LockNameSchema, rfc3339};
 use super::problem::{ApiError, KeyRefusals, Problem};
 use super::semaphores::model::PermitStatus;
 use crate::lock::service::watch::{LeaseView, RunStage, Sequenced, Snapshot, Watch, WatchEvent};
@@ -229,11 +230,11 @@ pub enum SemaphoreEvents {
     path = "/locks/{name}/events",
     operation_id = "watchLock",
     tag = "locks",
-    params(("name" = LockNameSchema, Path, description = "Lock name")),
+    params(("name" = LockNameSchema, Path, description = "Lock name"), WatchQuery),
     security((), ("bearer" = [])),
     responses(
-        (status = 200, description = "The stream: `state` first, then one event per change (see the schema for each event's `data`)", body = LockEvents, content_type = "text/event-stream"),
-        (status = 400, description = "Invalid lock name", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The stream: `state` first, then one event per change (see the schema for each event's `data`), until `wait_ms` has passed, the client leaves, or shutdown", body = LockEvents, content_type = "text/event-stream"),
+        (status = 400, description = "Invalid lock name, or `wait_ms`", body = Problem, content_type = "application/problem+json"),
         KeyRefusals,
         (status = 501, description = "`not-implemented`: Redlock mode has no watches", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`too-many-watchers`, or Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
@@ -243,9 +244,9 @@ pub async fn lock_events(
     State(locks): State<Arc<Locks>>,
     State(limits): State<Limits>,
     LockPath(name): LockPath,
-    StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
+    StrictQuery(query): StrictQuery<WatchQuery>,
 ) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
-    stream(&locks, &limits, Subject::lock(name)).await
+    stream(&locks, &limits, Subject::lock(name), &query).await
 }
 
 /// Watch a semaphore: a Server-Sent Events stream of its permits' changes,
@@ -255,11 +256,11 @@ pub async fn lock_events(
     path = "/semaphores/{name}/events",
     operation_id = "watchSemaphore",
     tag = "semaphores",
-    params(("name" = LockNameSchema, Path, description = "Semaphore name")),
+    params(("name" = LockNameSchema, Path, description = "Semaphore name"), WatchQuery),
     security((), ("bearer" = [])),
     responses(
-        (status = 200, description = "The stream: `state` first, then one event per permit's change (see the schema for each event's `data`)", body = SemaphoreEvents, content_type = "text/event-stream"),
-        (status = 400, description = "Invalid name", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The stream: `state` first, then one event per permit's change (see the schema for each event's `data`), until `wait_ms` has passed, the client leaves, or shutdown", body = SemaphoreEvents, content_type = "text/event-stream"),
+        (status = 400, description = "Invalid name, or `wait_ms`", body = Problem, content_type = "application/problem+json"),
         KeyRefusals,
         (status = 501, description = "`not-implemented`: Redlock mode has no semaphores", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`too-many-watchers`, or Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
@@ -269,9 +270,9 @@ pub async fn semaphore_events(
     State(locks): State<Arc<Locks>>,
     State(limits): State<Limits>,
     LockPath(name): LockPath,
-    StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
+    StrictQuery(query): StrictQuery<WatchQuery>,
 ) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
-    stream(&locks, &limits, Subject::semaphore(name)).await
+    stream(&locks, &limits, Subject::semaphore(name), &query).await
 }
 
 /// Watch a run: a Server-Sent Events stream of its attempts and its
@@ -282,11 +283,11 @@ pub async fn semaphore_events(
     path = "/runs/{key}/events",
     operation_id = "watchRun",
     tag = "runs",
-    params(("key" = LockNameSchema, Path, description = "The run's key")),
+    params(("key" = LockNameSchema, Path, description = "The run's key"), WatchQuery),
     security((), ("bearer" = [])),
     responses(
-        (status = 200, description = "The stream: `state` first, then one event per change (see the schema for each event's `data`)", body = RunEvents, content_type = "text/event-stream"),
-        (status = 400, description = "Invalid key", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The stream: `state` first, then one event per change (see the schema for each event's `data`), until `wait_ms` has passed, the client leaves, or shutdown", body = RunEvents, content_type = "text/event-stream"),
+        (status = 400, description = "Invalid key, or `wait_ms`", body = Problem, content_type = "application/problem+json"),
         KeyRefusals,
         (status = 501, description = "`not-implemented`: Redlock mode has no runs", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`too-many-watchers`, or Redis did not answer in time", body = Problem, content_type = "application/problem+json"),
@@ -296,9 +297,22 @@ pub async fn run_events(
     State(locks): State<Arc<Locks>>,
     State(limits): State<Limits>,
     LockPath(key): LockPath,
-    StrictQuery(NoQuery {}): StrictQuery<NoQuery>,
+    StrictQuery(query): StrictQuery<WatchQuery>,
 ) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
-    stream(&locks, &limits, Subject::run(key)).await
+    stream(&locks, &limits, Subject::run(key), &query).await
+}
+
+/// The query of a watch.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct WatchQuery {
+    /// End the stream after this many milliseconds, from 0 to the
+    /// server's `--max-wait-ms` (for a caller with a time limit of its
+    /// own, such as a serverless function, or a long poll); without it
+    /// the stream lasts until the client leaves or shutdown.
+    #[param(value_type = Option<u64>, minimum = 0, maximum = 3_600_000)]
+    pub wait_ms: Option<String>,
 }
 
 /// Asks nginx-style proxies not to buffer the stream.
@@ -314,7 +328,12 @@ async fn stream(
     locks: &Locks,
     limits: &Limits,
     subject: Subject,
+    query: &WatchQuery,
 ) -> Result<Streamed<impl Stream<Item = Result<Event, Infallible>> + use<>>, ApiError> {
+    let until = match &query.wait_ms {
+        Some(text) => Some(tokio::time::Instant::now() + limits.wait.resolve(Some(text), None)?),
+        None => None,
+    };
     let mut watch = locks.watch(&subject)?;
     let first = match tokio::time::timeout(limits.request_timeout, watch.next()).await {
         Ok(Some(first)) => first,
@@ -335,7 +354,13 @@ async fn stream(
             let event = sse_event(&subject, &next);
             Some((Ok(event), (None, watch, subject)))
         },
-    );
+    )
+    .take_until(async move {
+        match until {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    });
     let sse = Sse::new(events).keep_alive(
         KeepAlive::new()
             .interval(limits.watch_keepalive)

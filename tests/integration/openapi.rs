@@ -216,6 +216,52 @@ async fn served_openapi_reads_right_in_client_generators() {
     }
     assert!(timestamps >= 20, "{timestamps} timestamps");
 
+    // Each watch's events as they are on the wire: `{event, id, data}`,
+    // `data` a JSON string whose schema is its `contentSchema`.
+    let mut streams = 0;
+    for (path, method, op) in &ops {
+        let Some(stream) = op["responses"]["200"]["content"].get("text/event-stream") else {
+            continue;
+        };
+        streams += 1;
+        let name = stream["schema"]["$ref"]
+            .as_str()
+            .expect("a $ref")
+            .rsplit('/')
+            .next()
+            .unwrap();
+        let events = served["components"]["schemas"][name]["oneOf"]
+            .as_array()
+            .expect("oneOf");
+        assert!(events.len() >= 5, "{method} {path}: {events:?}");
+        for event in events {
+            assert_eq!(
+                event["required"],
+                serde_json::json!(["event", "id", "data"]),
+                "{event}"
+            );
+            assert_eq!(
+                event["properties"]["event"]["enum"]
+                    .as_array()
+                    .map(Vec::len),
+                Some(1)
+            );
+            assert_eq!(
+                event["properties"]["data"]["contentMediaType"],
+                "application/json"
+            );
+            assert!(
+                event["properties"]["data"]["contentSchema"]["$ref"].is_string(),
+                "{event}"
+            );
+        }
+        let wait = op["parameters"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == "wait_ms"));
+        assert!(wait.is_some(), "{method} {path}: no wait_ms");
+    }
+    assert_eq!(streams, 3);
+
     let servers = served["servers"].as_array().expect("servers");
     assert!(servers.iter().any(|s| s["url"].is_string()), "{servers:?}");
 }

@@ -414,6 +414,66 @@ async fn streams_end_cleanly_at_shutdown() {
     );
 }
 
+/// `?wait_ms=N` ends a watch once N ms have passed (for a caller with a
+/// time limit of its own), after the `state` and any change before then;
+/// `wait_ms=0` gives the `state` alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_with_wait_ms_ends_once_it_has_passed() {
+    let app = TestApp::redis().await;
+    for (path, wait) in [
+        ("/locks/bounded/events?wait_ms=300", 300),
+        ("/semaphores/bounded/events?wait_ms=300", 300),
+        ("/runs/bounded/events?wait_ms=300", 300),
+        ("/locks/bounded/events?wait_ms=0", 0),
+    ] {
+        let started = Instant::now();
+        // Bounded by the stream's end; a stream that never ends fails here.
+        let reply = tokio::time::timeout(
+            Duration::from_secs(60),
+            app.send(Method::GET, path, &[], None),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path}: the stream did not end"));
+        reply.expect_status(200);
+        assert!(
+            started.elapsed() >= Duration::from_millis(wait),
+            "{path}: ended after {:?}",
+            started.elapsed()
+        );
+        assert!(
+            reply.text.starts_with("event: state\n"),
+            "{path}: {}",
+            reply.text
+        );
+        assert_eq!(
+            reply.text.matches("event: ").count(),
+            1,
+            "{path}: {}",
+            reply.text
+        );
+    }
+    // A change within the wait arrives before the end.
+    let watching = {
+        let url = app.url("/locks/bounded:2/events?wait_ms=5000");
+        tokio::spawn(async move { reqwest::get(url).await?.text().await })
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            metric(&app.metrics().await, "lockd_watchers", &[]) == Some(1.0)
+        })
+        .await,
+        "the watch never opened"
+    );
+    take(&app, "bounded:2", 60_000, "w").await;
+    let text = tokio::time::timeout(Duration::from_secs(60), watching)
+        .await
+        .expect("the stream ended")
+        .expect("task")
+        .expect("the stream");
+    assert!(text.starts_with("event: state\n"), "{text}");
+    assert!(text.contains("event: acquired\n"), "{text}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_names_are_400_and_write_nothing() {
     let app = TestApp::redis().await;
@@ -421,7 +481,12 @@ async fn bad_names_are_400_and_write_nothing() {
         "/locks/a%20b/events",
         "/locks/%7Bx%7D/events",
         "/semaphores/a%2Fb/events",
-        "/locks/job/events?wait_ms=5",
+        "/locks/job/events?ttl_ms=5",
+        "/locks/job/events?wait_ms=-1",
+        "/locks/job/events?wait_ms=1.5",
+        "/semaphores/job/events?wait_ms=abc",
+        "/runs/job/events?wait_ms=3600001",
+        "/runs/job/events?wait_ms=5&wait_ms=6",
     ] {
         let reply = app.send(Method::GET, path, &[], None).await;
         reply.expect_status(400);
