@@ -7,10 +7,13 @@
 # runs the example deploy/haproxy/haproxy.cfg in front of lockd replicas)
 # when missing; the tests start their own redis-server processes on free ports.
 # Then, for a whole run, scripts/schemathesis.sh fuzzes the HTTP API against
-# its OpenAPI document, with the release build of lockd.
+# its OpenAPI document, with the release build of lockd, and
+# scripts/openapi-check.sh checks that client generators read the document
+# right (redocly lint, openapi-typescript and tsc --strict,
+# openapi-python-client against a real lockd; npm and PyPI packages, pinned).
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh c05; with any,
-# only those tests run (no Schemathesis, and it says so).
-# Schemathesis runs even when a cargo test failed; the script then exits
+# only those tests run (no Schemathesis nor generator checks, and it says so).
+# Both run even when a cargo test failed; the script then exits
 # non-zero, and its last lines say which parts failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,14 +30,16 @@ if [ $# -eq 0 ]; then
   if cargo build --release --locked --bin lockd; then
     LOCKD_BIN="${CARGO_TARGET_DIR:-target}/release/lockd" scripts/schemathesis.sh \
       || failed+=("Schemathesis")
+    LOCKD_BIN="${CARGO_TARGET_DIR:-target}/release/lockd" scripts/openapi-check.sh \
+      || failed+=("the OpenAPI generator checks")
   else
-    failed+=("the release build (so Schemathesis did not run)")
+    failed+=("the release build (so Schemathesis and the OpenAPI generator checks did not run)")
   fi
 else
-  echo "test.sh: only the tests named ($*) ran; Schemathesis did not run (it runs with no arguments)" >&2
+  echo "test.sh: only the tests named ($*) ran; Schemathesis and the OpenAPI generator checks did not run (they run with no arguments)" >&2
 fi
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
   exit 1
 fi
-echo "test.sh: every part passed: cargo test${1:+ ($*)}$([ $# -eq 0 ] && echo ' and Schemathesis')" >&2
+echo "test.sh: every part passed: cargo test${1:+ ($*)}$([ $# -eq 0 ] && echo ', Schemathesis and the OpenAPI generator checks')" >&2

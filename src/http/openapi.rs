@@ -10,15 +10,17 @@
 //! openapi/openapi.json` regenerates it, and a test fails when the two
 //! differ.
 
+use utoipa::openapi::content::ContentBuilder;
 use utoipa::openapi::extensions::ExtensionsBuilder;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::request_body::RequestBody;
+use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::schema::{
     ArrayItems, KnownFormat, ObjectBuilder, Schema, SchemaFormat, SchemaType, Type,
 };
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::openapi::{Header, RefOr, Required};
+use utoipa::openapi::{Header, Ref, RefOr, Required};
 use utoipa::{Modify, Number, OpenApi};
 
 use axum::http::StatusCode;
@@ -34,7 +36,7 @@ use super::{ops, problem, runs, semaphores};
     info(
         title = "lockd",
         description = "Distributed locks over HTTP, held in Redis. Errors are RFC 9457 problem documents (application/problem+json). Every answer carries `x-request-id`; a method a path does not serve is answered 405 `method-not-allowed` with `Allow` listing the methods it does.",
-        license(name = "MIT OR Apache-2.0"),
+        license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
     ),
     components(schemas(
         model::AcquireBody,
@@ -198,8 +200,9 @@ pub fn annotate(doc: &mut utoipa::openapi::OpenApi) {
             if open {
                 operation.security = Some(Vec::new());
             }
+            browser_refusals(operation, open);
             declare_headers(operation);
-            name_problem_types(operation, path, method, &types);
+            name_problem_types(operation, path, method, open, &types);
             if let Some(body) = operation.request_body.as_mut() {
                 unwrap_optional(body);
             }
@@ -404,6 +407,44 @@ fn problem_types() -> Vec<ProblemType> {
     common.chain(leased).collect()
 }
 
+/// Adds the answers of the checks in front of every route
+/// ([`super::browsers`]) that `operation` does not document yet: 421 for a
+/// `Host` a loopback listener does not serve, and on an open endpoint
+/// (which has no key check to document them) 400 for a missing or
+/// repeated `Host` or `Origin` and 403 for a page of another origin.
+fn browser_refusals(operation: &mut Operation, open: bool) {
+    let mut refusals = vec![(
+        "421",
+        "On a loopback listener: a `Host` that is not a loopback name or address, nor an `--allowed-host` (DNS rebinding); nothing was written",
+    )];
+    if open {
+        refusals.push(("400", "No `Host` header, or two; or two `Origin` headers"));
+        refusals.push((
+            "403",
+            "A browser page of an origin `--cors-allow-origin` does not name",
+        ));
+    }
+    for (status, description) in refusals {
+        operation
+            .responses
+            .responses
+            .entry(status.to_owned())
+            .or_insert_with(|| {
+                RefOr::T(
+                    ResponseBuilder::new()
+                        .description(description)
+                        .content(
+                            problem::PROBLEM_JSON,
+                            ContentBuilder::new()
+                                .schema(Some(RefOr::Ref(Ref::from_schema_name("Problem"))))
+                                .build(),
+                        )
+                        .build(),
+                )
+            });
+    }
+}
+
 /// The methods whose answers carry the problem type `uri`, for the types
 /// of one kind of lease: a refusal to grant only `POST`, a missing lease
 /// only the methods that name one. `None`: every method.
@@ -424,10 +465,18 @@ fn answered_by(uri: &str) -> Option<&'static [&'static str]> {
     }
 }
 
-/// Names, on each problem answer of `operation` (`method` on `path`), the problem
-/// types of its status that its route answers with: as the extension
+/// Names, on each problem answer of `operation` (`method` on `path`, `open`
+/// when it needs no key), the problem types of its status that its route
+/// answers with: as the extension
 /// `x-problem-types` (a list of type URIs) and in its description.
-fn name_problem_types(operation: &mut Operation, path: &str, method: &str, types: &[ProblemType]) {
+fn name_problem_types(
+    operation: &mut Operation,
+    path: &str,
+    method: &str,
+    open: bool,
+    types: &[ProblemType],
+) {
+    let keyed = [Kind::Unauthorized, Kind::Forbidden, Kind::RateLimited].map(Kind::type_uri);
     for (status, response) in &mut operation.responses.responses {
         let RefOr::T(response) = response else {
             continue;
@@ -440,6 +489,7 @@ fn name_problem_types(operation: &mut Operation, path: &str, method: &str, types
             .filter(|t| t.of_operations && t.status.as_str() == status)
             .filter(|t| t.under.is_none_or(|under| path.starts_with(under)))
             .filter(|t| t.methods.is_none_or(|methods| methods.contains(&method)))
+            .filter(|t| !(open && keyed.contains(&t.uri)))
             .map(|t| t.uri.as_str())
             .collect();
         if carried.is_empty() {
