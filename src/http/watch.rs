@@ -344,15 +344,15 @@ async fn stream(
             );
         }
     };
-    let events = futures_util::stream::unfold(
-        (Some(first), watch, subject),
-        |(first, mut watch, subject): (Option<Arc<Sequenced>>, Watch, Subject)| async move {
-            let next = match first {
-                Some(first) => first,
-                None => watch.next().await?,
-            };
+    // The `state` first, whatever the wait: a stream of `wait_ms=0` (or one
+    // whose wait passed before its body was first read) still says it.
+    let state = futures_util::stream::once(std::future::ready(Ok(sse_event(&subject, &first))));
+    let changes = futures_util::stream::unfold(
+        (watch, subject),
+        |(mut watch, subject): (Watch, Subject)| async move {
+            let next = watch.next().await?;
             let event = sse_event(&subject, &next);
-            Some((Ok(event), (None, watch, subject)))
+            Some((Ok(event), (watch, subject)))
         },
     )
     .take_until(async move {
@@ -361,6 +361,7 @@ async fn stream(
             None => std::future::pending().await,
         }
     });
+    let events = state.chain(changes);
     let sse = Sse::new(events).keep_alive(
         KeepAlive::new()
             .interval(limits.watch_keepalive)

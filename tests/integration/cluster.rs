@@ -425,7 +425,7 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
     );
     moved_waiter.release_and_expect_woken(&a, &cluster).await;
 
-    // 2. A master is killed; a replica takes over. Its replica has the
+    // 2. A master is killed; a replica takes over. Its replicas have the
     // parked lock first: what is asked here is that the waiter follows
     // the failover, not that Redis's asynchronous replication kept a write.
     let victim = masters[2];
@@ -433,7 +433,7 @@ async fn a_reshard_and_a_master_kill_under_load_keep_one_holder_and_growing_fenc
         cluster
             .replicated_within(victim, Duration::from_secs(30))
             .await,
-        "no replica of {victim} caught up within 30 s"
+        "the replicas of {victim} did not catch up within 30 s"
     );
     cluster.kill(victim);
     let killed_at = Instant::now();

@@ -293,11 +293,13 @@ impl Cluster {
         }
     }
 
-    /// Waits, up to `within`, until a replica of the master on `port` has
-    /// acknowledged every write the master had when called (the
-    /// `offset=` of a `slaveN:` line of its `INFO replication`, against
+    /// Waits, up to `within`, until every replica of the master on `port`
+    /// has acknowledged every write the master had when called (the
+    /// `offset=` of each `slaveN:` line of its `INFO replication`, against
     /// its `master_repl_offset`), so that killing the master then loses
-    /// nothing written before. Returns whether one did.
+    /// nothing written before, whichever replica the cluster promotes (with
+    /// one lagging behind, a busy machine can promote that one). Returns
+    /// whether they did.
     pub async fn replicated_within(&self, port: u16, within: Duration) -> bool {
         let field = |info: &str, name: &str| -> Option<u64> {
             info.lines()
@@ -308,15 +310,20 @@ impl Cluster {
             return false;
         };
         crate::support::eventually(within, || async {
-            cli(port, &["INFO", "replication"]).lines().any(|line| {
-                line.starts_with("slave")
-                    && line.contains("state=online")
-                    && line
-                        .split(',')
-                        .find_map(|kv| kv.strip_prefix("offset="))
-                        .and_then(|o| o.parse::<u64>().ok())
-                        .is_some_and(|o| o >= written)
-            })
+            let info = cli(port, &["INFO", "replication"]);
+            let replicas: Vec<&str> = info
+                .lines()
+                .filter(|line| line.starts_with("slave") && line.contains(":ip="))
+                .collect();
+            replicas.len() == REPLICAS_PER_MASTER
+                && replicas.iter().all(|line| {
+                    line.contains("state=online")
+                        && line
+                            .split(',')
+                            .find_map(|kv| kv.strip_prefix("offset="))
+                            .and_then(|o| o.parse::<u64>().ok())
+                            .is_some_and(|o| o >= written)
+                })
         })
         .await
     }
