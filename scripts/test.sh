@@ -10,7 +10,8 @@
 # its OpenAPI document, with the release build of lockd, and
 # scripts/openapi-check.sh checks that client generators read the document
 # right (redocly lint, openapi-typescript and tsc --strict,
-# openapi-python-client against a real lockd; npm and PyPI packages, pinned).
+# openapi-python-client against a real lockd; npm and PyPI packages, pinned),
+# and scripts/client-tests.sh runs the tests of the clients in clients/.
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh c05; with any,
 # only those tests run (no Schemathesis nor generator checks, and it says so).
 # Both run even when a cargo test failed; the script then exits
@@ -32,14 +33,16 @@ if [ $# -eq 0 ]; then
       || failed+=("Schemathesis")
     LOCKD_BIN="${CARGO_TARGET_DIR:-target}/release/lockd" scripts/openapi-check.sh \
       || failed+=("the OpenAPI generator checks")
+    LOCKD_BIN="${CARGO_TARGET_DIR:-target}/release/lockd" scripts/client-tests.sh \
+      || failed+=("the client tests")
   else
-    failed+=("the release build (so Schemathesis and the OpenAPI generator checks did not run)")
+    failed+=("the release build (so Schemathesis, the OpenAPI generator checks and the client tests did not run)")
   fi
 else
-  echo "test.sh: only the tests named ($*) ran; Schemathesis and the OpenAPI generator checks did not run (they run with no arguments)" >&2
+  echo "test.sh: only the tests named ($*) ran; Schemathesis, the OpenAPI generator checks and the client tests did not run (they run with no arguments)" >&2
 fi
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
   exit 1
 fi
-echo "test.sh: every part passed: cargo test${1:+ ($*)}$([ $# -eq 0 ] && echo ', Schemathesis and the OpenAPI generator checks')" >&2
+echo "test.sh: every part passed: cargo test${1:+ ($*)}$([ $# -eq 0 ] && echo ', Schemathesis, the OpenAPI generator checks and the client tests')" >&2
