@@ -80,14 +80,17 @@ export interface LockStatus {
 
 /** An answer of lockd that is an error: its problem document. */
 export class LockdError extends Error {
-  /** The HTTP status (0 when no answer came). */
+  /** The HTTP status; 0 when the client itself saw the failure (no
+   * answer came, or the lease ran out before a renewal). */
   readonly status: number;
-  /** The problem type, such as `urn:lockd:problem:lock-held`. */
+  /** The problem type, such as `urn:lockd:problem:lock-held`; of a failure
+   * the client saw itself, `urn:lockd:problem:unreachable` (no answer) or
+   * `urn:lockd:problem:lease-lost` (no renewal before the lease's end). */
   readonly type: string;
   /** The request's ID (`x-request-id`): quote it when reporting a problem. */
   readonly requestId: string | undefined;
-  constructor(message: string, status: number, type: string, requestId?: string) {
-    super(message);
+  constructor(message: string, status: number, type: string, requestId?: string, options?: { cause?: unknown }) {
+    super(message, options);
     this.name = new.target.name;
     this.status = status;
     this.type = type;
@@ -145,6 +148,8 @@ export class Lockd {
    * `waitMs`), {@link UnavailableError} past the retry deadline.
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<Lease> {
+    checkMs("ttlMs", options.ttlMs);
+    checkMs("waitMs", options.waitMs);
     const token = options.token ?? newToken();
     const body: Record<string, unknown> = {};
     if (options.ttlMs !== undefined) body.ttl_ms = options.ttlMs;
@@ -159,12 +164,14 @@ export class Lockd {
     return toLease(answer.body, token);
   }
 
-  /** Resets the lease to `ttlMs` from now (default: its own TTL). Throws
+  /** Resets the lease to `ttlMs` from now (default: its own TTL), and
+   * returns the renewed lease (the one given is left as it was). Throws
    * {@link LeaseLostError} when the lease is gone, {@link NotOwnerError}
    * when another token holds the lock. */
-  async extend(lease: Lease, options: { ttlMs?: number } = {}): Promise<Lease> {
+  async extend(lease: Lease, options: { ttlMs?: number } = {}, signal?: AbortSignal): Promise<Lease> {
+    checkMs("ttlMs", options.ttlMs);
     const body = options.ttlMs === undefined ? undefined : { ttl_ms: options.ttlMs };
-    const answer = await this.#call("PATCH", lockPath(lease.name), { token: lease.token, body });
+    const answer = await this.#call("PATCH", lockPath(lease.name), { token: lease.token, body, signal });
     return { ...toLease({ ...answer.body, mode: lease.mode }, lease.token) };
   }
 
@@ -221,24 +228,36 @@ export class Lockd {
         lost.abort(why);
       }
     };
+    // Ends the renewals, and a renewal in flight, once fn is done.
+    const finished = new AbortController();
     let timer: ReturnType<typeof setTimeout> | undefined;
     let deadline: ReturnType<typeof setTimeout> | undefined;
     const watchEnd = () => {
       clearTimeout(deadline);
       const left = lease.expiresAt.getTime() - Date.now();
-      deadline = setTimeout(
-        () => loseIt(new LeaseLostError(`the lease of ${name} ran out before a renewal`, 0, `${PROBLEM}lease-lost`)),
-        Math.max(0, left),
-      );
+      deadline = setTimeout(() => {
+        const held = options.maxHoldMs !== undefined && Date.now() - started >= options.maxHoldMs;
+        const why = held
+          ? `the lease of ${name} ran out: renewals stop at maxHoldMs (${options.maxHoldMs} ms)`
+          : `the lease of ${name} ran out before a renewal`;
+        loseIt(new LeaseLostError(why, 0, `${PROBLEM}lease-lost`));
+      }, Math.max(0, left));
     };
     const renew = () => {
       timer = setTimeout(async () => {
         if (options.maxHoldMs !== undefined && Date.now() - started >= options.maxHoldMs) return;
         try {
-          lease = await this.extend(lease, options.ttlMs === undefined ? {} : { ttlMs: options.ttlMs });
+          const renewed = await this.extend(
+            lease,
+            options.ttlMs === undefined ? {} : { ttlMs: options.ttlMs },
+            finished.signal,
+          );
+          if (finished.signal.aborted) return;
+          lease = renewed;
           watchEnd();
           if (!lost.signal.aborted) renew();
         } catch (e) {
+          if (finished.signal.aborted) return;
           if (e instanceof LeaseLostError || e instanceof NotOwnerError) {
             loseIt(new LeaseLostError(`the lease of ${name} was lost: ${e.message}`, e.status, e.type, e.requestId));
           } else if (!lost.signal.aborted) {
@@ -254,6 +273,7 @@ export class Lockd {
       if (lostWhy) throw lostWhy;
       return value;
     } finally {
+      finished.abort();
       clearTimeout(timer);
       clearTimeout(deadline);
       if (!lostWhy) await this.release(lease).catch(() => undefined);
@@ -263,7 +283,7 @@ export class Lockd {
   async #call(
     method: string,
     path: string,
-    request: { token?: string; body?: Record<string, unknown>; waitMs?: number },
+    request: { token?: string; body?: Record<string, unknown>; waitMs?: number; signal?: AbortSignal },
   ): Promise<Answer> {
     const until = Date.now() + this.#retryForMs;
     for (let attempt = 0; ; attempt++) {
@@ -278,12 +298,14 @@ export class Lockd {
       const retryable = !answer || answer.status === 429 || answer.status === 503;
       const pause = answer ? retryAfterMs(answer) : Math.min(100 * 2 ** attempt, 2_000);
       const jittered = pause * (0.5 + Math.random());
-      if (retryable && Date.now() + jittered < until) {
-        await new Promise((resolve) => setTimeout(resolve, jittered));
+      if (retryable && !request.signal?.aborted && Date.now() + jittered < until) {
+        await sleep(jittered, request.signal);
         continue;
       }
       if (!answer) {
-        throw new UnavailableError(`no answer from lockd: ${String(failure)}`, 0, `${PROBLEM}unreachable`);
+        throw new UnavailableError(`no answer from lockd: ${String(failure)}`, 0, `${PROBLEM}unreachable`, undefined, {
+          cause: failure,
+        });
       }
       throw toError(answer);
     }
@@ -292,7 +314,7 @@ export class Lockd {
   async #once(
     method: string,
     path: string,
-    request: { token?: string; body?: Record<string, unknown>; waitMs?: number },
+    request: { token?: string; body?: Record<string, unknown>; waitMs?: number; signal?: AbortSignal },
   ): Promise<Answer> {
     const headers: Record<string, string> = {};
     if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
@@ -304,9 +326,19 @@ export class Lockd {
     }
     // Longer than the server takes: a shorter timeout would give up on a
     // grant the server then makes.
-    const timeout = AbortSignal.timeout((request.waitMs ?? 0) + this.#requestTimeoutMs + 2_000);
-    const response = await this.#fetch(`${this.#url}${path}`, { method, headers, body, signal: timeout });
-    const text = await response.text();
+    const stop = new AbortController();
+    const timer = setTimeout(() => stop.abort(), (request.waitMs ?? 0) + this.#requestTimeoutMs + 2_000);
+    const cancel = () => stop.abort();
+    request.signal?.addEventListener("abort", cancel, { once: true });
+    let response: Response;
+    let text: string;
+    try {
+      response = await this.#fetch(`${this.#url}${path}`, { method, headers, body, signal: stop.signal });
+      text = await response.text();
+    } finally {
+      clearTimeout(timer);
+      request.signal?.removeEventListener("abort", cancel);
+    }
     let parsed: Record<string, unknown> = {};
     if (text) {
       try {
@@ -316,6 +348,27 @@ export class Lockd {
       }
     }
     return { status: response.status, body: parsed, headers: response.headers };
+  }
+}
+
+/** Waits `ms`, or less when `signal` aborts first. */
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(done, ms);
+    function done() {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    }
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
+
+/** Refuses a duration that lockd would refuse, or that is not a number at
+ * all (`NaN` would otherwise be left out, and the server's default used). */
+function checkMs(option: string, ms: number | undefined): void {
+  if (ms !== undefined && !(Number.isSafeInteger(ms) && ms >= 0)) {
+    throw new RangeError(`${option} must be a whole number of milliseconds, 0 or more: got ${ms}`);
   }
 }
 
@@ -359,7 +412,13 @@ function toLease(body: Record<string, unknown>, token: string): Lease {
   };
 }
 
+/** The path of lock `name`. An empty name, `.` and `..` are refused
+ * here: URLs normalise the last two away (escaped or not), so no request
+ * could name them. lockd judges every other name (a 400 for a bad one). */
 function lockPath(name: string): string {
+  if (name === "" || name === "." || name === "..") {
+    throw new RangeError(`a lock name is 1 to 200 characters, and not "." or "..": got "${name}"`);
+  }
   return `/locks/${encodeURIComponent(name)}`;
 }
 

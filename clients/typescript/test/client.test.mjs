@@ -214,3 +214,40 @@ test("npm pack makes a package that installs into a fresh project and runs the c
     rmSync(work, { recursive: true, force: true });
   }
 });
+
+test("bad durations and names are refused before any request", async () => {
+  let sent = 0;
+  const counting = async (input, init) => {
+    sent += 1;
+    return fetch(input, init);
+  };
+  const lockd = new Lockd({ url, fetch: counting });
+  for (const options of [{ waitMs: 1.5 }, { ttlMs: Number.NaN }, { ttlMs: Infinity }, { waitMs: -1 }]) {
+    await assert.rejects(lockd.acquire("ts:bad", options), RangeError, JSON.stringify(options));
+  }
+  // URLs normalise "." and ".." away: no request could name them.
+  for (const name of ["", ".", ".."]) {
+    await assert.rejects(lockd.acquire(name), RangeError, name);
+  }
+  assert.equal(sent, 0);
+  // Any other bad name gets lockd's 400.
+  for (const name of ["a/b", "x".repeat(300)]) {
+    await assert.rejects(lockd.acquire(name), (e) => e.status === 400 && e.type === "urn:lockd:problem:invalid-request");
+  }
+});
+
+test("withLock stops renewing at maxHoldMs: the lease runs out and the signal says why", async () => {
+  const lockd = new Lockd({ url });
+  await assert.rejects(
+    lockd.withLock("ts:max-hold", { ttlMs: 600, maxHoldMs: 700 }, async (_lease, signal) => {
+      let timer;
+      await new Promise((resolve, reject) => {
+        signal.addEventListener("abort", resolve, { once: true });
+        timer = setTimeout(() => reject(new Error("the signal never aborted")), 30_000);
+      });
+      clearTimeout(timer);
+      assert.match(signal.reason.message, /maxHoldMs/);
+    }),
+    LeaseLostError,
+  );
+});
