@@ -153,19 +153,23 @@ fn cap(schema: &mut RefOr<Schema>, max: u64) {
 /// The paths any caller may read, API keys or not (`security: []`).
 const OPEN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
 
-/// Declares, on every operation of `doc`, the headers lockd sets on an
-/// answer of each status: `x-request-id` on all of them, `Retry-After`
-/// (whole seconds) on 409, 429 and 503, `WWW-Authenticate` on 401; and
-/// marks `/healthz`, `/readyz` and `/openapi.json` as needing no key; lists every problem type in
-/// `Problem.type`, and on each problem answer the types it may carry
-/// (`x-problem-types`, and in its description); gives every `*_at` string
-/// `format: date-time` (lockd's timestamps are all RFC 3339, UTC); and makes each optional
-/// request body an optional object (`required: false`) where utoipa
-/// writes `oneOf [null, …]`, which generators turn into a required
-/// nullable argument. One place for what every handler's
-/// `#[utoipa::path]` would otherwise repeat.
+/// Declares, on every operation of `doc`, what every handler's
+/// `#[utoipa::path]` would otherwise repeat:
+/// - the headers lockd sets on an answer of each status: `x-request-id`
+///   on all, `Retry-After` on 409, 429 and 503, `WWW-Authenticate` on 401;
+/// - `security: []` on `/healthz`, `/readyz` and `/openapi.json`, and the
+///   answers of the browser checks in front of every route;
+/// - every problem type in `Problem.type`, and on each problem answer the
+///   types it may carry (`x-problem-types`, and in its description);
+/// - `format: date-time` on every `*_at` string (lockd's timestamps are
+///   all RFC 3339, UTC);
+/// - each watch's events as they are on the wire;
+/// - each optional request body as an optional object (`required: false`)
+///   where utoipa writes `oneOf [null, …]`, which generators turn into a
+///   required nullable argument.
 pub fn annotate(doc: &mut utoipa::openapi::OpenApi) {
     let types = problem_types();
+    let headers = AnswerHeaders::new();
     let streams = event_streams(doc);
     if let Some(components) = doc.components.as_mut() {
         for schema in components.schemas.values_mut() {
@@ -201,7 +205,7 @@ pub fn annotate(doc: &mut utoipa::openapi::OpenApi) {
                 operation.security = Some(Vec::new());
             }
             browser_refusals(operation, open);
-            declare_headers(operation);
+            declare_headers(operation, &headers);
             name_problem_types(operation, path, method, open, &types);
             if let Some(body) = operation.request_body.as_mut() {
                 unwrap_optional(body);
@@ -210,21 +214,20 @@ pub fn annotate(doc: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-/// The headers of [`annotate`] on each response of `operation`.
-fn declare_headers(operation: &mut Operation) {
+/// `headers` on each response of `operation`, by its status.
+fn declare_headers(operation: &mut Operation, headers: &AnswerHeaders) {
     for (status, response) in &mut operation.responses.responses {
         let RefOr::T(response) = response else {
             continue;
         };
-        response.headers.insert("x-request-id".into(), request_id());
+        let declared = &mut response.headers;
+        declared.insert("x-request-id".into(), headers.request_id.clone());
         match status.as_str() {
             "409" | "429" | "503" => {
-                response.headers.insert("Retry-After".into(), retry_after());
+                declared.insert("Retry-After".into(), headers.retry_after.clone());
             }
             "401" => {
-                response
-                    .headers
-                    .insert("WWW-Authenticate".into(), challenge());
+                declared.insert("WWW-Authenticate".into(), headers.challenge.clone());
             }
             _ => {}
         }
@@ -387,7 +390,7 @@ fn problem_types() -> Vec<ProblemType> {
         status: kind.status(),
         uri: kind.type_uri(),
         under: Kind::OF_LOCKS.contains(&kind).then_some("/locks"),
-        methods: answered_by(&kind.type_uri()),
+        methods: answered_by(kind.slug()),
         of_operations: !matches!(kind, Kind::RouteNotFound | Kind::MethodNotAllowed),
     });
     let leased = [
@@ -398,9 +401,9 @@ fn problem_types() -> Vec<ProblemType> {
     .flat_map(|(under, problems)| {
         problems.iter().map(move |p| ProblemType {
             status: p.status,
-            uri: p.type_uri(),
+            uri: Kind::Leased(p).type_uri(),
             under: Some(under),
-            methods: answered_by(&p.type_uri()),
+            methods: answered_by(p.slug),
             of_operations: true,
         })
     });
@@ -445,11 +448,11 @@ fn browser_refusals(operation: &mut Operation, open: bool) {
     }
 }
 
-/// The methods whose answers carry the problem type `uri`, for the types
+/// The methods whose answers carry the problem type of `slug`, for the types
 /// of one kind of lease: a refusal to grant only `POST`, a missing lease
 /// only the methods that name one. `None`: every method.
-fn answered_by(uri: &str) -> Option<&'static [&'static str]> {
-    match uri.rsplit(':').next()? {
+fn answered_by(slug: &str) -> Option<&'static [&'static str]> {
+    match slug {
         "lock-held"
         | "mode-mismatch"
         | "semaphore-full"
@@ -512,36 +515,40 @@ fn name_problem_types(
     }
 }
 
-/// `x-request-id`: the request's ID.
-fn request_id() -> Header {
-    HeaderBuilder::new()
-        .schema(ObjectBuilder::new().schema_type(Type::String))
-        .description(Some(
-            "The request's ID: the caller's own `x-request-id` when it is usable (up to 128 visible ASCII characters), else a fresh UUID. Problem documents carry it as `request_id`; quote it when reporting a problem",
-        ))
-        .build()
+/// The headers [`annotate`] declares, built once for every answer.
+struct AnswerHeaders {
+    /// `x-request-id`, on every answer.
+    request_id: Header,
+    /// `Retry-After` (RFC 9110 §10.2.3), on 409, 429 and 503.
+    retry_after: Header,
+    /// `WWW-Authenticate`, the bearer challenge (RFC 6750 §3), on 401.
+    challenge: Header,
 }
 
-/// `Retry-After`: when a retry may pass, in whole seconds (RFC 9110 §10.2.3).
-fn retry_after() -> Header {
-    HeaderBuilder::new()
-        .schema(
-            ObjectBuilder::new()
-                .schema_type(Type::Integer)
-                .minimum(Some(0)),
-        )
-        .description(Some(
-            "Whole seconds after which a retry may pass (rounded up; `retry_after_ms` in the problem document is exact). Set whenever a retry can succeed: a lock, permit or run held by another, a key over its rate, a backend that is unavailable or failing over, shutdown",
-        ))
-        .build()
-}
-
-/// `WWW-Authenticate`: the bearer challenge of a 401 (RFC 6750 §3).
-fn challenge() -> Header {
-    HeaderBuilder::new()
-        .schema(ObjectBuilder::new().schema_type(Type::String))
-        .description(Some(
-            "`Bearer realm=\"lockd\"` when no key was sent; with `error=\"invalid_request\"` for an `Authorization` header that is not one Bearer credential, `error=\"invalid_token\"` for a secret no key has (RFC 6750 §3)",
-        ))
-        .build()
+impl AnswerHeaders {
+    fn new() -> Self {
+        let header = |schema: ObjectBuilder, description: &str| {
+            HeaderBuilder::new()
+                .schema(schema)
+                .description(Some(description))
+                .build()
+        };
+        let string = || ObjectBuilder::new().schema_type(Type::String);
+        Self {
+            request_id: header(
+                string(),
+                "The request's ID: the caller's own `x-request-id` when it is usable (up to 128 visible ASCII characters), else a fresh UUID. Problem documents carry it as `request_id`; quote it when reporting a problem",
+            ),
+            retry_after: header(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(0)),
+                "Whole seconds after which a retry may pass (rounded up; `retry_after_ms` in the problem document is exact). Set whenever a retry can succeed: a lock, permit or run held by another, a key over its rate, a backend that is unavailable or failing over, shutdown",
+            ),
+            challenge: header(
+                string(),
+                "`Bearer realm=\"lockd\"` when no key was sent; with `error=\"invalid_request\"` for an `Authorization` header that is not one Bearer credential, `error=\"invalid_token\"` for a secret no key has (RFC 6750 §3)",
+            ),
+        }
+    }
 }

@@ -221,13 +221,6 @@ pub struct LeaseProblem {
     pub title: &'static str,
 }
 
-impl LeaseProblem {
-    /// The type URI, `urn:lockd:problem:<slug>`.
-    pub fn type_uri(&self) -> String {
-        format!("{TYPE_PREFIX}{}", self.slug)
-    }
-}
-
 impl Kind {
     /// Every kind but [`Kind::Leased`]: each kind of lease lists its own
     /// (`http::semaphores::problem::PROBLEMS`, `http::runs::problem::PROBLEMS`).
@@ -273,9 +266,14 @@ impl Kind {
         self.parts().0
     }
 
+    /// The last part of this kind's type URI (`lock-held`).
+    pub fn slug(self) -> &'static str {
+        self.parts().1
+    }
+
     /// The type URI of this kind, `urn:lockd:problem:<slug>`.
     pub fn type_uri(self) -> String {
-        format!("{TYPE_PREFIX}{}", self.parts().1)
+        format!("{TYPE_PREFIX}{}", self.slug())
     }
 
     fn parts(self) -> (StatusCode, &'static str, &'static str) {
@@ -578,10 +576,10 @@ impl From<LockError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (kind_status, slug, title) = self.kind.parts();
+        let (kind_status, _, title) = self.kind.parts();
         let status = self.status.unwrap_or(kind_status);
         let problem = Problem {
-            problem_type: format!("{TYPE_PREFIX}{slug}"),
+            problem_type: self.kind.type_uri(),
             title: title.to_owned(),
             status: status.as_u16(),
             detail: self.detail,
