@@ -601,41 +601,48 @@ async fn one_server_given_twice_to_redlock_is_refused() {
 async fn signals_sent_as_lockd_starts_listening_are_caught() {
     for round in 0..16 {
         let mut cmd = lockd();
-        cmd.args(["serve", "--dev", "--listen", "127.0.0.1:0"])
-            .env("LOCKD_LOG", "info");
-        let mut child = Lockd::spawn(cmd);
-        let started = Instant::now();
-        while !child.stderr().contains("lockd listening") {
-            assert!(
-                child.exited().is_none() && started.elapsed() < Duration::from_secs(60),
-                "lockd did not start listening:\n{}",
-                child.stderr()
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        if round % 2 == 1 {
-            child.signal(Signal::SIGHUP);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            assert!(
-                child.exited().is_none(),
-                "SIGHUP stopped lockd:\n{}",
-                child.stderr()
-            );
-        }
-        let exit = child.terminate().await;
-        assert_eq!(
-            exit.status.code(),
-            Some(0),
-            "round {round}: {:?}\n{}",
-            exit.status,
-            exit.stderr
-        );
+        cmd.args(["serve", "--dev", "--listen", "127.0.0.1:0"]);
+        signal_once_it_logs(cmd, "lockd listening", round % 2 == 1, round).await;
+    }
+}
+
+/// Starts `cmd` (a `lockd serve`) logging at info and waits until its log
+/// says `line`; then, when `hangup`, sends SIGHUP, which must not stop it;
+/// then SIGTERM, which must stop it cleanly (exit 0, "stopped").
+async fn signal_once_it_logs(mut cmd: Command, line: &str, hangup: bool, round: usize) {
+    cmd.env("LOCKD_LOG", "info");
+    let mut child = Lockd::spawn(cmd);
+    let started = Instant::now();
+    while !child.stderr().contains(line) {
         assert!(
-            exit.stderr.contains("stopped"),
-            "round {round}:\n{}",
-            exit.stderr
+            child.exited().is_none() && started.elapsed() < Duration::from_secs(60),
+            "round {round}: lockd never logged {line:?}:\n{}",
+            child.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    if hangup {
+        child.signal(Signal::SIGHUP);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            child.exited().is_none(),
+            "round {round}: SIGHUP after {line:?} stopped lockd:\n{}",
+            child.stderr()
         );
     }
+    let exit = child.terminate().await;
+    assert_eq!(
+        exit.status.code(),
+        Some(0),
+        "round {round}: {:?}\n{}",
+        exit.status,
+        exit.stderr
+    );
+    assert!(
+        exit.stderr.contains("stopped"),
+        "round {round}:\n{}",
+        exit.stderr
+    );
 }
 
 /// Start-up waits for Redis (seconds, when it takes connections and never
@@ -667,40 +674,8 @@ async fn signals_sent_while_lockd_waits_for_redis_at_start_up_are_caught() {
         let mut cmd = lockd();
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--redis-url", &url])
             .arg("--auth-keys-file")
-            .arg(&keys)
-            .env("LOCKD_LOG", "info");
-        let mut child = Lockd::spawn(cmd);
-        let started = Instant::now();
-        while !child.stderr().contains("API keys loaded") {
-            assert!(
-                child.exited().is_none() && started.elapsed() < Duration::from_secs(60),
-                "lockd did not load its keys:\n{}",
-                child.stderr()
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        if round % 2 == 0 {
-            child.signal(Signal::SIGHUP);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            assert!(
-                child.exited().is_none(),
-                "round {round}: SIGHUP at start-up stopped lockd:\n{}",
-                child.stderr()
-            );
-        }
-        let exit = child.terminate().await;
-        assert_eq!(
-            exit.status.code(),
-            Some(0),
-            "round {round}: {:?}\n{}",
-            exit.status,
-            exit.stderr
-        );
-        assert!(
-            exit.stderr.contains("stopped"),
-            "round {round}:\n{}",
-            exit.stderr
-        );
+            .arg(&keys);
+        signal_once_it_logs(cmd, "API keys loaded", round % 2 == 0, round).await;
     }
     drop(held);
 }
