@@ -6,20 +6,14 @@
 # project). node and npm come from Debian's packages when missing; the npm
 # packages (TypeScript, pinned in package-lock.json) from the npm registry.
 #
-# lockd: $LOCKD_BIN when set, else target/debug/lockd (or under
-# $CARGO_TARGET_DIR), built by `cargo build --bin lockd` when missing.
+# lockd: $LOCKD_BIN when set, else the debug build the cargo tests run
+# (scripts/servers.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 scripts/ensure-deps.sh node npm redis-server redis-cli
-if [ -z "${LOCKD_BIN:-}" ]; then
-  target_dir=${CARGO_TARGET_DIR:-$root/target}
-  case $target_dir in /*) ;; *) target_dir=$root/$target_dir ;; esac
-  LOCKD_BIN=$target_dir/debug/lockd
-  [ -x "$LOCKD_BIN" ] || cargo build --locked --quiet --bin lockd
-fi
-case $LOCKD_BIN in /*) ;; *) LOCKD_BIN=$root/$LOCKD_BIN ;; esac
-export LOCKD_BIN
+. scripts/servers.sh
+resolve_lockd_bin
 cd clients/typescript
 npm ci --silent --no-audit --no-fund
 npm test

@@ -13,8 +13,8 @@
 # and python3-venv come from Debian's packages when missing. Exits non-zero
 # on any failure. scripts/test.sh runs it after Schemathesis.
 #
-# lockd: $LOCKD_BIN when set, else target/debug/lockd (or under
-# $CARGO_TARGET_DIR), built by `cargo build --bin lockd` when missing.
+# lockd: $LOCKD_BIN when set, else the debug build the cargo tests run
+# (scripts/servers.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -100,22 +100,11 @@ mkdir -p "$py"
 "$venv/bin/openapi-python-client" generate --path "$doc" --output-path "$py/lockd_generated" \
   --meta none >"$py/generate.log" 2>&1 || { cat "$py/generate.log" >&2; exit 1; }
 
-if [ -z "${LOCKD_BIN:-}" ]; then
-  target_dir=${CARGO_TARGET_DIR:-$root/target}
-  case $target_dir in /*) ;; *) target_dir=$root/$target_dir ;; esac
-  LOCKD_BIN=$target_dir/debug/lockd
-  [ -x "$LOCKD_BIN" ] || cargo build --locked --quiet --bin lockd
-fi
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. scripts/servers.sh
+resolve_lockd_bin
 redis_port=$(free_port)
 lockd_port=$(free_port)
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-redis-server --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no \
-  --logfile "$py/redis.log" &
-pids+=($!)
+start_redis "$redis_port" "$py/redis.log"
 "$LOCKD_BIN" serve --listen "127.0.0.1:$lockd_port" --redis-url "redis://127.0.0.1:$redis_port" \
   >"$py/lockd.log" 2>&1 &
 pids+=($!)

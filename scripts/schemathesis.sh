@@ -7,10 +7,8 @@
 # non-zero on any failure. scripts/test.sh runs it after the cargo tests.
 #
 # lockd: $LOCKD_BIN when set; else target/debug/lockd (or under
-# $CARGO_TARGET_DIR), the binary the cargo tests run. `cargo test --no-run`
-# makes sure it is there and up to date first: right after `cargo test`, as in
-# scripts/test.sh, it builds nothing. (`cargo build --bin lockd` would: without
-# the dev-dependencies, the features differ, and so do the artifacts.)
+# $CARGO_TARGET_DIR), the binary the cargo tests run, made sure of by
+# `cargo test --no-run` (see scripts/servers.sh).
 #
 # Schemathesis is installed, pinned, into target/schemathesis/venv-VERSION on
 # first use (Debian's python3 needs python3-venv for that; scripts/ensure-deps.sh
@@ -39,30 +37,11 @@ if [ ! -x "$venv/bin/st" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check "schemathesis==$st_version"
 fi
 
-if [ -z "${LOCKD_BIN:-}" ]; then
-  target_dir=${CARGO_TARGET_DIR:-$root/target}
-  case $target_dir in /*) ;; *) target_dir=$root/$target_dir ;; esac
-  if command -v cargo >/dev/null; then
-    cargo test --locked --no-run --quiet
-  fi
-  LOCKD_BIN=$target_dir/debug/lockd
-fi
-[ -x "$LOCKD_BIN" ] || { echo "error: no lockd binary at $LOCKD_BIN" >&2; exit 1; }
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+. scripts/servers.sh
+resolve_lockd_bin
 redis_port=$(free_port)
 lockd_port=$(free_port)
-
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-redis-server --bind 127.0.0.1 --port "$redis_port" --save "" --appendonly no \
-  --logfile "$work/redis.log" &
-pids+=($!)
-for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-redis-cli -p "$redis_port" ping >/dev/null
+start_redis "$redis_port" "$work/redis.log"
 
 # A fresh key for this run only: every permission, every lock name. The keys
 # file holds its SHA-256; the secret stays in this shell and reaches
