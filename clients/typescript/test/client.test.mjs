@@ -1,77 +1,15 @@
-// The client against a real lockd on a real redis-server, both started here
-// on free loopback ports. lockd: $LOCKD_BIN, else the repository's
-// target/debug/lockd (scripts/test.sh gives the release build).
-import { test, before, after } from "node:test";
+// The client's locks against a real lockd on a real redis-server, both
+// started by test/support.mjs on free loopback ports.
+import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn, execFileSync } from "node:child_process";
-import { createServer } from "node:net";
-import { fileURLToPath } from "node:url";
+import { execFileSync } from "node:child_process";
 import path from "node:path";
 
 import { Lockd, LockHeldError, LeaseLostError, NotOwnerError } from "../dist/index.js";
-
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../..");
-const lockdBin =
-  process.env.LOCKD_BIN ?? path.join(process.env.CARGO_TARGET_DIR ?? path.join(root, "target"), "debug/lockd");
-const children = [];
-let redisPort;
-let url;
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-async function until(what, check, withinMs = 30_000) {
-  const end = Date.now() + withinMs;
-  for (;;) {
-    try {
-      if (await check()) return;
-    } catch {
-      // not yet
-    }
-    if (Date.now() > end) throw new Error(`${what} did not happen within ${withinMs} ms`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-}
-
-function redis(...args) {
-  return execFileSync("redis-cli", ["-p", String(redisPort), ...args], {
-    encoding: "utf8",
-    stdio: ["ignore", "pipe", "ignore"],
-  }).trim();
-}
-
-before(async () => {
-  redisPort = await freePort();
-  const lockdPort = await freePort();
-  children.push(
-    spawn("redis-server", ["--bind", "127.0.0.1", "--port", String(redisPort), "--save", "", "--appendonly", "no"], {
-      stdio: "ignore",
-    }),
-  );
-  await until("redis-server answering", () => redis("ping") === "PONG");
-  children.push(
-    spawn(lockdBin, ["serve", "--listen", `127.0.0.1:${lockdPort}`, "--redis-url", `redis://127.0.0.1:${redisPort}`], {
-      stdio: "ignore",
-    }),
-  );
-  url = `http://127.0.0.1:${lockdPort}`;
-  await until("lockd ready", async () => (await fetch(`${url}/readyz`)).ok);
-});
-
-after(() => {
-  for (const child of children) child.kill();
-});
+import { servers, redis, here, aborted } from "./support.mjs";
 
 test("acquire, extend, status and release, with one fence", async () => {
-  const lockd = new Lockd({ url });
+  const lockd = new Lockd({ url: servers.url });
   const lease = await lockd.acquire("ts:basic", { ttlMs: 5_000, owner: "test" });
   assert.equal(lease.name, "ts:basic");
   assert.ok(lease.fence > 0);
@@ -90,7 +28,7 @@ test("acquire, extend, status and release, with one fence", async () => {
 });
 
 test("a held lock is a LockHeldError with retryAfterMs; another's token is NotOwnerError", async () => {
-  const lockd = new Lockd({ url });
+  const lockd = new Lockd({ url: servers.url });
   const lease = await lockd.acquire("ts:held", { ttlMs: 20_000 });
   await assert.rejects(lockd.acquire("ts:held"), (e) => {
     assert.ok(e instanceof LockHeldError, String(e));
@@ -118,10 +56,10 @@ test("a retry after a dropped answer keeps the grant: the same fence", async () 
     }
     return answer;
   };
-  const lockd = new Lockd({ url, fetch: dropping });
+  const lockd = new Lockd({ url: servers.url, fetch: dropping });
   const lease = await lockd.acquire("ts:dropped", { ttlMs: 10_000 });
   assert.equal(dropped, 1);
-  const held = await new Lockd({ url }).status("ts:dropped");
+  const held = await new Lockd({ url: servers.url }).status("ts:dropped");
   assert.equal(held.fence, lease.fence, "the retry renewed the grant made by the lost request");
   await lockd.release(lease);
 });
@@ -138,14 +76,14 @@ test("a 503 with Retry-After is retried", async () => {
     }
     return fetch(input, init);
   };
-  const lockd = new Lockd({ url, fetch: busy });
+  const lockd = new Lockd({ url: servers.url, fetch: busy });
   const lease = await lockd.acquire("ts:busy", { ttlMs: 5_000 });
   assert.equal(refused, 1);
   await lockd.release(lease);
 });
 
 test("withLock renews, returns the value, and releases", async () => {
-  const lockd = new Lockd({ url });
+  const lockd = new Lockd({ url: servers.url });
   let fence;
   const value = await lockd.withLock("ts:with", { ttlMs: 600 }, async (lease, signal) => {
     fence = lease.fence;
@@ -165,17 +103,11 @@ test("withLock renews, returns the value, and releases", async () => {
 });
 
 test("a lease lost mid-work aborts the signal and withLock throws LeaseLostError", async () => {
-  const lockd = new Lockd({ url });
+  const lockd = new Lockd({ url: servers.url });
   await assert.rejects(
     lockd.withLock("ts:lost", { ttlMs: 900 }, async (_lease, signal) => {
       redis("DEL", "lockd:{ts:lost}");
-      // Bounded by the abort; the 30 s timer only turns a hang into a failure.
-      let timer;
-      await new Promise((resolve, reject) => {
-        signal.addEventListener("abort", resolve, { once: true });
-        timer = setTimeout(() => reject(new Error("the signal never aborted")), 30_000);
-      });
-      clearTimeout(timer);
+      await aborted(signal);
       assert.ok(signal.reason instanceof LeaseLostError);
       return "done";
     }),
@@ -183,10 +115,9 @@ test("a lease lost mid-work aborts the signal and withLock throws LeaseLostError
   );
 });
 
-test("npm pack makes a package that installs into a fresh project and runs the cron example", async () => {
+test("npm pack makes a package that installs into a fresh project, runs the cron example and type-checks", async () => {
   const { mkdtempSync, copyFileSync, writeFileSync, rmSync } = await import("node:fs");
   const { tmpdir } = await import("node:os");
-  const here = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
   const work = mkdtempSync(path.join(tmpdir(), "lockd-client-"));
   try {
     const packed = execFileSync("npm", ["pack", "--silent", "--pack-destination", work], {
@@ -202,14 +133,35 @@ test("npm pack makes a package that installs into a fresh project and runs the c
       stdio: "ignore",
     });
     copyFileSync(path.join(here, "examples/cron.mjs"), path.join(work, "cron.mjs"));
-    const out = execFileSync("node", ["cron.mjs"], { cwd: work, encoding: "utf8", env: { ...process.env, LOCKD_URL: url } });
+    const out = execFileSync("node", ["cron.mjs"], { cwd: work, encoding: "utf8", env: { ...process.env, LOCKD_URL: servers.url } });
     assert.match(out, /report written under fence \d+/);
     // A second host while the first holds it: told, not run.
-    const lockd = new Lockd({ url });
+    const lockd = new Lockd({ url: servers.url });
     const lease = await lockd.acquire("cron:nightly-report", { ttlMs: 10_000 });
-    const second = execFileSync("node", ["cron.mjs"], { cwd: work, encoding: "utf8", env: { ...process.env, LOCKD_URL: url } });
+    const second = execFileSync("node", ["cron.mjs"], { cwd: work, encoding: "utf8", env: { ...process.env, LOCKD_URL: servers.url } });
     assert.match(second, /another host runs it; free in at most \d+ ms/);
     await lockd.release(lease);
+    // Its declarations compile in a strict TypeScript project, with and
+    // without the `esnext.disposable` lib (whose declarations the package
+    // repeats for `await using`).
+    writeFileSync(
+      path.join(work, "check.ts"),
+      [
+        'import { Lockd, LockHeldError, type Lease } from "lockd-client";',
+        'const lockd = new Lockd({ url: "http://127.0.0.1:1" });',
+        "export async function take(): Promise<number> {",
+        '  const lease: Lease = await lockd.acquire("x", { ttlMs: 1_000 });',
+        "  await lockd.release(lease);",
+        "  return lease.fence + (new LockHeldError('', 409, '') instanceof Error ? 0 : 1);",
+        "}",
+        "",
+      ].join("\n"),
+    );
+    const tsc = path.join(here, "node_modules/typescript/bin/tsc");
+    const common = ["--strict", "--noEmit", "--target", "es2022", "--module", "es2022", "--moduleResolution", "bundler"];
+    for (const lib of ["es2022,dom", "es2022,dom,esnext.disposable"]) {
+      execFileSync("node", [tsc, ...common, "--lib", lib, "check.ts"], { cwd: work, encoding: "utf8" });
+    }
   } finally {
     rmSync(work, { recursive: true, force: true });
   }
@@ -221,7 +173,7 @@ test("bad durations and names are refused before any request", async () => {
     sent += 1;
     return fetch(input, init);
   };
-  const lockd = new Lockd({ url, fetch: counting });
+  const lockd = new Lockd({ url: servers.url, fetch: counting });
   for (const options of [{ waitMs: 1.5 }, { ttlMs: Number.NaN }, { ttlMs: Infinity }, { waitMs: -1 }]) {
     await assert.rejects(lockd.acquire("ts:bad", options), RangeError, JSON.stringify(options));
   }
@@ -237,15 +189,10 @@ test("bad durations and names are refused before any request", async () => {
 });
 
 test("withLock stops renewing at maxHoldMs: the lease runs out and the signal says why", async () => {
-  const lockd = new Lockd({ url });
+  const lockd = new Lockd({ url: servers.url });
   await assert.rejects(
     lockd.withLock("ts:max-hold", { ttlMs: 600, maxHoldMs: 700 }, async (_lease, signal) => {
-      let timer;
-      await new Promise((resolve, reject) => {
-        signal.addEventListener("abort", resolve, { once: true });
-        timer = setTimeout(() => reject(new Error("the signal never aborted")), 30_000);
-      });
-      clearTimeout(timer);
+      await aborted(signal);
       assert.match(signal.reason.message, /maxHoldMs/);
     }),
     LeaseLostError,
