@@ -191,6 +191,7 @@ pub fn annotate(doc: &mut utoipa::openapi::OpenApi) {
     }
     for (path, item) in &mut doc.paths.paths {
         let open = OPEN_PATHS.contains(&path.as_str());
+        let allow = allowed_methods(item);
         for (method, operation) in [
             ("get", &mut item.get),
             ("put", &mut item.put),
@@ -205,6 +206,7 @@ pub fn annotate(doc: &mut utoipa::openapi::OpenApi) {
                 operation.security = Some(Vec::new());
             }
             browser_refusals(operation, open);
+            method_refusal(operation, &allow);
             declare_headers(operation, &headers);
             name_problem_types(operation, path, method, open, &types);
             if let Some(body) = operation.request_body.as_mut() {
@@ -378,8 +380,9 @@ struct ProblemType {
     under: Option<&'static str>,
     /// The methods that answer with it (lowercase): all (`None`), or these.
     methods: Option<&'static [&'static str]>,
-    /// Whether a documented operation answers with it: not `route-not-found`
-    /// nor `method-not-allowed`, which answer requests no operation takes.
+    /// Whether a documented operation answers with it: not `route-not-found`,
+    /// which answers requests of no path (`method-not-allowed` is on each
+    /// operation's 405, the answer of its path to another method).
     of_operations: bool,
 }
 
@@ -391,7 +394,7 @@ fn problem_types() -> Vec<ProblemType> {
         uri: kind.type_uri(),
         under: Kind::OF_LOCKS.contains(&kind).then_some("/locks"),
         methods: answered_by(kind.slug()),
-        of_operations: !matches!(kind, Kind::RouteNotFound | Kind::MethodNotAllowed),
+        of_operations: !matches!(kind, Kind::RouteNotFound),
     });
     let leased = [
         ("/semaphores", &semaphores::problem::PROBLEMS),
@@ -446,6 +449,60 @@ fn browser_refusals(operation: &mut Operation, open: bool) {
                 )
             });
     }
+}
+
+/// The `Allow` header of a path: its methods, in the order lockd's router
+/// gives them, with `HEAD` after `GET` (every `GET` route answers `HEAD`).
+fn allowed_methods(item: &utoipa::openapi::PathItem) -> String {
+    let mut methods = Vec::new();
+    for (method, operation) in [
+        ("POST", &item.post),
+        ("PUT", &item.put),
+        ("GET", &item.get),
+        ("PATCH", &item.patch),
+        ("DELETE", &item.delete),
+    ] {
+        if operation.is_some() {
+            methods.push(method);
+            if method == "GET" {
+                methods.push("HEAD");
+            }
+        }
+    }
+    methods.join(",")
+}
+
+/// Adds the 405 that the path of `operation` answers to a method it does
+/// not take, with its `Allow` header (`allow`, such as `GET,HEAD`).
+fn method_refusal(operation: &mut Operation, allow: &str) {
+    let header = HeaderBuilder::new()
+        .schema(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .examples([serde_json::Value::from(allow)]),
+        )
+        .description(Some(format!(
+            "The methods this path takes, comma-separated: `{allow}` (RFC 9110 §10.2.1)"
+        )))
+        .build();
+    operation
+        .responses
+        .responses
+        .entry("405".to_owned())
+        .or_insert_with(|| {
+            RefOr::T(
+                ResponseBuilder::new()
+                    .description("A method this path does not take; nothing was written")
+                    .header("Allow", header)
+                    .content(
+                        problem::PROBLEM_JSON,
+                        ContentBuilder::new()
+                            .schema(Some(RefOr::Ref(Ref::from_schema_name("Problem"))))
+                            .build(),
+                    )
+                    .build(),
+            )
+        });
 }
 
 /// The methods whose answers carry the problem type of `slug`, for the types

@@ -611,3 +611,42 @@ fn rand_suffix() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
+
+/// Each operation's 405 names, in its `Allow` header's example, the
+/// methods its path takes: what lockd answers to a method the path does
+/// not take (issue 31), path by path.
+#[tokio::test]
+async fn each_405_in_the_document_gives_the_allow_header_lockd_sends() {
+    let app = crate::support::TestApp::memory().await;
+    let doc: serde_json::Value = serde_json::from_str(
+        &app.send(reqwest::Method::GET, "/openapi.json", &[], None)
+            .await
+            .text,
+    )
+    .expect("JSON");
+    let mut checked = 0;
+    for (path, method, op) in operations(&doc) {
+        let refusal = &op["responses"]["405"];
+        let documented = refusal["headers"]["Allow"]["schema"]["examples"][0]
+            .as_str()
+            .unwrap_or_else(|| panic!("{method} {path}: a 405 with Allow: {refusal}"));
+        let concrete = path
+            .replace("{name}", "docs-405")
+            .replace("{key}", "docs-405");
+        let other = ["PUT", "POST", "DELETE", "PATCH", "GET"]
+            .into_iter()
+            .find(|m| !documented.split(',').any(|d| d == *m))
+            .expect("a method the path does not take");
+        let reply = app
+            .send(other.parse().expect("method"), &concrete, &[], None)
+            .await;
+        assert_eq!(reply.status, 405, "{other} {concrete}: {}", reply.text);
+        assert_eq!(
+            reply.headers.get("allow").and_then(|v| v.to_str().ok()),
+            Some(documented),
+            "{other} {concrete}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked} operations");
+}
