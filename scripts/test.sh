@@ -11,7 +11,8 @@
 # scripts/openapi-check.sh checks that client generators read the document
 # right (redocly lint, openapi-typescript and tsc --strict,
 # openapi-python-client against a real lockd; npm and PyPI packages, pinned),
-# and scripts/client-tests.sh runs the tests of the clients in clients/.
+# and scripts/client-tests.sh runs the tests of the clients in clients/
+# (TypeScript and Python).
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh c05; with any,
 # only those tests run (no Schemathesis nor generator checks, and it says so).
 # Both run even when a cargo test failed; the script then exits

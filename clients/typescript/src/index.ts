@@ -235,8 +235,7 @@ export class LockdError extends Error {
   }
 }
 
-/** 409: another holder has the lock (`lock-held`, or `mode-mismatch`:
- * held in the other mode). */
+/** 409 `lock-held`: another holder has the lock. */
 export class LockHeldError extends LockdError {
   /** When the lock frees at the latest, in milliseconds. */
   readonly retryAfterMs: number | undefined;
@@ -326,7 +325,8 @@ export class Lockd {
   }
 
   /** Releases the lease (compare-and-delete on its token). A lease that
-   * already ran out is released all the same (no error). */
+   * already ran out is no error, nor is one that ran out and was taken by
+   * another holder since (whose lease this leaves alone). */
   async release(lease: Lease): Promise<void> {
     await this.#end("DELETE", path("locks", lease.name), lease.token);
   }
@@ -592,12 +592,13 @@ export class Lockd {
     return kept.value;
   }
 
-  /** A compare-and-delete: a lease already gone is no error. */
+  /** A compare-and-delete: a lease already gone, or held by another
+   * token since, is no error. */
   async #end(method: string, route: string, token: string): Promise<void> {
     try {
       await this.#call(method, route, { token });
     } catch (e) {
-      if (e instanceof LeaseLostError) return;
+      if (e instanceof LeaseLostError || e instanceof NotOwnerError) return;
       throw e;
     }
   }
@@ -758,7 +759,6 @@ function toError(answer: Answer): LockdError {
   const ms = typeof answer.body.retry_after_ms === "number" ? answer.body.retry_after_ms : undefined;
   switch (slug) {
     case "lock-held":
-    case "mode-mismatch":
       return new LockHeldError(detail, answer.status, type, requestId, ms);
     case "semaphore-full":
       return new SemaphoreFullError(detail, answer.status, type, requestId, ms);

@@ -40,6 +40,9 @@ test("a held lock is a LockHeldError with retryAfterMs; another's token is NotOw
   });
   const stranger = { ...lease, token: "x".repeat(32) };
   await assert.rejects(lockd.extend(stranger), NotOwnerError);
+  // A release with another's token is no error, and leaves the lease alone.
+  await lockd.release(stranger);
+  assert.equal((await lockd.status("ts:held")).fence, lease.fence);
   await lockd.release(lease);
 });
 
