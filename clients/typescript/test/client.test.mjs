@@ -201,3 +201,12 @@ test("withLock stops renewing at maxHoldMs: the lease runs out and the signal sa
     LeaseLostError,
   );
 });
+
+test("the package's version follows lockd's (the repository's Cargo.toml)", async () => {
+  const { readFileSync } = await import("node:fs");
+  const cargo = readFileSync(path.join(here, "../../Cargo.toml"), "utf8");
+  const lockdVersion = /^\[package\][^[]*?^version\s*=\s*"([^"]+)"/ms.exec(cargo)?.[1];
+  const pkg = JSON.parse(readFileSync(path.join(here, "package.json"), "utf8"));
+  assert.ok(lockdVersion, "Cargo.toml has a [package] version");
+  assert.equal(pkg.version, lockdVersion);
+});
