@@ -290,7 +290,23 @@ export class Lockd {
   readonly #requestTimeoutMs: number;
   readonly #retryForMs: number;
 
+  /** Throws `TypeError` for a `url` that is not `http://` or `https://`,
+   * `RangeError` for a time that is not a whole number of milliseconds. */
   constructor(options: LockdOptions) {
+    let url: URL;
+    try {
+      url = new URL(options.url);
+    } catch {
+      throw new TypeError(`url must be lockd's base URL, such as http://127.0.0.1:8080: got "${options.url}"`);
+    }
+    if (url.protocol !== "http:" && url.protocol !== "https:") {
+      throw new TypeError(`url must be http:// or https://: got "${options.url}"`);
+    }
+    if (options.apiKey !== undefined && !/^[\x21-\x7e]+$/.test(options.apiKey)) {
+      throw new TypeError("apiKey must be visible ASCII characters (a bearer token), not empty");
+    }
+    checkMs("requestTimeoutMs", options.requestTimeoutMs);
+    checkMs("retryForMs", options.retryForMs);
     this.#url = options.url.replace(/\/+$/, "");
     this.#apiKey = options.apiKey;
     this.#fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
@@ -309,7 +325,7 @@ export class Lockd {
     checkMs("waitMs", options.waitMs);
     const token = options.token ?? (await newToken());
     const body = fields({ ttl_ms: options.ttlMs, wait_ms: options.waitMs, owner: options.owner, mode: options.mode });
-    const answer = await this.#call("POST", path("locks", name), { token, body, waitMs: options.waitMs ?? 0 });
+    const answer = await this.#grant(path("locks", name), { token, body, waitMs: options.waitMs ?? 0 }, options.token === undefined);
     return this.#lease(answer.body, token, name);
   }
 
@@ -350,6 +366,7 @@ export class Lockd {
    * {@link LeaseLostError} once `fn` ends.
    */
   async withLock<T>(name: string, options: WithLockOptions, fn: (lease: Lease, signal: AbortSignal) => Promise<T>): Promise<T> {
+    checkMs("maxHoldMs", options.maxHoldMs);
     const lease = await this.acquire(name, options);
     const kept = await this.#keep(lease, options, (l, signal) => this.extend(l, ttl(options), signal), fn);
     return this.#settle(kept, (l) => this.release(l));
@@ -364,9 +381,10 @@ export class Lockd {
   async acquirePermit(name: string, options: PermitOptions): Promise<Permit> {
     checkMs("ttlMs", options.ttlMs);
     checkMs("waitMs", options.waitMs);
+    checkCount("limit", options.limit);
     const token = options.token ?? (await newToken());
     const body = fields({ limit: options.limit, ttl_ms: options.ttlMs, wait_ms: options.waitMs, owner: options.owner });
-    const answer = await this.#call("POST", path("semaphores", name), { token, body, waitMs: options.waitMs ?? 0 });
+    const answer = await this.#grant(path("semaphores", name), { token, body, waitMs: options.waitMs ?? 0 }, options.token === undefined);
     return this.#permit(answer.body, token, name);
   }
 
@@ -398,6 +416,7 @@ export class Lockd {
     options: WithPermitOptions,
     fn: (permit: Permit, signal: AbortSignal) => Promise<T>,
   ): Promise<T> {
+    checkMs("maxHoldMs", options.maxHoldMs);
     const permit = await this.acquirePermit(name, options);
     const kept = await this.#keep(permit, options, (p, signal) => this.extendPermit(p, ttl(options), signal), fn);
     return this.#settle(kept, (p) => this.releasePermit(p));
@@ -426,7 +445,8 @@ export class Lockd {
     const token = await newToken();
     const route = path("runs", key);
     const body = fields({ ttl_ms: options.ttlMs, wait_ms: options.waitMs, owner: options.owner, fingerprint: options.fingerprint });
-    const started = await this.#call("POST", route, { token, body, waitMs: options.waitMs ?? 0 });
+    checkMs("maxHoldMs", options.maxHoldMs);
+    const started = await this.#grant(route, { token, body, waitMs: options.waitMs ?? 0 }, true);
     if (started.body.state === "done") return started.body.result as T;
     const attempt = toAttempt(started.body, token, key);
     const kept = await this.#keep(
@@ -439,20 +459,34 @@ export class Lockd {
       (a, signal) => fn(signal, a),
     );
     if (kept.ok === "lost") throw kept.lost;
+    const abandon = () => this.#end("DELETE", route, token).catch(() => undefined);
     if (kept.ok === false) {
-      await this.#end("DELETE", route, token).catch(() => undefined);
+      await abandon();
       throw kept.error;
     }
-    const result = kept.value === undefined ? null : kept.value;
+    let result: unknown;
     try {
-      await this.#call("PUT", `${route}/result`, { token, body: fields({ result, retention_ms: options.retentionMs }) });
+      // What lockd will keep: `undefined` as null, a Date as its string, ...
+      const text = JSON.stringify(kept.value === undefined ? null : kept.value);
+      if (text === undefined) throw new TypeError(`${typeof kept.value} is not a JSON value`);
+      result = JSON.parse(text);
+    } catch (e) {
+      await abandon();
+      throw new TypeError(`the result of run ${key} cannot be kept (the attempt was abandoned): ${String(e)}`, { cause: e });
+    }
+    try {
+      const stored = await this.#call("PUT", `${route}/result`, { token, body: fields({ result, retention_ms: options.retentionMs }) });
+      return ("result" in stored.body ? stored.body.result : result) as T;
     } catch (e) {
       if (e instanceof NotOwnerError || e instanceof LeaseLostError) {
         throw new LeaseLostError(`the attempt at run ${key} was lost before its result was stored: ${e.message}`, e.status, e.type, e.requestId);
       }
+      // Refused (too large, a retention over the server's) or unreachable:
+      // nothing is kept, and the next caller runs the job at once rather
+      // than after the attempt's lease.
+      await abandon();
       throw e;
     }
-    return kept.value;
   }
 
   /** The held locks whose names start with `prefix`, page by page (never a token). */
@@ -603,6 +637,22 @@ export class Lockd {
     }
   }
 
+  /** A `POST` that grants a lease under `request.token`. When it ends
+   * unanswered (lockd or Redis unreachable past the retry deadline), the
+   * request may yet have been granted, and would hold the lease to its TTL:
+   * one release with the same token is tried then (when `ours`: the token
+   * was made for this call, so it held nothing before). */
+  async #grant(route: string, request: Call, ours: boolean): Promise<Answer> {
+    try {
+      return await this.#call("POST", route, request);
+    } catch (e) {
+      if (ours && e instanceof UnavailableError && request.token) {
+        await this.#once("DELETE", route, { token: request.token }).catch(() => undefined);
+      }
+      throw e;
+    }
+  }
+
   /** A `GET`; `undefined` when lockd answers that nothing is held. */
   async #read(route: string): Promise<Answer | undefined> {
     try {
@@ -639,11 +689,14 @@ export class Lockd {
 
   #lease(body: Record<string, unknown>, token: string, name: string): Lease {
     const held = toHeld(body, token, name);
-    return disposable({ ...held, mode: body.mode === "shared" ? "shared" : "exclusive" }, (l) => this.release(l));
+    const mode: Lease["mode"] = body.mode === "shared" ? "shared" : "exclusive";
+    return disposable<Lease>(Object.assign(held, { mode }), (l) => this.release(l));
   }
 
   #permit(body: Record<string, unknown>, token: string, name: string): Permit {
-    return disposable({ ...toHeld(body, token, name), limit: Number(body.limit) }, (p) => this.releasePermit(p));
+    return disposable<Permit>(Object.assign(toHeld(body, token, name), { limit: Number(body.limit) }), (p) =>
+      this.releasePermit(p),
+    );
   }
 
   #auth(): Record<string, string> {
@@ -717,8 +770,15 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
 /** Refuses a duration that lockd would refuse, or that is not a number at
  * all (`NaN` would otherwise be left out, and the server's default used). */
 function checkMs(option: string, ms: number | undefined): void {
-  if (ms !== undefined && !(Number.isSafeInteger(ms) && ms >= 0)) {
+  if (ms !== undefined && !(typeof ms === "number" && Number.isSafeInteger(ms) && ms >= 0)) {
     throw new RangeError(`${option} must be a whole number of milliseconds, 0 or more: got ${ms}`);
+  }
+}
+
+/** Refuses a count (a semaphore's limit) that is not a whole number, 1 or more. */
+function checkCount(option: string, n: number): void {
+  if (!(Number.isSafeInteger(n) && n >= 1)) {
+    throw new RangeError(`${option} must be a whole number, 1 or more: got ${n}`);
   }
 }
 
@@ -786,24 +846,28 @@ function date(value: unknown): Date | null {
   return typeof value === "string" ? new Date(value) : null;
 }
 
+/** The lease's fields; its token is not enumerable, so that logging the
+ * lease (`console.log`, `JSON.stringify`) does not show it. */
 function toHeld(body: Record<string, unknown>, token: string, name: string): Held {
-  return {
+  const held = {
     name: typeof body.name === "string" ? body.name : name,
-    token,
     fence: Number(body.fence),
     ttlMs: Number(body.ttl_ms),
     expiresAt: new Date(String(body.expires_at)),
   };
+  return Object.defineProperty(held, "token", { value: token, enumerable: false }) as Held;
 }
 
 function toAttempt(body: Record<string, unknown>, token: string, key: string): RunAttempt {
-  return { ...toHeld(body, token, key), attempt: Number(body.attempt) };
+  return Object.assign(toHeld(body, token, key), { attempt: Number(body.attempt) });
 }
 
 /** Gives `held` a non-enumerable `[Symbol.asyncDispose]` that releases it. */
 function disposable<L extends Held>(held: Omit<L, typeof Symbol.asyncDispose>, release: (l: L) => Promise<void>): L {
   const lease = held as L;
-  Object.defineProperty(lease, asyncDispose, { value: () => release(lease), enumerable: false });
+  // Never throws: a release that fails leaves the lease to run out by
+  // itself, as withLock does (an error here would hide the block's own).
+  Object.defineProperty(lease, asyncDispose, { value: () => release(lease).catch(() => undefined), enumerable: false });
   return lease;
 }
 

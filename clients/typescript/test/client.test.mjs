@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import path from "node:path";
 
-import { Lockd, LockHeldError, LeaseLostError, NotOwnerError } from "../dist/index.js";
+import { Lockd, LockHeldError, LeaseLostError, NotOwnerError, UnavailableError } from "../dist/index.js";
 import { servers, redis, here, aborted } from "./support.mjs";
 
 test("acquire, extend, status and release, with one fence", async () => {
@@ -65,6 +65,25 @@ test("a retry after a dropped answer keeps the grant: the same fence", async () 
   const held = await new Lockd({ url: servers.url }).status("ts:dropped");
   assert.equal(held.fence, lease.fence, "the retry renewed the grant made by the lost request");
   await lockd.release(lease);
+});
+
+test("an acquire that gives up unanswered releases what its request may have been granted", async () => {
+  // Every POST reaches lockd, which grants it, but its answer is lost, as
+  // a stalled Redis or a broken connection would lose it, until the
+  // retry deadline; the DELETEs get through.
+  const losing = async (input, init) => {
+    const answer = await fetch(input, init);
+    if (init?.method === "POST") {
+      await answer.text();
+      throw new TypeError("fetch failed: connection reset");
+    }
+    return answer;
+  };
+  const lockd = new Lockd({ url: servers.url, fetch: losing, retryForMs: 300 });
+  await assert.rejects(lockd.acquire("ts:given-up", { ttlMs: 60_000 }), UnavailableError);
+  assert.equal((await new Lockd({ url: servers.url }).status("ts:given-up")).held, false, "not held for its 60 s");
+  await assert.rejects(lockd.acquirePermit("ts:given-up-sem", { limit: 1, ttlMs: 60_000 }), UnavailableError);
+  assert.equal((await new Lockd({ url: servers.url }).semaphoreStatus("ts:given-up-sem")).held, false);
 });
 
 test("a 503 with Retry-After is retried", async () => {
@@ -183,6 +202,18 @@ test("bad durations and names are refused before any request", async () => {
   // URLs normalise "." and ".." away: no request could name them.
   for (const name of ["", ".", ".."]) {
     await assert.rejects(lockd.acquire(name), RangeError, name);
+  }
+  for (const options of [{ maxHoldMs: -1 }, { maxHoldMs: 1.5 }, { maxHoldMs: Number.NaN }]) {
+    await assert.rejects(lockd.withLock("ts:bad", options, async () => undefined), RangeError, JSON.stringify(options));
+  }
+  for (const limit of [0, -1, 1.5, Number.NaN, undefined]) {
+    await assert.rejects(lockd.acquirePermit("ts:bad", { limit }), RangeError, String(limit));
+  }
+  for (const options of [{ url: "127.0.0.1:8080" }, { url: "ftp://127.0.0.1" }, { url: "" }, { url: servers.url, apiKey: "a\nb" }]) {
+    assert.throws(() => new Lockd(options), TypeError, JSON.stringify(options));
+  }
+  for (const options of [{ requestTimeoutMs: Number.NaN }, { retryForMs: -1 }]) {
+    assert.throws(() => new Lockd({ url: servers.url, ...options }), RangeError, JSON.stringify(options));
   }
   assert.equal(sent, 0);
   // Any other bad name gets lockd's 400.

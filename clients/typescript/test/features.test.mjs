@@ -83,9 +83,25 @@ test("once: a function that throws abandons the attempt, and the next caller run
   );
   const second = await lockd.once("ts:run-fails", {}, async (_signal, attempt) => attempt.attempt);
   assert.equal(second, 2);
-  // An undefined result is kept as null.
-  assert.equal(await lockd.once("ts:run-void", {}, async () => undefined), undefined);
+  // The first caller gets what lockd kept, as every later one does: an
+  // undefined result is null, a Date its string.
+  assert.equal(await lockd.once("ts:run-void", {}, async () => undefined), null);
   assert.equal(await lockd.once("ts:run-void", {}, async () => "not called"), null);
+  const at = new Date("2026-12-04T00:00:00.000Z");
+  assert.deepEqual(await lockd.once("ts:run-date", {}, async () => ({ at })), { at: at.toISOString() });
+  assert.deepEqual(await lockd.once("ts:run-date", {}, async () => "not called"), { at: at.toISOString() });
+});
+
+test("once: a result lockd cannot keep abandons the attempt, so the next caller runs the job at once", async () => {
+  const lockd = client();
+  await assert.rejects(
+    lockd.once("ts:run-bigint", { ttlMs: 60_000 }, async () => 10n),
+    (e) => e instanceof TypeError && /cannot be kept/.test(e.message),
+  );
+  assert.equal(await lockd.once("ts:run-bigint", {}, async (_s, attempt) => attempt.attempt), 2);
+  // Over --max-result-bytes (64 KiB by default): lockd's 413, and abandoned.
+  await assert.rejects(lockd.once("ts:run-big", { ttlMs: 60_000 }, async () => "x".repeat(100_000)), (e) => e.status === 413);
+  assert.equal(await lockd.once("ts:run-big", {}, async (_s, attempt) => attempt.attempt), 2);
 });
 
 test("once: another attempt running is a RunInProgressError; waitMs waits for its result", async () => {
@@ -162,7 +178,20 @@ test("status gives grantedAt, a shared lock's holders and writerWaiting", async 
   await lockd.release(await writer);
 });
 
-test("a lease disposes of itself: Symbol.asyncDispose releases it", async () => {
+test("a lease's token is not shown when the lease is logged", async () => {
+  const { inspect } = await import("node:util");
+  const lockd = client();
+  const lease = await lockd.acquire("ts:log", { ttlMs: 20_000 });
+  assert.equal(typeof lease.token, "string");
+  assert.equal(JSON.stringify(lease).includes(lease.token), false);
+  assert.equal(inspect(lease).includes(lease.token), false);
+  const renewed = await lockd.extend(lease);
+  assert.equal(renewed.token, lease.token);
+  assert.equal(JSON.stringify(renewed).includes(lease.token), false);
+  await lockd.release(renewed);
+});
+
+test("a lease disposes of itself: Symbol.asyncDispose releases it, and never throws", async () => {
   const lockd = client();
   const lease = await lockd.acquire("ts:dispose", { ttlMs: 20_000 });
   assert.equal(Object.keys(lease).includes(String(Symbol.asyncDispose)), false);
@@ -171,6 +200,15 @@ test("a lease disposes of itself: Symbol.asyncDispose releases it", async () => 
   const permit = await lockd.acquirePermit("ts:dispose-sem", { limit: 1 });
   await permit[Symbol.asyncDispose]();
   assert.equal((await lockd.semaphoreStatus("ts:dispose-sem")).held, false);
+  // lockd unreachable at the end of the block: the disposal gives up
+  // quietly (the lease runs out by itself), not hiding the block's error.
+  const down = new Lockd({ url: servers.url, retryForMs: 200, fetch: async (input, init) => {
+    if (init?.method === "DELETE") throw new TypeError("fetch failed: connection refused");
+    return fetch(input, init);
+  } });
+  const stranded = await down.acquire("ts:dispose-down", { ttlMs: 20_000 });
+  await stranded[Symbol.asyncDispose]();
+  await lockd.release(stranded);
 });
 
 test("watch yields state first, then the changes; it reconnects when the stream ends", async () => {
