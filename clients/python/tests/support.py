@@ -120,6 +120,23 @@ class Seen:
     def methods(self) -> List[str]:
         return [r.method for r in self.requests]
 
+    def of(self, method: str) -> List[httpx.Request]:
+        return [r for r in self.requests if r.method == method]
+
+
+def assert_grants_undone(seen: Seen, statuses: List[int]) -> None:
+    """The grant's requests (POSTs, each granted by lockd, each answer
+    dropped) were followed by exactly one DELETE, last, with their token."""
+    posts, deletes = seen.of("POST"), seen.of("DELETE")
+    assert posts and len(statuses) >= len(posts), "every POST reached lockd"
+    granted = statuses[: len(posts)]
+    assert all(status in (200, 201) for status in granted), f"lockd granted them: {granted}"
+    assert len({r.headers["lock-token"] for r in posts}) == 1, "the retries sent the same token"
+    assert len(deletes) == 1, f"one release was tried, not retried: {seen.methods()}"
+    assert seen.methods()[-1] == "DELETE"
+    assert deletes[0].headers["lock-token"] == posts[0].headers["lock-token"]
+    assert deletes[0].url.path == posts[0].url.path
+
 
 def _problem_503(request: httpx.Request, retry_after_ms: Optional[int]) -> httpx.Response:
     body: dict[str, object] = {"type": "urn:lockd:problem:overloaded", "title": "Overloaded", "status": 503}
@@ -162,6 +179,30 @@ class DropFirstAnswer(Recording):
         response = super().handle_request(request)
         if request.method == self.method and self.dropped == 0:
             self.dropped += 1
+            response.read()
+            response.close()
+            raise httpx.ReadError("connection reset by peer (dropped by the test)", request=request)
+        return response
+
+
+class DropAnswers(Recording):
+    """Forwards every request to lockd, which acts on it; for each one of
+    ``methods``, throws the answer away and raises a network error instead,
+    every time (as a connection lost on the way back, again and again,
+    until the client's retries run out); forwards the others' answers."""
+
+    def __init__(self, *methods: str) -> None:
+        super().__init__()
+        self.drop = set(methods)
+        self.dropped = 0
+        #: The statuses lockd answered to the requests whose answers were dropped.
+        self.statuses: List[int] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.method in self.drop:
+            self.dropped += 1
+            self.statuses.append(response.status_code)
             response.read()
             response.close()
             raise httpx.ReadError("connection reset by peer (dropped by the test)", request=request)
@@ -217,6 +258,26 @@ class AsyncDropFirstAnswer(AsyncRecording):
         response = await super().handle_async_request(request)
         if request.method == self.method and self.dropped == 0:
             self.dropped += 1
+            await response.aread()
+            await response.aclose()
+            raise httpx.ReadError("connection reset by peer (dropped by the test)", request=request)
+        return response
+
+
+class AsyncDropAnswers(AsyncRecording):
+    """The async :class:`DropAnswers`."""
+
+    def __init__(self, *methods: str) -> None:
+        super().__init__()
+        self.drop = set(methods)
+        self.dropped = 0
+        self.statuses: List[int] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        if request.method in self.drop:
+            self.dropped += 1
+            self.statuses.append(response.status_code)
             await response.aread()
             await response.aclose()
             raise httpx.ReadError("connection reset by peer (dropped by the test)", request=request)

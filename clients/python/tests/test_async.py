@@ -19,8 +19,18 @@ from lockd import (
     NotOwner,
     RunInProgress,
     SemaphoreFull,
+    Unavailable,
 )
-from support import AsyncBusyFirst, AsyncDropFirstAnswer, AsyncRecording, Servers, unique, until_async
+from support import (
+    AsyncBusyFirst,
+    AsyncDropAnswers,
+    AsyncDropFirstAnswer,
+    AsyncRecording,
+    Servers,
+    assert_grants_undone,
+    unique,
+    until_async,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -214,3 +224,49 @@ async def test_watch(aclient: AsyncLockd) -> None:
                 break
     assert [e.event for e in seen] == ["state", "acquired", "released"]
     assert seen[1].data["fence"] == lease.fence
+
+
+async def test_unanswered_grants_are_undone(aclient: AsyncLockd, url: str) -> None:
+    """acquire, lock(), acquire_permit, permit() and once's start, each
+    granted by lockd but never answered before retry_for_ms ends: each
+    raises Unavailable after one DELETE with its token, so nothing is left
+    held for its 60 s TTL."""
+
+    async def never(attempt: Attempt) -> None:
+        pytest.fail("the job ran without an answer")
+
+    async def acquire(client: AsyncLockd, name: str) -> None:
+        await client.acquire(name, ttl_ms=60_000)
+
+    async def lock(client: AsyncLockd, name: str) -> None:
+        async with client.lock(name, ttl_ms=60_000):
+            pytest.fail("the body ran without an answer")
+
+    async def acquire_permit(client: AsyncLockd, name: str) -> None:
+        await client.acquire_permit(name, limit=1, ttl_ms=60_000)
+
+    async def permit(client: AsyncLockd, name: str) -> None:
+        async with client.permit(name, limit=1, ttl_ms=60_000):
+            pytest.fail("the body ran without an answer")
+
+    async def once(client: AsyncLockd, name: str) -> None:
+        await client.once(name, never, ttl_ms=60_000)
+
+    for grant in (acquire, lock, acquire_permit, permit, once):
+        dropping = AsyncDropAnswers("POST")
+        name = unique(f"py:a-unanswered-{grant.__name__}")
+        async with AsyncLockd(url, transport=dropping, retry_for_ms=300) as cut_off:
+            with pytest.raises(Unavailable) as caught:
+                await grant(cut_off, name)
+        assert caught.value.type == "urn:lockd:problem:unreachable", grant.__name__
+        assert_grants_undone(dropping.seen, dropping.statuses)
+        if grant in (acquire, lock):
+            assert (await aclient.status(name)).held is False, grant.__name__
+        elif grant in (acquire_permit, permit):
+            assert (await aclient.semaphore_status(name)).held is False, grant.__name__
+        else:
+
+            async def job(attempt: Attempt) -> int:
+                return attempt.attempt
+
+            assert await aclient.once(name, job) == 2, "the unanswered attempt was abandoned"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 import lockd
-from lockd import Lease, Lockd, _core
+from lockd import AsyncLockd, Lease, Lockd, _core
 from support import CLIENT_DIR, ROOT, unique
 
 
@@ -79,6 +79,52 @@ def test_other_bad_input_is_refused_at_once() -> None:
             Lockd(url)
     with pytest.raises(ValueError):
         Lockd("http://x", retry_for_ms=-1)
+
+
+def test_retention_ms_is_1_ms_or_more_before_the_job_runs() -> None:
+    ran: List[object] = []
+    with Lockd("http://127.0.0.1:9", transport=_refusing()) as client:
+        with pytest.raises(ValueError, match="retention_ms must be a whole number of milliseconds, 1 or more"):
+            client.once("a", ran.append, retention_ms=0)
+    assert ran == []
+
+
+@pytest.mark.anyio
+async def test_retention_ms_is_1_ms_or_more_before_the_job_runs_async() -> None:
+    ran: List[object] = []
+
+    async def job(attempt: object) -> None:
+        ran.append(attempt)
+
+    async with AsyncLockd("http://127.0.0.1:9") as client:
+        with pytest.raises(ValueError, match="1 or more"):
+            await client.once("a", job, retention_ms=0)
+    assert ran == []
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["s3cr3t-XYZ\n", "s3cr3t-XYZ\r\n", "s3cr3t XYZ", " s3cr3t-XYZ", "s3cr3t\tXYZ", "s3cr3t\x7fXYZ",
+     "s3cr3t-\u00e9XYZ", "s3cr3t-\u043aXYZ", "s3cr3t\u00a0XYZ"],
+    ids=repr,
+)
+def test_an_api_key_a_bearer_header_cannot_carry_is_a_value_error_without_the_key(key: str) -> None:
+    for make in (Lockd, AsyncLockd):
+        with pytest.raises(ValueError) as caught:
+            make("http://127.0.0.1:9", api_key=key)
+        message = str(caught.value)
+        assert message.startswith("api_key must be printable ASCII without spaces"), message
+        assert "s3cr3t" not in message and "XYZ" not in message, "the message shows no part of the key"
+    if key.endswith("\n"):
+        assert "a line break" in message and "trailing newline" in message
+    with pytest.raises(ValueError, match="api_key is a string"):
+        Lockd("http://127.0.0.1:9", api_key=key.encode("utf-8", "replace"))  # type: ignore[arg-type]
+
+
+def test_a_bearer_token_api_key_is_taken() -> None:
+    # RFC 6750's b64token characters, and lockd's own form; "" is no key.
+    for key in ("lockd_" + "Ab9-_" * 8 + "xyz", "a.b~c+d/e==", "", None):
+        Lockd("http://127.0.0.1:9", api_key=key).close()
 
 
 def test_version_follows_lockds_cargo_toml() -> None:

@@ -9,7 +9,17 @@ import httpx
 import pytest
 
 from lockd import LeaseLost, LockdError, LockHeld, Lockd, NotOwner, Unavailable
-from support import BusyFirst, DropFirstAnswer, Recording, Servers, free_port, unique, until
+from support import (
+    BusyFirst,
+    DropAnswers,
+    DropFirstAnswer,
+    Recording,
+    Servers,
+    assert_grants_undone,
+    free_port,
+    unique,
+    until,
+)
 
 
 def test_acquire_extend_status_release_with_one_fence(client: Lockd) -> None:
@@ -328,3 +338,61 @@ def test_a_lock_context_is_used_once(client: Lockd) -> None:
     with pytest.raises(RuntimeError):
         with holding:
             pass
+
+
+# --- An acquire that gives up unanswered ---------------------------------
+
+
+def test_an_unanswered_acquire_is_released_not_left_held_for_its_ttl(client: Lockd, url: str) -> None:
+    """lockd grants each try, but no answer comes back before retry_for_ms
+    ends: the client raises Unavailable after one release with the token of
+    those tries, so the grant is not left held for its 60 s."""
+    dropping = DropAnswers("POST")
+    name = unique("py:unanswered")
+    with Lockd(url, transport=dropping, retry_for_ms=300) as cut_off:
+        with pytest.raises(Unavailable) as caught:
+            cut_off.acquire(name, ttl_ms=60_000)
+    assert caught.value.type == "urn:lockd:problem:unreachable"
+    assert isinstance(caught.value.__cause__, httpx.ReadError)
+    assert_grants_undone(dropping.seen, dropping.statuses)
+    assert client.status(name).held is False, "released, not held for its TTL"
+
+
+def test_an_unanswered_with_lock_is_released_and_the_body_never_runs(client: Lockd, url: str) -> None:
+    dropping = DropAnswers("POST")
+    name = unique("py:unanswered-with")
+    with Lockd(url, transport=dropping, retry_for_ms=300) as cut_off:
+        with pytest.raises(Unavailable):
+            with cut_off.lock(name, ttl_ms=60_000, max_hold_ms=1_000):
+                pytest.fail("the body ran without an answer")
+    assert_grants_undone(dropping.seen, dropping.statuses)
+    assert client.status(name).held is False
+
+
+def test_the_release_after_an_unanswered_acquire_is_one_try_bounded_and_silent(client: Lockd, url: str) -> None:
+    """The release's answer is lost too: still one try, whose timeout is the
+    request timeout's, and the acquire's Unavailable is what is raised."""
+    dropping = DropAnswers("POST", "DELETE")
+    name = unique("py:unanswered-twice")
+    with Lockd(url, transport=dropping, retry_for_ms=300, request_timeout_ms=3_000) as cut_off:
+        with pytest.raises(Unavailable) as caught:
+            cut_off.acquire(name, ttl_ms=60_000)
+    assert caught.value.type == "urn:lockd:problem:unreachable"
+    assert_grants_undone(dropping.seen, dropping.statuses)
+    assert dropping.seen.of("DELETE")[0].extensions["timeout"]["read"] == 3 + 2
+    assert client.status(name).held is False, "lockd acted on the release whose answer was lost"
+
+
+def test_an_unanswered_acquire_with_your_own_token_leaves_the_lease_alone(client: Lockd, url: str) -> None:
+    """A token of the caller's own may have held the lease before the call
+    (an acquire that renews it): it is not released."""
+    name = unique("py:unanswered-own")
+    token = "my-own-token-" + "y" * 20
+    lease = client.acquire(name, ttl_ms=20_000, token=token)
+    dropping = DropAnswers("POST")
+    with Lockd(url, transport=dropping, retry_for_ms=300) as cut_off:
+        with pytest.raises(Unavailable):
+            cut_off.acquire(name, ttl_ms=20_000, token=token)
+    assert dropping.dropped >= 1 and "DELETE" not in dropping.seen.methods()
+    assert client.status(name).fence == lease.fence
+    assert client.release(lease)

@@ -9,8 +9,8 @@ from typing import Any, Dict, List
 import httpx
 import pytest
 
-from lockd import Attempt, FingerprintMismatch, LeaseLost, LockHeld, Lockd, RunInProgress
-from support import DropFirstAnswer, Servers, metric, unique, until
+from lockd import Attempt, FingerprintMismatch, LeaseLost, LockdError, LockHeld, Lockd, RunInProgress, Unavailable
+from support import DropAnswers, DropFirstAnswer, Servers, assert_grants_undone, metric, unique, until
 
 
 def test_first_call_runs_and_replays_return_the_stored_result(client: Lockd) -> None:
@@ -173,3 +173,60 @@ def test_retention_ms_is_sent(url: str) -> None:
     assert put.url.path.endswith("/result")
     assert b'"retention_ms":60000' in put.content
     inner.close()
+
+
+def test_an_unanswered_start_is_abandoned_so_the_next_caller_runs_the_job(client: Lockd, url: str) -> None:
+    """lockd starts an attempt, but no answer comes back before
+    retry_for_ms ends: once raises Unavailable after one abandon (DELETE)
+    with the attempt's token, and the next caller runs the job at once
+    rather than getting RunInProgress for the attempt's 60 s."""
+    dropping = DropAnswers("POST")
+    key = unique("py:run-unanswered")
+    with Lockd(url, transport=dropping, retry_for_ms=300) as cut_off:
+        with pytest.raises(Unavailable):
+            cut_off.once(key, lambda attempt: pytest.fail("the job ran without an answer"), ttl_ms=60_000)
+    assert_grants_undone(dropping.seen, dropping.statuses)
+    attempts: List[int] = []
+
+    def job(attempt: Attempt) -> str:
+        attempts.append(attempt.attempt)
+        return "ran"
+
+    assert client.once(key, job) == "ran"
+    assert attempts == [2], "the unanswered attempt was abandoned"
+
+
+def test_a_retention_over_the_servers_is_refused_when_storing_and_abandons(client: Lockd) -> None:
+    """The client cannot know --run-retention-ms (24 h here): lockd refuses
+    a longer retention_ms at the PUT, after the job ran; the attempt is
+    abandoned, so the next caller runs the job at once."""
+    key = unique("py:run-retention")
+    attempts: List[int] = []
+
+    def job(attempt: Attempt) -> int:
+        attempts.append(attempt.attempt)
+        return attempt.attempt
+
+    with pytest.raises(LockdError) as caught:
+        client.once(key, job, ttl_ms=60_000, retention_ms=24 * 3600 * 1000 + 1)
+    assert caught.value.status == 400 and "retention_ms" in caught.value.detail
+    assert client.once(key, job, retention_ms=60_000) == 2
+    assert attempts == [1, 2]
+
+
+def test_a_run_gone_before_its_result_is_stored_is_lease_lost(client: Lockd, servers: Servers) -> None:
+    """The attempt's lease and the run's record are gone when the result is
+    PUT (404 run-not-found): LeaseLost, as for 409 not-run-owner."""
+    key = unique("py:run-gone")
+    seen: List[Attempt] = []
+
+    def job(attempt: Attempt) -> str:
+        seen.append(attempt)
+        servers.redis("DEL", f"lockd:run:{{{key}}}:attempt", f"lockd:run:{{{key}}}:record")
+        return "must not be stored"
+
+    with pytest.raises(LeaseLost) as caught:
+        client.once(key, job, ttl_ms=60_000)
+    assert caught.value.status == 404 and caught.value.slug == "run-not-found"
+    assert seen[0].lost and seen[0].lost_reason is caught.value
+    assert client.once(key, lambda attempt: "stored") == "stored"

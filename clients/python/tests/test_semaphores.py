@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from lockd import LeaseLost, LockdError, LockHeld, Lockd, SemaphoreFull
-from support import Servers, unique, until
+from lockd import LeaseLost, LockdError, LockHeld, Lockd, SemaphoreFull, Unavailable
+from support import DropAnswers, Servers, assert_grants_undone, unique, until
 
 
 def test_limit_is_respected_and_a_full_semaphore_is_semaphore_full(client: Lockd) -> None:
@@ -87,3 +87,20 @@ def test_permit_max_hold_ms(client: Lockd) -> None:
         with client.permit(name, limit=3, ttl_ms=500, max_hold_ms=400) as permit:
             until("the permit to run out", lambda: permit.lost)
     until("the semaphore to be free", lambda: not client.semaphore_status(name).held)
+
+
+def test_an_unanswered_permit_is_given_back_not_left_held_for_its_ttl(client: Lockd, url: str) -> None:
+    """acquire_permit, and permit() on entry, whose every answer is lost
+    until retry_for_ms ends: the permit lockd granted is given back."""
+    for how in ("acquire_permit", "permit"):
+        dropping = DropAnswers("POST")
+        name = unique("py:sem-unanswered")
+        with Lockd(url, transport=dropping, retry_for_ms=300) as cut_off:
+            with pytest.raises(Unavailable):
+                if how == "acquire_permit":
+                    cut_off.acquire_permit(name, limit=1, ttl_ms=60_000)
+                else:
+                    with cut_off.permit(name, limit=1, ttl_ms=60_000):
+                        pytest.fail("the body ran without an answer")
+        assert_grants_undone(dropping.seen, dropping.statuses)
+        assert client.semaphore_status(name).held is False, how

@@ -442,6 +442,7 @@ export class Lockd {
     checkMs("ttlMs", options.ttlMs);
     checkMs("waitMs", options.waitMs);
     checkMs("retentionMs", options.retentionMs);
+    if (options.retentionMs === 0) throw new RangeError("retentionMs must be 1 ms or more: got 0");
     const token = await newToken();
     const route = path("runs", key);
     const body = fields({ ttl_ms: options.ttlMs, wait_ms: options.waitMs, owner: options.owner, fingerprint: options.fingerprint });

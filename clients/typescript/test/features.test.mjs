@@ -94,6 +94,9 @@ test("once: a function that throws abandons the attempt, and the next caller run
 
 test("once: a result lockd cannot keep abandons the attempt, so the next caller runs the job at once", async () => {
   const lockd = client();
+  for (const retentionMs of [0, -1, 1.5]) {
+    await assert.rejects(lockd.once("ts:run-retention", { retentionMs }, async () => "not run"), RangeError);
+  }
   await assert.rejects(
     lockd.once("ts:run-bigint", { ttlMs: 60_000 }, async () => 10n),
     (e) => e instanceof TypeError && /cannot be kept/.test(e.message),

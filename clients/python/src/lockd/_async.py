@@ -23,7 +23,7 @@ import httpx
 
 from . import _core
 from ._core import Answer, Config, Keeper, Request
-from ._errors import LeaseLost, LockdError, NotOwner
+from ._errors import LeaseLost, LockdError, NotOwner, Unavailable
 from ._models import Attempt, Event, Lease, LockStatus, Mode, Permit, SemaphoreStatus, WatchKind
 
 T = TypeVar("T")
@@ -39,7 +39,8 @@ class AsyncLockd:
 
     Args:
         url: lockd's base URL, such as ``http://127.0.0.1:8080``.
-        api_key: An API key's secret, sent as ``Authorization: Bearer``.
+        api_key: An API key's secret, sent as ``Authorization: Bearer``:
+            printable ASCII without spaces. ``None`` or ``""``: no key.
         request_timeout_ms: The server's request time limit
             (``--request-timeout-ms``, default 10 000 ms).
         retry_for_ms: How long retries go on, in ms (default 10 000).
@@ -49,7 +50,8 @@ class AsyncLockd:
             :meth:`aclose`).
 
     Raises:
-        ValueError: a bad ``url`` or duration.
+        ValueError: a bad ``url``, duration or ``api_key`` (the message
+            never shows the key).
     """
 
     def __init__(
@@ -98,11 +100,11 @@ class AsyncLockd:
         mode: Optional[Mode] = None,
     ) -> Lease:
         """Takes the lock ``name``: see :meth:`Lockd.acquire` (milliseconds;
-        raises :class:`LockHeld`, :class:`Unavailable`, :class:`LockdError`,
-        ``ValueError``)."""
+        raises :class:`LockHeld`, :class:`Unavailable` after one release of
+        the grant it may have made, :class:`LockdError`, ``ValueError``)."""
         request = _core.acquire_request(name, ttl_ms=ttl_ms, wait_ms=wait_ms, token=token, owner=owner, mode=mode)
         assert request.token is not None
-        return _core.lease_of(await self._call(request), request.token)
+        return _core.lease_of(await self._grant(request), request.token)
 
     async def extend(self, lease: Lease, *, ttl_ms: Optional[int] = None) -> Lease:
         """Resets the lease to ``ttl_ms`` (ms) from now and returns the
@@ -158,7 +160,7 @@ class AsyncLockd:
 
         async def acquire() -> Lease:
             assert request.token is not None
-            return _core.lease_of(await self._call(request), request.token)
+            return _core.lease_of(await self._grant(request), request.token)
 
         return _AsyncHolding(self, acquire, self.release, ttl_ms, max_hold_ms, f"lease of lock {name}")
 
@@ -178,7 +180,7 @@ class AsyncLockd:
         :meth:`Lockd.acquire_permit` (raises :class:`SemaphoreFull`, ...)."""
         request = _core.permit_request(name, limit=limit, ttl_ms=ttl_ms, wait_ms=wait_ms, token=token, owner=owner)
         assert request.token is not None
-        return _core.permit_of(await self._call(request), request.token)
+        return _core.permit_of(await self._grant(request), request.token)
 
     async def extend_permit(self, permit: Permit, *, ttl_ms: Optional[int] = None) -> Permit:
         """Resets the permit's lease to ``ttl_ms`` (ms) from now: see
@@ -224,7 +226,7 @@ class AsyncLockd:
 
         async def acquire() -> Permit:
             assert request.token is not None
-            return _core.permit_of(await self._call(request), request.token)
+            return _core.permit_of(await self._grant(request), request.token)
 
         return _AsyncHolding(self, acquire, self.release_permit, ttl_ms, max_hold_ms, f"permit of semaphore {name}")
 
@@ -246,9 +248,9 @@ class AsyncLockd:
         the stored result; raises :class:`RunInProgress`,
         :class:`FingerprintMismatch`, :class:`LeaseLost`, ``TypeError``,
         :class:`Unavailable`, ``ValueError``."""
-        _core.check_ms("retention_ms", retention_ms)
+        _core.check_retention(retention_ms)
         request = _core.start_run_request(key, ttl_ms=ttl_ms, fingerprint=fingerprint, wait_ms=wait_ms, owner=owner)
-        answer = await self._call(request)
+        answer = await self._grant(request)
         if _core.run_is_done(answer):
             return answer.body.get("result")
         assert request.token is not None
@@ -266,8 +268,11 @@ class AsyncLockd:
             raise reason
         try:
             stored = await self._call(_core.complete_request(attempt, value, retention_ms))
-        except NotOwner as e:
-            raise _core.lost_at_completion(attempt, e) from e
+        except LockdError as e:
+            if _core.attempt_gone(e):
+                raise _core.lost_at_completion(attempt, e) from e
+            await self._abandon(attempt)
+            raise
         except BaseException:
             await self._abandon(attempt)
             raise
@@ -365,6 +370,33 @@ class AsyncLockd:
             await asyncio.sleep(backoff.next_s(pause_ms))
 
     # --- Sending ---------------------------------------------------------
+
+    async def _grant(self, request: Request) -> Answer:
+        """Sends a grant's ``request`` as :meth:`_call` does; when it gives up
+        with :class:`Unavailable`, tries one ``DELETE`` under a token made
+        for it, as :meth:`Lockd._grant` does, before the error is raised."""
+        try:
+            return await self._call(request)
+        except Unavailable:
+            undo = _core.undo_request(request)
+            if undo is not None:
+                await self._send_once(undo)
+            raise
+
+    async def _send_once(self, request: Request) -> None:
+        """Sends ``request`` once, bounded by its timeout, not retried; its
+        answer and any failure are ignored (a cancellation is not)."""
+        try:
+            await self._http.request(
+                request.method,
+                self._config.url + request.path,
+                params=request.params,
+                headers=self._config.headers(request),
+                content=self._config.content(request),
+                timeout=self._config.timeout_s(request),
+            )
+        except Exception:  # noqa: BLE001 - a best effort: lockd unreachable still, say
+            pass
 
     async def _call(self, request: Request, *, until: Optional[float] = None) -> Answer:
         """Sends ``request``, retrying as :class:`Lockd` does; the first

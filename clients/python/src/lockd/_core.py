@@ -49,15 +49,23 @@ Body = Dict[str, Any]
 # --- Input ---------------------------------------------------------------
 
 
-def check_ms(option: str, value: object) -> Optional[int]:
-    """``value`` when it is ``None`` or a whole number of milliseconds, 0 or
-    more; else :class:`ValueError` (lockd would refuse it, or, for a float,
-    a timer would misbehave)."""
+def check_ms(option: str, value: object, least: int = 0) -> Optional[int]:
+    """``value`` when it is ``None`` or a whole number of milliseconds,
+    ``least`` or more; else :class:`ValueError` (lockd would refuse it, or,
+    for a float, a timer would misbehave)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{option} must be a whole number of milliseconds, 0 or more: got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{option} must be a whole number of milliseconds, {least} or more: got {value!r}")
     return value
+
+
+def check_retention(retention_ms: object) -> Optional[int]:
+    """A run's ``retention_ms``: ``None``, or a whole number of milliseconds,
+    1 or more (lockd refuses 0). Its most, the server's
+    ``--run-retention-ms``, is not known here: lockd judges it when the
+    result is stored."""
+    return check_ms("retention_ms", retention_ms, least=1)
 
 
 def check_count(option: str, value: object) -> int:
@@ -90,6 +98,35 @@ def check_mode(mode: object) -> Optional[Mode]:
     raise ValueError(f'mode is "exclusive" or "shared": got {mode!r}')
 
 
+def check_api_key(api_key: object) -> Optional[str]:
+    """``api_key`` when it is ``None``, empty (no key: nothing is sent) or a
+    bearer token lockd can read: printable ASCII without spaces (RFC 6750's
+    b64token is a part of that). Else :class:`ValueError`, whose message
+    says what is wrong with it and where, never the key itself."""
+    if api_key is None:
+        return None
+    if not isinstance(api_key, str):
+        raise ValueError(f"api_key is a string (an API key's secret): got a {type(api_key).__name__}")
+    for i, char in enumerate(api_key):
+        if "\x21" <= char <= "\x7e":
+            continue
+        if char == " ":
+            what = "a space"
+        elif char in "\r\n":
+            what = "a line break"
+        elif char < "\x80":
+            what = "a control character"
+        else:
+            what = "a non-ASCII character"
+        at_end = api_key[i:].strip("\r\n") == ""
+        hint = " (a trailing newline, from reading a file?)" if at_end else ""
+        raise ValueError(
+            "api_key must be printable ASCII without spaces, as a bearer token is (lockd's secrets are "
+            f"lockd_ and 43 base64url characters): it has {what} at character {i + 1} of {len(api_key)}{hint}"
+        )
+    return api_key
+
+
 def check_url(url: object) -> str:
     if not isinstance(url, str) or not re.match(r"^https?://[^/]", url):
         raise ValueError(f"url is lockd's base URL, such as http://127.0.0.1:8080: got {url!r}")
@@ -116,6 +153,10 @@ class Request:
     params: Optional[Dict[str, str]] = None
     #: The server-side wait this request asks for, in ms (added to its timeout).
     wait_ms: int = 0
+    #: A grant's request whose token was made here for it (not the caller's
+    #: own): a grant under it is this request's alone, so it may be undone
+    #: (:func:`undo_request`).
+    made_token: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,7 +173,7 @@ class Config:
         timeout = check_ms("request_timeout_ms", request_timeout_ms)
         retry = check_ms("retry_for_ms", retry_for_ms)
         assert timeout is not None and retry is not None
-        return Config(check_url(url), api_key, timeout, retry)
+        return Config(check_url(url), check_api_key(api_key), timeout, retry)
 
     def headers(self, request: Request) -> Dict[str, str]:
         headers = {"user-agent": USER_AGENT, "accept": "application/json, application/problem+json"}
@@ -195,7 +236,7 @@ def acquire_request(
     _put(body, "wait_ms", wait)
     _put(body, "owner", owner)
     _put(body, "mode", check_mode(mode))
-    return Request("POST", lock_path(name), token=token or new_token(), body=body, wait_ms=wait or 0)
+    return Request("POST", lock_path(name), token=token or new_token(), body=body, wait_ms=wait or 0, made_token=not token)
 
 
 def permit_request(
@@ -212,7 +253,7 @@ def permit_request(
     wait = check_ms("wait_ms", wait_ms)
     _put(body, "wait_ms", wait)
     _put(body, "owner", owner)
-    return Request("POST", semaphore_path(name), token=token or new_token(), body=body, wait_ms=wait or 0)
+    return Request("POST", semaphore_path(name), token=token or new_token(), body=body, wait_ms=wait or 0, made_token=not token)
 
 
 def start_run_request(
@@ -229,7 +270,23 @@ def start_run_request(
     _put(body, "wait_ms", wait)
     _put(body, "owner", owner)
     _put(body, "fingerprint", fingerprint)
-    return Request("POST", run_path(key), token=new_token(), body=body, wait_ms=wait or 0)
+    return Request("POST", run_path(key), token=new_token(), body=body, wait_ms=wait or 0, made_token=True)
+
+
+def undo_request(grant: Request) -> Optional[Request]:
+    """The ``DELETE`` to try once when the grant's request ``grant`` (an
+    acquire, a permit's, a run's start) gave up with :class:`Unavailable`.
+
+    lockd, or Redis behind it, may have made the grant all the same (an
+    answer lost, Redis stalled past lockd's time limit), and it would hold
+    the lock until its TTL ended, under a token nobody else knows; the
+    ``DELETE`` with that token releases it (for a run, abandons the
+    attempt). ``None`` for a token of the caller's own: it may have held
+    the lease before the call (an acquire that renews), which is left alone.
+    """
+    if not grant.made_token or grant.token is None:
+        return None
+    return Request("DELETE", grant.path, token=grant.token)
 
 
 def held_path(held: Held) -> str:
@@ -253,7 +310,7 @@ def complete_request(attempt: Attempt, result: object, retention_ms: object) -> 
     """The ``PUT`` that stores ``result``; :class:`TypeError` when it is not
     JSON-serialisable (checked here, before anything is sent)."""
     body: Body = {"result": result}
-    _put(body, "retention_ms", check_ms("retention_ms", retention_ms))
+    _put(body, "retention_ms", check_retention(retention_ms))
     try:
         json.dumps(body, allow_nan=False)  # NaN and Infinity are not JSON
     except (TypeError, ValueError) as e:
@@ -731,6 +788,14 @@ class Keeper:
         if not self.held.lost:
             self.held.lost_reason = reason
             self.held.lost = True
+
+
+def attempt_gone(error: LockdError) -> bool:
+    """Whether the answer to an attempt's ``PUT`` of its result says the
+    attempt is gone: 409 ``not-run-owner`` (its lease ran out, and it may
+    have been taken over; or it was abandoned) or 404 ``run-not-found``
+    (its lease ran out and the run's record with it)."""
+    return isinstance(error, NotOwner) or (error.status == 404 and error.slug == "run-not-found")
 
 
 def lost_at_completion(attempt: Attempt, error: LockdError) -> LeaseLost:

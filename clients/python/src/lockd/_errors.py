@@ -91,9 +91,9 @@ class RunInProgress(LockHeld):
 
 
 class NotOwner(LockdError):
-    """409 ``not-lock-owner`` (the lock is held under another token) or
-    ``not-run-owner`` (the token does not hold the run's live attempt).
-    Nothing was changed."""
+    """409 ``not-lock-owner``: the lock is held under another token
+    (``extend``). Nothing was changed. (``not-run-owner`` maps here too,
+    but ``once`` raises a lost attempt as :class:`LeaseLost`.)"""
 
 
 class LeaseLost(LockdError):
@@ -101,7 +101,9 @@ class LeaseLost(LockdError):
     released or ran out), or, seen by the client itself (``status`` 0, type
     ``urn:lockd:problem:lease-lost``), no renewal succeeded before the lease's
     end. Raised by ``extend``, by the ``lock``/``permit`` context managers on
-    exit, and by ``once`` when the attempt's lease was lost."""
+    exit, and by ``once`` when the attempt's lease was lost (a renewal, or
+    the ``PUT`` of its result, answered 409 ``not-run-owner`` or 404
+    ``run-not-found``: ``status`` and ``type`` are lockd's)."""
 
 
 class Unavailable(LockdError):

@@ -12,7 +12,7 @@ import httpx
 
 from . import _core
 from ._core import Answer, Config, Keeper, Request
-from ._errors import LeaseLost, LockdError, NotOwner
+from ._errors import LeaseLost, LockdError, NotOwner, Unavailable
 from ._models import Attempt, Event, Lease, LockStatus, Mode, Permit, SemaphoreStatus, WatchKind
 
 T = TypeVar("T")
@@ -36,7 +36,8 @@ class Lockd:
 
     Args:
         url: lockd's base URL, such as ``http://127.0.0.1:8080``.
-        api_key: An API key's secret, sent as ``Authorization: Bearer``.
+        api_key: An API key's secret, sent as ``Authorization: Bearer``:
+            printable ASCII without spaces. ``None`` or ``""``: no key.
         request_timeout_ms: The server's request time limit
             (``--request-timeout-ms``, default 10 000 ms).
         retry_for_ms: How long retries go on, in ms (default 10 000).
@@ -46,8 +47,10 @@ class Lockd:
             overridden per call); it is not closed by :meth:`close`.
 
     Raises:
-        ValueError: a ``url`` that is not ``http(s)://...``, or a duration
-            that is not a whole number of milliseconds.
+        ValueError: a ``url`` that is not ``http(s)://...``, a duration that
+            is not a whole number of milliseconds, or an ``api_key`` with a
+            space, a line break or a character that is not ASCII (the
+            message never shows the key).
     """
 
     def __init__(
@@ -113,6 +116,10 @@ class Lockd:
             LockHeld: another holder has it (after ``wait_ms``);
                 ``retry_after_ms`` says when its lease ends.
             Unavailable: lockd or Redis did not answer within ``retry_for_ms``.
+                The request may have been granted all the same: with a
+                token made here, one release under it is tried first
+                (bounded by ``request_timeout_ms``; if lockd is still
+                unreachable, such a grant lasts until its TTL ends).
             LockdError: any other refusal (400 for a bad name, 409
                 ``mode-mismatch``, 401/403 for API keys, ...).
             ValueError: a bad duration, mode, or a name no URL can carry
@@ -120,7 +127,7 @@ class Lockd:
         """
         request = _core.acquire_request(name, ttl_ms=ttl_ms, wait_ms=wait_ms, token=token, owner=owner, mode=mode)
         assert request.token is not None
-        return _core.lease_of(self._call(request), request.token)
+        return _core.lease_of(self._grant(request), request.token)
 
     def extend(self, lease: Lease, *, ttl_ms: Optional[int] = None) -> Lease:
         """Resets the lease to ``ttl_ms`` (milliseconds) from now (default:
@@ -203,7 +210,7 @@ class Lockd:
 
         def acquire() -> Lease:
             assert request.token is not None
-            return _core.lease_of(self._call(request), request.token)
+            return _core.lease_of(self._grant(request), request.token)
 
         return _Holding(self, acquire, self.release, ttl_ms, max_hold_ms, f"lease of lock {name}")
 
@@ -233,12 +240,14 @@ class Lockd:
                 ``retry_after_ms`` says when the earliest runs out.
             LockdError: 409 ``limit-mismatch`` (the permits are held under
                 another limit, ``problem["limit"]``), 400, 501 in Redlock mode.
-            Unavailable: no answer within ``retry_for_ms``.
+            Unavailable: no answer within ``retry_for_ms`` (one release of
+                the permit it may have got is tried first, as for
+                :meth:`acquire`).
             ValueError: a ``limit`` below 1, a bad duration or name.
         """
         request = _core.permit_request(name, limit=limit, ttl_ms=ttl_ms, wait_ms=wait_ms, token=token, owner=owner)
         assert request.token is not None
-        return _core.permit_of(self._call(request), request.token)
+        return _core.permit_of(self._grant(request), request.token)
 
     def extend_permit(self, permit: Permit, *, ttl_ms: Optional[int] = None) -> Permit:
         """Resets the permit's lease to ``ttl_ms`` (milliseconds) from now
@@ -307,7 +316,7 @@ class Lockd:
 
         def acquire() -> Permit:
             assert request.token is not None
-            return _core.permit_of(self._call(request), request.token)
+            return _core.permit_of(self._grant(request), request.token)
 
         return _Holding(self, acquire, self.release_permit, ttl_ms, max_hold_ms, f"permit of semaphore {name}")
 
@@ -346,8 +355,12 @@ class Lockd:
             wait_ms: While another attempt runs, wait up to this long, in
                 milliseconds, for it to end (its result, or the attempt).
             owner: A label for the attempt.
-            retention_ms: How long lockd keeps the result, in milliseconds
-                (default and most: the server's ``--run-retention-ms``).
+            retention_ms: How long lockd keeps the result, in milliseconds, 1
+                or more (default and most: the server's
+                ``--run-retention-ms``). The most is not known here: one over
+                it is refused (a 400 ``LockdError``) when the result is
+                stored, after ``fn`` ran, and the attempt is then abandoned,
+                so the next caller runs the job.
 
         Returns:
             The stored result (JSON: dict, list, str, int, float, bool or None).
@@ -356,16 +369,21 @@ class Lockd:
             RunInProgress: another attempt runs it (after ``wait_ms``).
             FingerprintMismatch: the key was first used with another fingerprint.
             LeaseLost: the attempt's lease was lost while ``fn`` ran, or before
-                its result was stored; nothing is stored (``fn``'s side effects
-                stand: pass ``attempt.fence`` to your storage).
+                its result was stored (the ``PUT`` answered 409
+                ``not-run-owner`` or 404 ``run-not-found``); nothing is stored
+                (``fn``'s side effects stand: pass ``attempt.fence`` to your
+                storage).
             TypeError: ``fn`` returned a value JSON cannot carry (the attempt
                 is abandoned).
-            Unavailable: no answer within ``retry_for_ms``.
-            ValueError: bad input, before any request.
+            Unavailable: no answer within ``retry_for_ms``. When the start
+                got none, the attempt it may have started is abandoned (one
+                try) first.
+            ValueError: bad input (a ``retention_ms`` below 1 included),
+                before any request.
         """
-        _core.check_ms("retention_ms", retention_ms)
+        _core.check_retention(retention_ms)
         request = _core.start_run_request(key, ttl_ms=ttl_ms, fingerprint=fingerprint, wait_ms=wait_ms, owner=owner)
-        answer = self._call(request)
+        answer = self._grant(request)
         if _core.run_is_done(answer):
             return answer.body.get("result")
         assert request.token is not None
@@ -383,8 +401,11 @@ class Lockd:
             raise reason
         try:
             stored = self._call(_core.complete_request(attempt, value, retention_ms))
-        except NotOwner as e:
-            raise _core.lost_at_completion(attempt, e) from e
+        except LockdError as e:
+            if _core.attempt_gone(e):
+                raise _core.lost_at_completion(attempt, e) from e
+            self._abandon(attempt)
+            raise
         except BaseException:
             self._abandon(attempt)
             raise
@@ -505,6 +526,35 @@ class Lockd:
             time.sleep(backoff.next_s(pause_ms))
 
     # --- Sending ---------------------------------------------------------
+
+    def _grant(self, request: Request) -> Answer:
+        """Sends a grant's ``request`` (an acquire, a permit's, a run's start)
+        as :meth:`_call` does. When it gives up with :class:`Unavailable`,
+        lockd may have made the grant all the same; with a token made for
+        this request, one ``DELETE`` under it is tried then (see
+        :func:`_core.undo_request`), before the error is raised."""
+        try:
+            return self._call(request)
+        except Unavailable:
+            undo = _core.undo_request(request)
+            if undo is not None:
+                self._send_once(undo)
+            raise
+
+    def _send_once(self, request: Request) -> None:
+        """Sends ``request`` once, bounded by its timeout, not retried; its
+        answer and any failure are ignored (a best effort)."""
+        try:
+            self._http.request(
+                request.method,
+                self._config.url + request.path,
+                params=request.params,
+                headers=self._config.headers(request),
+                content=self._config.content(request),
+                timeout=self._config.timeout_s(request),
+            )
+        except Exception:  # noqa: BLE001 - a best effort: lockd unreachable still, say
+            pass
 
     def _call(
         self,
