@@ -37,7 +37,7 @@ const asyncDispose: typeof Symbol.asyncDispose =
 export interface LockdOptions {
   /** lockd's base URL, such as `http://127.0.0.1:8080`. */
   url: string;
-  /** An API key's secret, sent as `Authorization: Bearer`. */
+  /** An API key's secret, sent as `Authorization: Bearer`; `""` is none. */
   apiKey?: string;
   /** The `fetch` to use (default: the global one). */
   fetch?: typeof fetch;
@@ -302,8 +302,9 @@ export class Lockd {
     if (url.protocol !== "http:" && url.protocol !== "https:") {
       throw new TypeError(`url must be http:// or https://: got "${options.url}"`);
     }
-    if (options.apiKey !== undefined && !/^[\x21-\x7e]+$/.test(options.apiKey)) {
-      throw new TypeError("apiKey must be visible ASCII characters (a bearer token), not empty");
+    // "" is no key, as an unset environment variable gives.
+    if (options.apiKey && !/^[\x21-\x7e]+$/.test(options.apiKey)) {
+      throw new TypeError("apiKey must be visible ASCII characters (a bearer token)");
     }
     checkMs("requestTimeoutMs", options.requestTimeoutMs);
     checkMs("retryForMs", options.retryForMs);

@@ -212,6 +212,8 @@ test("bad durations and names are refused before any request", async () => {
   for (const options of [{ url: "127.0.0.1:8080" }, { url: "ftp://127.0.0.1" }, { url: "" }, { url: servers.url, apiKey: "a\nb" }]) {
     assert.throws(() => new Lockd(options), TypeError, JSON.stringify(options));
   }
+  // An empty key (an unset environment variable's) is no key.
+  assert.equal((await new Lockd({ url: servers.url, apiKey: "" }).status("ts:bad")).held, false);
   for (const options of [{ requestTimeoutMs: Number.NaN }, { retryForMs: -1 }]) {
     assert.throws(() => new Lockd({ url: servers.url, ...options }), RangeError, JSON.stringify(options));
   }
