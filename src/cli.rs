@@ -310,6 +310,12 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_MAX_RESULT_BYTES")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_result_bytes: Option<usize>,
+    /// The largest holder metadata (`meta`) an acquire, a permit or a
+    /// run's start may give, in bytes of compact JSON, from 1 to 65536; a
+    /// larger one gets 400 [default: 1024].
+    #[arg(long, env = "LOCKD_MAX_META_BYTES")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_meta_bytes: Option<usize>,
     /// Most /locks acquires and inspects served at once besides the
     /// max_waiters waiting ones; extends and releases get as many again of
     /// their own, which acquires cannot take; beyond, 503 overloaded

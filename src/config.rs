@@ -25,7 +25,7 @@
 //! | --- | --- | --- |
 //! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes`, `cors_allow_origin`, `allowed_host` |
 //! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
-//! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`, `max_semaphore_limit`, `max_watchers`, `watch_keepalive_ms`, `run_retention_ms`, `max_result_bytes` |
+//! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`, `max_semaphore_limit`, `max_watchers`, `watch_keepalive_ms`, `run_retention_ms`, `max_result_bytes`, `max_meta_bytes` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
 //! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
 //! | `service`: [`ServiceSettings`] | the process itself | `log_format`, `shutdown_timeout_ms` |
@@ -67,9 +67,9 @@ use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{LogFormat, RedisMode, ServeArgs};
-use crate::lock::Ttl;
 use crate::lock::redis::connect::{is_tls, redact_url, redact_urls_in};
 use crate::lock::run::{MAX_RESULT_BYTES, MAX_RETENTION_MS};
+use crate::lock::{Meta, Ttl};
 
 /// The service's settings, grouped by concern, with typed values: what
 /// [`Settings::load`] gives, checked. `Debug` hides any password in the
@@ -225,6 +225,9 @@ pub struct LimitSettings {
     /// The largest result a run may store, in bytes of JSON; 1 to 65536
     /// (`max_result_bytes`).
     pub max_result_bytes: usize,
+    /// The largest holder metadata an acquire, a permit or a run's start
+    /// may give, in bytes of compact JSON; 1 to 65536 (`max_meta_bytes`).
+    pub max_meta_bytes: usize,
 }
 
 /// API keys, or their absence (keys `auth_keys_file`, `insecure_no_auth`):
@@ -326,6 +329,7 @@ impl Default for LimitSettings {
             watch_keepalive: Duration::from_millis(15_000),
             run_retention: Duration::from_secs(24 * 3600),
             max_result_bytes: 65_536,
+            max_meta_bytes: Meta::DEFAULT_MAX_BYTES,
         }
     }
 }
@@ -442,6 +446,8 @@ pub struct RawSettings {
     pub run_retention_ms: u64,
     /// The largest result a run may store, in bytes of JSON.
     pub max_result_bytes: usize,
+    /// The largest holder metadata, in bytes of compact JSON.
+    pub max_meta_bytes: usize,
     /// Most `/locks` acquires and inspects at once besides the waiting
     /// ones; also the room of extends and releases, kept apart.
     pub max_requests: usize,
@@ -522,6 +528,7 @@ impl From<&Settings> for RawSettings {
             watch_keepalive_ms: whole_millis(limits.watch_keepalive),
             run_retention_ms: whole_millis(limits.run_retention),
             max_result_bytes: limits.max_result_bytes,
+            max_meta_bytes: limits.max_meta_bytes,
             max_requests: limits.max_requests.get(),
             dev: store.dev,
             metrics_listen: metrics.listen,
@@ -920,6 +927,15 @@ impl LimitSettings {
                 n if n == 0 || n > MAX_RESULT_BYTES => {
                     return Err(format!(
                         "max_result_bytes must be from 1 to {MAX_RESULT_BYTES} (64 KiB)"
+                    ));
+                }
+                n => n,
+            },
+            max_meta_bytes: match raw.max_meta_bytes {
+                n if n == 0 || n > Meta::CEILING_BYTES => {
+                    return Err(format!(
+                        "max_meta_bytes must be from 1 to {} (64 KiB)",
+                        Meta::CEILING_BYTES
                     ));
                 }
                 n => n,

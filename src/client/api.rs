@@ -450,6 +450,8 @@ pub struct AcquireParams<'a> {
     pub wait_ms: u64,
     /// A label for the holder.
     pub owner: Option<&'a str>,
+    /// Holder metadata, a JSON object.
+    pub meta: Option<&'a Map<String, serde_json::Value>>,
     /// For a semaphore: its limit, the most holders at once.
     pub limit: Option<u32>,
     /// For a run: the fingerprint of the job's input.
@@ -583,6 +585,9 @@ impl LockClient {
         }
         if let Some(owner) = params.owner {
             body.insert("owner".into(), json!(owner));
+        }
+        if let Some(meta) = params.meta {
+            body.insert("meta".into(), serde_json::Value::Object(meta.clone()));
         }
         if let Some(fingerprint) = params.fingerprint {
             body.insert("fingerprint".into(), json!(fingerprint));

@@ -80,6 +80,21 @@ pub fn millis(text: &str) -> Result<u64, String> {
         .map_err(|_| format!("at most {} milliseconds", u64::MAX))
 }
 
+/// A `--meta` flag's holder metadata: a JSON object, as text.
+///
+/// # Errors
+/// The rule, for text that is not a JSON object (the server checks its
+/// size, `--max-meta-bytes`).
+pub fn meta_object(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err(r#"a JSON object is needed, as {"host":"web-1"}"#.into()),
+        Err(e) => Err(format!(
+            r#"not JSON ({e}): a JSON object is needed, as {{"host":"web-1"}}"#
+        )),
+    }
+}
+
 /// `lockd exec [OPTIONS] NAME -- CMD [ARGS...]`.
 #[derive(Debug, Args)]
 pub struct ExecArgs {
@@ -96,6 +111,10 @@ pub struct ExecArgs {
     /// A label for the holder, shown by `lockd status` [default: hostname:pid].
     #[arg(long)]
     pub owner: Option<String>,
+    /// Holder metadata, a JSON object shown by `lockd status`, listings and
+    /// watches [default: {"host": HOSTNAME, "pid": PID}].
+    #[arg(long, value_name = "JSON", value_parser = meta_object)]
+    pub meta: Option<serde_json::Map<String, serde_json::Value>>,
     /// After the lease is lost, how long the command gets between SIGTERM
     /// and SIGKILL, in ms.
     #[arg(long, default_value_t = 5000, allow_negative_numbers = true, value_parser = millis)]
@@ -193,6 +212,9 @@ pub struct AcquireArgs {
     /// A label for the holder.
     #[arg(long)]
     pub owner: Option<String>,
+    /// Holder metadata: a JSON object, shown by `lockd status`.
+    #[arg(long, value_name = "JSON", value_parser = meta_object)]
+    pub meta: Option<serde_json::Map<String, serde_json::Value>>,
     /// A token of your choosing (16 to 128 of A-Za-z0-9_-), so that a retry
     /// after a lost answer renews instead of failing [default: 192 random
     /// bits, chosen here so that a retry on the next server renews too]. It
@@ -248,6 +270,9 @@ pub struct RunStartArgs {
     /// A label for the attempt's holder.
     #[arg(long)]
     pub owner: Option<String>,
+    /// The attempt's holder metadata: a JSON object.
+    #[arg(long, value_name = "JSON", value_parser = meta_object)]
+    pub meta: Option<serde_json::Map<String, serde_json::Value>>,
     /// A fingerprint of the job's input (a hash of the payload): another
     /// one for the same key is refused.
     #[arg(long)]

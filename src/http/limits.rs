@@ -28,6 +28,9 @@ pub struct Limits {
     /// The largest result a run may store, in bytes of JSON
     /// (`--max-result-bytes`).
     pub max_result_bytes: usize,
+    /// The largest holder metadata, in bytes of compact JSON
+    /// (`--max-meta-bytes`).
+    pub max_meta_bytes: usize,
 }
 
 impl Limits {
@@ -50,6 +53,7 @@ impl Limits {
             watch_keepalive: settings.watch_keepalive,
             run_retention: settings.run_retention,
             max_result_bytes: settings.max_result_bytes,
+            max_meta_bytes: settings.max_meta_bytes,
         })
     }
 }

@@ -28,7 +28,7 @@ use super::locks::model::{LockMode, LockNameSchema, rfc3339};
 use super::problem::{ApiError, KeyRefusals, Problem};
 use super::semaphores::model::PermitStatus;
 use crate::lock::service::watch::{LeaseView, RunStage, Sequenced, Snapshot, Watch, WatchEvent};
-use crate::lock::{Kind, LockError, Locks, Subject};
+use crate::lock::{Kind, LockError, Locks, Meta, Subject};
 
 /// `data` of a lock's `state` event: what `GET /locks/{name}` shows, or
 /// `held: false`. Never the token.
@@ -54,6 +54,10 @@ pub struct LockState {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub owner: Option<Option<String>>,
+    /// The holder's metadata (`null` when it gave none); absent when free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub meta: Option<Option<serde_json::Value>>,
     /// When the holder was granted the lock (RFC 3339, UTC; `null` when not
     /// recorded); absent when free.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -111,6 +115,10 @@ pub struct RunWatchState {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub owner: Option<Option<String>>,
+    /// Running: the holder's metadata, `null` when it gave none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub meta: Option<Option<serde_json::Value>>,
 }
 
 /// The events of a run's watch, as for [`LockEvents`]: `started` is a new
@@ -150,6 +158,10 @@ pub struct LeaseEvent {
     pub fence: u64,
     /// The holder's label, `null` when it gave none.
     pub owner: Option<String>,
+    /// The holder's metadata (the object it gave as `meta`), `null` when it
+    /// gave none.
+    #[schema(value_type = Option<Object>)]
+    pub meta: Option<serde_json::Value>,
     /// The lease left in milliseconds when the event was sent.
     pub ttl_ms: u64,
     /// When the lease ends (RFC 3339, UTC).
@@ -425,6 +437,7 @@ fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
                     .map(|at| left_ms(at, now)),
                 expires_at: running.and_then(|a| a.expires_at).map(rfc3339),
                 owner: running.map(|a| a.owner.clone()),
+                meta: running.map(|a| a.meta.as_ref().map(Meta::to_value)),
             })
         }
         Kind::Lock => {
@@ -437,6 +450,7 @@ fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
                 ttl_ms: holder.and_then(|h| h.expires_at).map(|at| left_ms(at, now)),
                 expires_at: holder.and_then(|h| h.expires_at).map(rfc3339),
                 owner: holder.map(|h| h.owner.clone()),
+                meta: holder.map(|h| h.meta.as_ref().map(Meta::to_value)),
                 granted_at: holder.map(|h| h.granted_at.map(rfc3339)),
                 mode: holder.map(|h| h.mode.into()),
                 holder_count: holder.map(|_| snapshot.leases.len()),
@@ -451,6 +465,7 @@ fn state_json(subject: &Subject, name: String, snapshot: &Snapshot) -> String {
                     PermitStatus {
                         fence: p.fence,
                         owner: p.owner.clone(),
+                        meta: p.meta.as_ref().map(Meta::to_value),
                         ttl_ms: left_ms(expires_at, now),
                         expires_at: rfc3339(expires_at),
                         granted_at: p.granted_at.map(rfc3339),
@@ -475,6 +490,7 @@ fn lease_json(subject: &Subject, name: String, lease: &LeaseView) -> String {
         name,
         fence: lease.fence,
         owner: lease.owner.clone(),
+        meta: lease.meta.as_ref().map(Meta::to_value),
         ttl_ms: left_ms(expires_at, now),
         expires_at: rfc3339(expires_at),
         granted_at: lease.granted_at.map(rfc3339),

@@ -10,7 +10,7 @@
 //!
 //! | message | when |
 //! | --- | --- |
-//! | `acquired FENCE TTL_MS GRANTED_AT_MS OWNER` | a new lease (`OWNER` may be empty, and may hold spaces) |
+//! | `acquired FENCE TTL_MS GRANTED_AT_MS OWNER` | a new lease (`OWNER` may be empty, and may hold spaces; the holder's metadata, when given, follows on a second line as compact JSON) |
 //! | `shared FENCE TTL_MS GRANTED_AT_MS OWNER` | a new shared lease of a lock, beside the others (see [`super::Mode`]) |
 //! | `extended FENCE TTL_MS AT_MS` | a lease reset to `TTL_MS` from `AT_MS` (Unix ms of the lockd that sent it): an extend, or a holder's renewing acquire |
 //! | `released FENCE` | a lease ended by its holder (for a run: its attempt abandoned) |
@@ -35,6 +35,9 @@ pub enum Change {
         granted_at_ms: u64,
         /// The holder's label, when given.
         owner: Option<String>,
+        /// The holder's metadata, when given (after a newline: an owner
+        /// label holds no control character).
+        meta: Option<super::Meta>,
         /// A lock's mode: a shared lease leaves the other shared leases
         /// held; an exclusive one (and every permit or attempt, whose
         /// messages say `acquired`) is [`super::Mode::Exclusive`].
@@ -91,12 +94,17 @@ impl Change {
                 let mut number = || fields.next().and_then(|f| f.parse::<u64>().ok());
                 match (number(), number(), number()) {
                     (Some(fence), Some(ttl_ms), Some(granted_at_ms)) => {
-                        let owner = fields.next().filter(|o| !o.is_empty()).map(str::to_owned);
+                        let (owner, meta) = match fields.next() {
+                            Some(rest) => rest.split_once('\n').unwrap_or((rest, "")),
+                            None => ("", ""),
+                        };
+                        let owner = Some(owner).filter(|o| !o.is_empty()).map(str::to_owned);
                         Some(Self::Acquired {
                             fence,
                             ttl_ms,
                             granted_at_ms,
                             owner,
+                            meta: super::Meta::from_stored(meta),
                             mode,
                         })
                     }
@@ -140,14 +148,18 @@ impl Change {
                 ttl_ms,
                 granted_at_ms,
                 owner,
+                meta,
                 mode,
             } => format!(
-                "{} {fence} {ttl_ms} {granted_at_ms} {}",
+                "{} {fence} {ttl_ms} {granted_at_ms} {}{}",
                 match mode {
                     super::Mode::Exclusive => "acquired",
                     super::Mode::Shared => "shared",
                 },
-                owner.as_deref().unwrap_or("")
+                owner.as_deref().unwrap_or(""),
+                meta.as_ref()
+                    .map(|m| format!("\n{}", m.as_str()))
+                    .unwrap_or_default()
             ),
             Self::Extended {
                 fence,
@@ -196,6 +208,18 @@ mod tests {
                 ttl_ms: 1500,
                 granted_at_ms: 1_700_000_000_000,
                 owner: Some("host 1:42".into()),
+                meta: None,
+                mode: crate::lock::Mode::Exclusive,
+            }
+        );
+        assert_eq!(
+            Change::parse(b"acquired 17 1500 1700000000000 host 1:42\n{\"pid\":42}"),
+            Change::Acquired {
+                fence: 17,
+                ttl_ms: 1500,
+                granted_at_ms: 1_700_000_000_000,
+                owner: Some("host 1:42".into()),
+                meta: crate::lock::Meta::from_stored(r#"{"pid":42}"#),
                 mode: crate::lock::Mode::Exclusive,
             }
         );
@@ -206,6 +230,7 @@ mod tests {
                 ttl_ms: 1500,
                 granted_at_ms: 1_700_000_000_000,
                 owner: Some("r".into()),
+                meta: None,
                 mode: crate::lock::Mode::Shared,
             }
         );
@@ -216,6 +241,7 @@ mod tests {
                 ttl_ms: 1500,
                 granted_at_ms: 0,
                 owner: None,
+                meta: None,
                 mode: crate::lock::Mode::Exclusive,
             }
         );
@@ -272,11 +298,13 @@ mod tests {
             ttl_ms in any::<u64>(),
             granted_at_ms in any::<u64>(),
             owner in proptest::option::of("[^\\x00-\\x1f]{1,40}"),
+            meta in proptest::option::of("[^\\x00-\\x1f]{0,40}"),
             kind in 0..6u8,
         ) {
+            let meta = meta.and_then(|m| crate::lock::Meta::parse(&serde_json::json!({ "m": m }), 1024).ok());
             let change = match kind {
-                0 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner, mode: crate::lock::Mode::Exclusive },
-                5 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner, mode: crate::lock::Mode::Shared },
+                0 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner, meta, mode: crate::lock::Mode::Exclusive },
+                5 => Change::Acquired { fence, ttl_ms, granted_at_ms, owner, meta, mode: crate::lock::Mode::Shared },
                 1 => Change::Extended { fence, ttl_ms, at_ms: Some(granted_at_ms) },
                 2 => Change::Expired { fence },
                 3 => Change::Completed { fence },

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::semaphore::PermitInfo;
-use super::{LockName, Mode, Owner, Token, Ttl};
+use super::{LockName, Meta, Mode, Owner, Token, Ttl};
 
 /// A request to take a lock.
 #[derive(Debug, Clone)]
@@ -23,6 +23,9 @@ pub struct AcquireRequest {
     pub ttl: Ttl,
     /// A label for the holder, shown by [`super::LockStore::inspect`].
     pub owner: Option<Owner>,
+    /// The holder's metadata, shown with the lease; a renewal replaces it
+    /// when given.
+    pub meta: Option<Meta>,
     /// Whether lockd generated the token. Nobody else can then hold the
     /// lock under it, so a grant whose answer was lost (a timeout, a caller
     /// who hung up) may safely be compare-and-deleted in the background.
@@ -151,6 +154,8 @@ pub struct LockInfo {
     pub remaining: Option<Duration>,
     /// The holder's label, when given.
     pub owner: Option<String>,
+    /// The holder's metadata, when given.
+    pub meta: Option<Meta>,
     /// When the current holder was granted the lock, when recorded.
     pub granted_at: Option<SystemTime>,
     /// How it is held. For a shared lock, `fence`, `remaining`, `owner`
@@ -171,12 +176,14 @@ impl LockInfo {
         fence: Option<u64>,
         remaining: Option<Duration>,
         owner: Option<String>,
+        meta: Option<Meta>,
         granted_at: Option<SystemTime>,
     ) -> Self {
         Self {
             fence,
             remaining,
             owner,
+            meta,
             granted_at,
             mode: Mode::Exclusive,
             shared: Vec::new(),
@@ -193,6 +200,7 @@ impl LockInfo {
             fence: Some(last.fence),
             remaining: Some(last.remaining),
             owner: last.owner,
+            meta: last.meta,
             granted_at: last.granted_at,
             mode: Mode::Shared,
             shared: leases,

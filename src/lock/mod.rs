@@ -161,4 +161,4 @@ pub use node::{Backend, ChangeListener, LockNode, Node, RunNode, SemaphoreNode, 
 pub use service::Locks;
 pub use store::{LockStore, RunStore, SemaphoreStore, Single, Store};
 pub use subject::{Kind, Subject};
-pub use types::{InvalidInput, LockName, Mode, Owner, Token, Ttl};
+pub use types::{InvalidInput, LockName, Meta, Mode, Owner, Token, Ttl};

@@ -25,7 +25,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{Lease, LockName, Owner, Token, Ttl};
+use super::{Lease, LockName, Meta, Owner, Token, Ttl};
 
 /// The largest result a run may store, in bytes of JSON: the most
 /// `--max-result-bytes` may be (64 KiB).
@@ -107,6 +107,8 @@ pub struct StartRequest {
     pub ttl: Ttl,
     /// A label for the holder.
     pub owner: Option<Owner>,
+    /// The holder's metadata.
+    pub meta: Option<Meta>,
     /// The fingerprint of the job's input, when given.
     pub fingerprint: Option<Fingerprint>,
     /// How long a pending run's record (its attempt count and fingerprint)
@@ -239,6 +241,8 @@ pub enum RunInfo {
         remaining: Duration,
         /// Its holder's label.
         owner: Option<String>,
+        /// Its holder's metadata.
+        meta: Option<Meta>,
         /// When the attempt started.
         started_at: Option<SystemTime>,
     },

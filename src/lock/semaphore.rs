@@ -10,7 +10,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{Lease, LockName, Owner, Token, Ttl};
+use super::{Lease, LockName, Meta, Owner, Token, Ttl};
 
 /// What a watcher's probe of a semaphore read, in one atomic step with its
 /// marker: its permits (never a token), and its fence counter, as for a
@@ -68,6 +68,8 @@ pub struct PermitRequest {
     pub ttl: Ttl,
     /// A label for the holder, shown by an inspect.
     pub owner: Option<Owner>,
+    /// The holder's metadata, shown by an inspect.
+    pub meta: Option<Meta>,
     /// Whether lockd generated the token (a grant whose answer was lost may
     /// then be given back in the background).
     pub token_generated: bool,
@@ -117,6 +119,8 @@ pub struct PermitInfo {
     pub fence: u64,
     /// The holder's label, when given.
     pub owner: Option<String>,
+    /// The holder's metadata, when given.
+    pub meta: Option<Meta>,
     /// The lease left.
     pub remaining: Duration,
     /// When the permit was granted.
@@ -155,6 +159,7 @@ struct Held {
     until: u64,
     fence: u64,
     owner: Option<String>,
+    meta: Option<Meta>,
     granted_at: SystemTime,
     /// Its own TTL: the one it was granted with or last extended to.
     ttl_ms: u64,
@@ -212,6 +217,9 @@ impl Permits {
             if let Some(owner) = &req.owner {
                 mine.owner = Some(owner.as_str().to_owned());
             }
+            if let Some(meta) = &req.meta {
+                mine.meta = Some(meta.clone());
+            }
             return Taken::Renewed(mine.fence);
         }
         if self.held.len() >= req.limit.get() as usize {
@@ -229,6 +237,7 @@ impl Permits {
             until,
             fence,
             owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+            meta: req.meta.clone(),
             granted_at,
             ttl_ms: req.ttl.as_millis(),
         });
@@ -274,6 +283,7 @@ impl Permits {
             .map(|p| PermitInfo {
                 fence: p.fence,
                 owner: p.owner.clone(),
+                meta: p.meta.clone(),
                 remaining: Duration::from_micros(p.until - now),
                 granted_at: Some(p.granted_at),
             })
@@ -321,6 +331,7 @@ mod tests {
             limit: Limit::new(limit, 100).expect("limit"),
             ttl: Ttl::from_millis(ttl_ms, 100_000, "ttl_ms").expect("ttl"),
             owner: None,
+            meta: None,
             token_generated: true,
         }
     }

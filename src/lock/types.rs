@@ -8,8 +8,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-/// Why a raw value could not become a [`LockName`], [`Ttl`], [`Token`] or
-/// [`Owner`]. The message is safe to show to the caller: it never repeats a
+/// Why a raw value could not become a [`LockName`], [`Ttl`], [`Token`],
+/// [`Owner`] or [`Meta`]. The message is safe to show to the caller: it never repeats a
 /// token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidInput {
@@ -41,6 +41,15 @@ pub enum InvalidInput {
         max = Owner::MAX_LEN
     )]
     Owner,
+    /// The holder metadata is not a JSON object, or is larger than the
+    /// server allows.
+    #[error(
+        "meta must be a JSON object of at most {max_bytes} bytes as compact JSON (--max-meta-bytes), such as {{\"host\": \"web-1\", \"pid\": 4242}}; nothing was written"
+    )]
+    Meta {
+        /// The largest metadata allowed, in bytes of compact JSON.
+        max_bytes: usize,
+    },
     /// A listing's `prefix` is too long or has a character no name can
     /// hold.
     #[error(
@@ -323,6 +332,66 @@ impl Owner {
     }
 }
 
+/// Holder metadata: a JSON object the holder gives with its acquire (a
+/// leader's address, a job's id), stored with the lease as compact JSON
+/// and shown to observers (`GET`, listings, watches); lockd never decides
+/// anything by it. At most `--max-meta-bytes` (default
+/// [`Meta::DEFAULT_MAX_BYTES`], 1 KiB) of compact JSON.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Meta(String);
+
+impl Meta {
+    /// The default and suggested largest metadata, in bytes of compact
+    /// JSON: 1 KiB.
+    pub const DEFAULT_MAX_BYTES: usize = 1024;
+    /// The largest `--max-meta-bytes` may be: 64 KiB.
+    pub const CEILING_BYTES: usize = 64 * 1024;
+
+    /// Parses the metadata a request gave.
+    ///
+    /// # Errors
+    /// [`InvalidInput::Meta`] when `value` is not a JSON object or its
+    /// compact JSON is over `max_bytes` bytes.
+    pub fn parse(value: &serde_json::Value, max_bytes: usize) -> Result<Self, InvalidInput> {
+        let refused = InvalidInput::Meta { max_bytes };
+        if !value.is_object() {
+            return Err(refused);
+        }
+        let text = serde_json::to_string(value).map_err(|_| refused.clone())?;
+        if text.len() > max_bytes {
+            return Err(refused);
+        }
+        Ok(Self(text))
+    }
+
+    /// The metadata a store kept, as compact JSON text; `None` for an empty
+    /// text (none was given) or one that is not a JSON object (a foreign
+    /// client's value).
+    pub fn from_stored(text: &str) -> Option<Self> {
+        if text.is_empty() {
+            return None;
+        }
+        let value: serde_json::Value = serde_json::from_str(text).ok()?;
+        value.is_object().then(|| Self(text.to_owned()))
+    }
+
+    /// The metadata as compact JSON text, as it is stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The metadata as a JSON value (always an object).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for Meta {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Meta({})", self.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,6 +479,38 @@ mod tests {
         assert!(Token::parse(&"a".repeat(129)).is_err());
         assert!(Token::parse("abcdefghijklmnop!").is_err());
         assert!(Token::parse(&"a".repeat(128)).is_ok());
+    }
+
+    #[test]
+    fn meta_is_a_json_object_within_the_limit() {
+        let meta =
+            Meta::parse(&serde_json::json!({"host": "web-1", "pid": 42}), 1024).expect("an object");
+        assert_eq!(meta.as_str(), r#"{"host":"web-1","pid":42}"#);
+        assert_eq!(Meta::from_stored(meta.as_str()), Some(meta.clone()));
+        assert_eq!(meta.to_value()["pid"], 42);
+        for bad in [
+            serde_json::json!(null),
+            serde_json::json!([1]),
+            serde_json::json!("x"),
+            serde_json::json!(1),
+        ] {
+            assert_eq!(
+                Meta::parse(&bad, 1024),
+                Err(InvalidInput::Meta { max_bytes: 1024 })
+            );
+        }
+        // 1024 bytes exactly is accepted, 1025 refused.
+        let fits = serde_json::json!({ "k": "x".repeat(1024 - 8) });
+        assert_eq!(
+            serde_json::to_string(&fits).map(|t| t.len()).ok(),
+            Some(1024)
+        );
+        assert!(Meta::parse(&fits, 1024).is_ok());
+        let over = serde_json::json!({ "k": "x".repeat(1024 - 7) });
+        assert!(Meta::parse(&over, 1024).is_err());
+        for stored in ["", "[1]", "not json", "null"] {
+            assert_eq!(Meta::from_stored(stored), None, "{stored:?}");
+        }
     }
 
     #[test]

@@ -595,6 +595,7 @@ async fn c04_every_duration_field_names_its_unit(app: &TestApp) {
             "ttl_ms",
             "expires_at",
             "owner",
+            "meta",
             "granted_at",
             "mode",
             "holder_count",

@@ -21,7 +21,7 @@ use crate::support::{
 };
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// How long a command may take to start under `lockd exec`.
 const STARTUP: Duration = Duration::from_secs(20);
@@ -210,6 +210,18 @@ async fn a_second_exec_on_the_same_name_fails_fast_with_75() {
         owner.ends_with(&format!(":{}", first.pid())),
         "owner {owner:?} is not hostname:<pid of the first lockd exec>"
     );
+    // ... and its default meta `{"host": hostname, "pid": pid}`.
+    let meta = &status.json()["meta"];
+    assert_eq!(meta["pid"], first.pid().as_raw(), "{meta}");
+    assert_eq!(
+        format!(
+            "{}:{}",
+            meta["host"].as_str().unwrap_or_default(),
+            first.pid()
+        ),
+        owner,
+        "{meta}"
+    );
 
     let second = sh(r#"touch "$DIR/second-ran""#);
     let refused = run(exec(&dir, &server, &["--wait-ms", "0"], name, &second)).await;
@@ -339,7 +351,14 @@ async fn the_child_sees_a_fence_that_grows_across_runs() {
         run(exec(
             &dir,
             &server,
-            &["--owner", "nightly-job", "--ttl-ms", "10000"],
+            &[
+                "--owner",
+                "nightly-job",
+                "--meta",
+                r#"{"leader":"10.0.0.7:8080"}"#,
+                "--ttl-ms",
+                "10000",
+            ],
             name,
             &sh(script),
         ))
@@ -368,6 +387,7 @@ async fn the_child_sees_a_fence_that_grows_across_runs() {
         assert_eq!(status["held"], true);
         assert_eq!(status["fence"], fence);
         assert_eq!(status["owner"], "nightly-job");
+        assert_eq!(status["meta"], json!({"leader": "10.0.0.7:8080"}));
         let extended: Value = serde_json::from_str(&dir.read(&format!("extend-{fence}")))
             .expect("lockd extend printed JSON");
         assert_eq!(extended["fence"], fence);

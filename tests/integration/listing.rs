@@ -184,6 +184,7 @@ async fn a_walk_lists_every_held_lock_under_the_prefix_and_no_released_one(app: 
                 "ttl_ms",
                 "expires_at",
                 "owner",
+                "meta",
                 "granted_at",
                 "mode",
                 "holder_count"

@@ -16,6 +16,7 @@ mod haproxy;
 mod in_process;
 mod limits;
 mod listing;
+mod meta;
 mod module_docs;
 mod observability;
 mod openapi;

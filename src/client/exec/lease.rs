@@ -63,11 +63,13 @@ impl Holder {
     /// for a done run its result.
     pub(super) async fn acquire(&self, args: &ExecArgs) -> Result<RunStart, Failure> {
         let owner = args.owner.clone().unwrap_or_else(default_owner);
+        let meta = args.meta.clone().unwrap_or_else(default_meta);
         let params = AcquireParams {
             token: Some(self.token.expose()),
             ttl_ms: args.ttl_ms,
             wait_ms: args.wait_ms,
             owner: Some(&owner),
+            meta: Some(&meta),
             limit: args.semaphore.limit,
             fingerprint: None,
             shared: args.shared,
@@ -330,11 +332,22 @@ fn report_failure(before: Option<String>, why: String) -> String {
 
 /// `hostname:pid`.
 pub(super) fn default_owner() -> String {
-    let host = nix::unistd::gethostname()
+    format!("{}:{}", hostname(), std::process::id())
+}
+
+/// `{"host": hostname, "pid": pid}`.
+pub(super) fn default_meta() -> serde_json::Map<String, serde_json::Value> {
+    let mut meta = serde_json::Map::new();
+    meta.insert("host".into(), hostname().into());
+    meta.insert("pid".into(), std::process::id().into());
+    meta
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "unknown-host".into());
-    format!("{host}:{}", std::process::id())
+        .unwrap_or_else(|| "unknown-host".into())
 }
 
 #[cfg(test)]

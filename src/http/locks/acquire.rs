@@ -70,7 +70,7 @@ pub async fn acquire(
     let wait = limits
         .wait
         .resolve(query.wait_ms.as_deref(), body.wait_ms)?;
-    let request = acquire_request(name, query, &headers, body, &limits.ttl)?;
+    let request = acquire_request(name, query, &headers, body, &limits)?;
     // The header values are slices of hyper's read buffer: held through a
     // wait, they would keep that buffer (8 KiB) alive beside the one hyper
     // reads the next request into, for every parked waiter.

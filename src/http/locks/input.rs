@@ -5,9 +5,9 @@
 use axum::http::HeaderMap;
 
 use super::model::{AcquireBody, AcquireQuery};
-use crate::http::limits::TtlPolicy;
+use crate::http::limits::Limits;
 use crate::http::problem::ApiError;
-use crate::lock::{AcquireRequest, LockName, Mode, Owner, Token};
+use crate::lock::{AcquireRequest, LockName, Meta, Mode, Owner, Token};
 
 /// The header that carries a lock token on PATCH and DELETE.
 pub const LOCK_TOKEN: &str = "lock-token";
@@ -17,15 +17,20 @@ pub const LOCK_TOKEN: &str = "lock-token";
 /// body; without one, lockd generates one.
 ///
 /// # Errors
-/// 400 when a parameter is given twice or a value is invalid.
+/// 400 when a parameter is given twice or a value is invalid (`meta` not
+/// an object, or over `--max-meta-bytes`).
 pub fn acquire_request(
     name: LockName,
     query: AcquireQuery,
     headers: &HeaderMap,
     body: AcquireBody,
-    ttl: &TtlPolicy,
+    limits: &Limits,
 ) -> Result<AcquireRequest, ApiError> {
-    let ttl = ttl.resolve(query.ttl_ms.as_deref(), body.ttl_ms)?;
+    let ttl = limits.ttl.resolve(query.ttl_ms.as_deref(), body.ttl_ms)?;
+    let meta = body
+        .meta
+        .map(|value| Meta::parse(&value, limits.max_meta_bytes))
+        .transpose()?;
     let owner = match (query.owner, body.owner) {
         (Some(_), Some(_)) => return Err(ApiError::given_twice("owner")),
         (q, b) => q.or(b).map(|o| Owner::parse(&o)).transpose()?,
@@ -43,6 +48,7 @@ pub fn acquire_request(
         token,
         ttl,
         owner,
+        meta,
         token_generated,
         mode,
         waits_until: None,

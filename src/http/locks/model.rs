@@ -12,7 +12,7 @@ use utoipa::{PartialSchema, ToSchema};
 
 use crate::lock::listing::{MAX_CURSOR_LEN, PageSize};
 use crate::lock::semaphore::PermitInfo;
-use crate::lock::{Lease, LockInfo, LockName, Mode, Owner, Token};
+use crate::lock::{Lease, LockInfo, LockName, Meta, Mode, Owner, Token};
 
 /// The OpenAPI schema of a lock name (component `LockName`), as
 /// [`LockName::parse`] accepts it: 1 to 200 characters of `[A-Za-z0-9._:@-]`,
@@ -213,6 +213,12 @@ pub struct AcquireBody {
     /// for the other one is 409 `mode-mismatch`.
     #[schema(value_type = Option<LockMode>)]
     pub mode: Option<String>,
+    /// Holder metadata: a JSON object of at most `--max-meta-bytes` bytes
+    /// as compact JSON (default 1024), kept with the lease and shown by
+    /// GET, listing and watches; never used for decisions. A renewal
+    /// replaces it (or keeps it, given none).
+    #[schema(value_type = Option<Object>, example = json!({"host": "web-1", "pid": 4242}))]
+    pub meta: Option<serde_json::Value>,
 }
 
 /// The mode of a lock (component `LockMode`): `exclusive` or `shared`.
@@ -359,6 +365,10 @@ pub struct Status {
     pub expires_at: Option<String>,
     /// The holder's label, if it gave one.
     pub owner: Option<String>,
+    /// The holder's metadata (the JSON object it gave as `meta`), `null`
+    /// when it gave none.
+    #[schema(value_type = Option<Object>)]
+    pub meta: Option<serde_json::Value>,
     /// When the holder was granted the lock (RFC 3339, UTC).
     pub granted_at: Option<String>,
     /// How it is held: `exclusive` (one holder, described above) or
@@ -384,6 +394,10 @@ pub struct SharedHolder {
     pub fence: u64,
     /// The holder's label, if it gave one.
     pub owner: Option<String>,
+    /// The holder's metadata (the JSON object it gave as `meta`), `null`
+    /// when it gave none.
+    #[schema(value_type = Option<Object>)]
+    pub meta: Option<serde_json::Value>,
     /// The lease left, in milliseconds.
     pub ttl_ms: u64,
     /// When the lease ends (RFC 3339, UTC).
@@ -397,6 +411,7 @@ impl SharedHolder {
         Self {
             fence: lease.fence,
             owner: lease.owner.clone(),
+            meta: lease.meta.as_ref().map(Meta::to_value),
             ttl_ms: millis(lease.remaining),
             expires_at: rfc3339(now + lease.remaining),
             granted_at: lease.granted_at.map(rfc3339),
@@ -420,6 +435,10 @@ pub struct ListedLock {
     pub expires_at: Option<String>,
     /// The holder's label, if it gave one.
     pub owner: Option<String>,
+    /// The holder's metadata (the JSON object it gave as `meta`), `null`
+    /// when it gave none.
+    #[schema(value_type = Option<Object>)]
+    pub meta: Option<serde_json::Value>,
     /// When the holder was granted the lock (RFC 3339, UTC).
     pub granted_at: Option<String>,
     /// `exclusive` or `shared` (the fields above then describe the shared
@@ -438,6 +457,7 @@ impl ListedLock {
             ttl_ms,
             expires_at,
             owner,
+            meta,
             granted_at,
             mode,
             holder_count,
@@ -449,6 +469,7 @@ impl ListedLock {
             ttl_ms,
             expires_at,
             owner,
+            meta,
             granted_at,
             mode,
             holder_count,
@@ -517,6 +538,7 @@ impl Status {
             ttl_ms: info.remaining.map(millis),
             expires_at: info.remaining.map(|r| rfc3339(now + r)),
             owner: info.owner,
+            meta: info.meta.as_ref().map(Meta::to_value),
             granted_at: info.granted_at.map(rfc3339),
             mode: info.mode.into(),
             holder_count: info.shared.len().max(1),

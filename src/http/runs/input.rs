@@ -37,12 +37,13 @@ pub fn start_request(
             .transpose()
             .map_err(ApiError::invalid)?,
     };
-    let lease = acquire_request(key, query, headers, body, &limits.ttl)?;
+    let lease = acquire_request(key, query, headers, body, limits)?;
     Ok(StartRequest {
         key: lease.name,
         token: lease.token,
         ttl: lease.ttl,
         owner: lease.owner,
+        meta: lease.meta,
         fingerprint,
         retention: limits.run_retention,
         token_generated: lease.token_generated,

@@ -9,8 +9,8 @@ use utoipa::ToSchema;
 use crate::http::locks::model::{
     AcquireBody, AcquireQuery, LockNameSchema, LockTokenSchema, OwnerLabelSchema, rfc3339,
 };
-use crate::lock::LockName;
 use crate::lock::run::{Attempt, DoneRun, RunInfo, RunResult};
+use crate::lock::{LockName, Meta};
 
 /// Body of `POST /runs/{key}`; every field is optional, and so is the
 /// body. lockd also takes a token of your choosing here, as `token`, in
@@ -43,6 +43,11 @@ pub struct StartBody {
     /// fingerprint than the run's first gets 422 and changes nothing.
     #[schema(min_length = 1, max_length = 128, example = "sha256:9f86d081884c7d65")]
     pub fingerprint: Option<String>,
+    /// Holder metadata: a JSON object of at most `--max-meta-bytes` bytes
+    /// as compact JSON (default 1024), kept with the lease and shown by
+    /// GET, listing and watches; never used for decisions.
+    #[schema(value_type = Option<Object>, example = json!({"host": "web-1", "pid": 4242}))]
+    pub meta: Option<serde_json::Value>,
 }
 
 impl StartBody {
@@ -54,6 +59,7 @@ impl StartBody {
             owner,
             wait_ms,
             fingerprint,
+            meta,
         } = self;
         (
             fingerprint,
@@ -63,6 +69,7 @@ impl StartBody {
                 owner,
                 wait_ms,
                 mode: None,
+                meta,
             },
         )
     }
@@ -295,6 +302,11 @@ pub struct RunStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub granted_at: Option<Option<String>>,
+    /// Running: the attempt's holder metadata (`null` when it gave none,
+    /// as for a lock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub meta: Option<Option<Value>>,
     /// Done: the stored result.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Value>)]
@@ -320,6 +332,7 @@ impl RunStatus {
             expires_at: None,
             owner: None,
             granted_at: None,
+            meta: None,
             result: None,
             completed_at: None,
             last_attempt: None,
@@ -330,6 +343,7 @@ impl RunStatus {
                 attempt,
                 remaining,
                 owner,
+                meta,
                 started_at,
             } => {
                 status.state = RunState::Running;
@@ -338,6 +352,7 @@ impl RunStatus {
                 status.expires_at = Some(rfc3339(std::time::SystemTime::now() + remaining));
                 status.owner = Some(owner);
                 status.granted_at = Some(started_at.map(rfc3339));
+                status.meta = Some(meta.as_ref().map(Meta::to_value));
             }
             RunInfo::Done(done) => {
                 status.state = RunState::Done;

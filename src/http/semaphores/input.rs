@@ -5,7 +5,7 @@
 use axum::http::HeaderMap;
 
 use super::model::{TakeBody, TakeQuery};
-use crate::http::limits::{TtlPolicy, limit_rule};
+use crate::http::limits::{Limits, limit_rule};
 use crate::http::locks::input::acquire_request;
 use crate::http::problem::ApiError;
 use crate::lock::LockName;
@@ -22,9 +22,9 @@ pub fn permit_request(
     query: TakeQuery,
     headers: &HeaderMap,
     body: TakeBody,
-    ttl: &TtlPolicy,
-    max_limit: u32,
+    limits: &Limits,
 ) -> Result<PermitRequest, ApiError> {
+    let max_limit = limits.max_semaphore_limit;
     let (query_limit, query) = query.split();
     let (body_limit, body) = body.split();
     let invalid = || ApiError::invalid(limit_rule(max_limit));
@@ -42,13 +42,14 @@ pub fn permit_request(
         }
     };
     let limit = Limit::new(raw, max_limit).map_err(|_| invalid())?;
-    let lease = acquire_request(name, query, headers, body, ttl)?;
+    let lease = acquire_request(name, query, headers, body, limits)?;
     Ok(PermitRequest {
         name: lease.name,
         token: lease.token,
         limit,
         ttl: lease.ttl,
         owner: lease.owner,
+        meta: lease.meta,
         token_generated: lease.token_generated,
     })
 }

@@ -10,8 +10,8 @@ use utoipa::ToSchema;
 use crate::http::locks::model::{
     AcquireBody, AcquireQuery, LockNameSchema, LockTokenSchema, rfc3339,
 };
-use crate::lock::LockName;
 use crate::lock::semaphore::{Permit, SemaphoreInfo};
+use crate::lock::{LockName, Meta};
 
 /// Body of `POST /semaphores/{name}`. `limit` is required (here or in the
 /// query). lockd also takes a token of your choosing here, as `token`, in
@@ -45,6 +45,11 @@ pub struct TakeBody {
     /// running out.
     #[schema(minimum = 0, example = 5000)]
     pub wait_ms: Option<u64>,
+    /// Holder metadata: a JSON object of at most `--max-meta-bytes` bytes
+    /// as compact JSON (default 1024), kept with the lease and shown by
+    /// GET, listing and watches; never used for decisions.
+    #[schema(value_type = Option<Object>, example = json!({"host": "web-1", "pid": 4242}))]
+    pub meta: Option<serde_json::Value>,
 }
 
 impl TakeBody {
@@ -56,6 +61,7 @@ impl TakeBody {
             token,
             owner,
             wait_ms,
+            meta,
         } = self;
         (
             limit,
@@ -65,6 +71,7 @@ impl TakeBody {
                 owner,
                 wait_ms,
                 mode: None,
+                meta,
             },
         )
     }
@@ -199,6 +206,10 @@ pub struct PermitStatus {
     pub fence: u64,
     /// The holder's label, if it gave one.
     pub owner: Option<String>,
+    /// The holder's metadata (the JSON object it gave as `meta`), `null`
+    /// when it gave none.
+    #[schema(value_type = Option<Object>)]
+    pub meta: Option<serde_json::Value>,
     /// The lease left, in milliseconds.
     pub ttl_ms: u64,
     /// When the lease ends (RFC 3339, UTC).
@@ -231,6 +242,7 @@ impl SemaphoreStatus {
             .map(|p| PermitStatus {
                 fence: p.fence,
                 owner: p.owner,
+                meta: p.meta.as_ref().map(Meta::to_value),
                 ttl_ms: u64::try_from(p.remaining.as_millis()).unwrap_or(u64::MAX),
                 expires_at: rfc3339(now + p.remaining),
                 granted_at: p.granted_at.map(rfc3339),

@@ -68,14 +68,7 @@ pub async fn take(
     let wait = limits
         .wait
         .resolve(query.wait_ms.as_deref(), body.wait_ms)?;
-    let request = permit_request(
-        name,
-        query,
-        &headers,
-        body,
-        &limits.ttl,
-        limits.max_semaphore_limit,
-    )?;
+    let request = permit_request(name, query, &headers, body, &limits)?;
     // As for a lock's acquire: the headers are not kept through a wait.
     drop(headers);
     let (name, token) = (request.name.clone(), request.token.clone());

@@ -135,6 +135,7 @@ mod tests {
             token: Token::generate(),
             ttl: Ttl::from_millis(ttl_ms, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
+            meta: None,
             token_generated: true,
             mode: crate::lock::Mode::Exclusive,
             waits_until: None,

@@ -33,7 +33,7 @@ use super::run::{
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Mode, Node, Released, RunNode, SemaphoreNode, Subject, Token, Ttl,
+    LockName, LockNode, Meta, Mode, Node, Released, RunNode, SemaphoreNode, Subject, Token, Ttl,
     WaitInterest, unix_millis,
 };
 
@@ -41,6 +41,7 @@ struct Holder {
     token: Token,
     fence: u64,
     owner: Option<String>,
+    meta: Option<Meta>,
     granted_at: SystemTime,
     /// The lock's own TTL, for an extend that names none.
     ttl: Ttl,
@@ -60,6 +61,7 @@ impl Holder {
             Some(self.fence),
             Some(self.expires - now),
             self.owner.clone(),
+            self.meta.clone(),
             Some(self.granted_at),
         )
     }
@@ -337,6 +339,9 @@ impl LockNode for MemoryBackend {
             if let Some(owner) = &req.owner {
                 holder.owner = Some(owner.as_str().to_owned());
             }
+            if let Some(meta) = &req.meta {
+                holder.meta = Some(meta.clone());
+            }
             let fence = holder.fence;
             let ttl_ms = req.ttl.as_millis();
             let at_ms = Some(unix_millis(SystemTime::now()));
@@ -369,6 +374,7 @@ impl LockNode for MemoryBackend {
                 token: req.token.clone(),
                 fence,
                 owner: owner.clone(),
+                meta: req.meta.clone(),
                 granted_at,
                 ttl: req.ttl,
                 expires: now + req.ttl.as_duration(),
@@ -379,6 +385,7 @@ impl LockNode for MemoryBackend {
             ttl_ms: req.ttl.as_millis(),
             granted_at_ms: unix_millis(granted_at),
             owner,
+            meta: req.meta.clone(),
             mode: Mode::Exclusive,
         };
         self.tell(Kind::Lock, &req.name, &change);
@@ -575,6 +582,7 @@ mod tests {
             token: token.clone(),
             ttl: Ttl::from_millis(ttl_ms, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
+            meta: None,
             token_generated: true,
             mode: crate::lock::Mode::Exclusive,
             waits_until: None,

@@ -20,6 +20,7 @@ pub(super) struct RunRecord {
     fence: u64,
     attempt: u64,
     owner: Option<String>,
+    meta: Option<crate::lock::Meta>,
     started_at: SystemTime,
     /// The attempt's own TTL, for an extend that names none.
     ttl: Ttl,
@@ -126,6 +127,9 @@ impl MemoryBackend {
                     if let Some(owner) = &req.owner {
                         record.owner = Some(owner.as_str().to_owned());
                     }
+                    if let Some(meta) = &req.meta {
+                        record.meta = Some(meta.clone());
+                    }
                     record.forget_at = now + keep;
                     let (fence, number) = (record.fence, record.attempt);
                     self.tell(
@@ -172,6 +176,7 @@ impl MemoryBackend {
                 fence,
                 attempt: number,
                 owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+                meta: req.meta.clone(),
                 started_at: wall,
                 ttl: req.ttl,
                 fingerprint: kept_fingerprint,
@@ -186,6 +191,7 @@ impl MemoryBackend {
                 ttl_ms: req.ttl.as_millis(),
                 granted_at_ms: unix_millis(wall),
                 owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+                meta: req.meta.clone(),
                 mode: crate::lock::Mode::Exclusive,
             },
         );
@@ -345,6 +351,7 @@ impl MemoryBackend {
                 attempt: record.attempt,
                 remaining: *expires - now,
                 owner: record.owner.clone(),
+                meta: record.meta.clone(),
                 started_at: Some(record.started_at),
             },
             stage => RunInfo::Pending {

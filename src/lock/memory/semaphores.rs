@@ -50,6 +50,7 @@ impl MemoryBackend {
                 ttl_ms,
                 granted_at_ms: unix_millis(granted_at),
                 owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+                meta: req.meta.clone(),
                 mode: crate::lock::Mode::Exclusive,
             }),
             Taken::Renewed(fence) => Some(Change::Extended {
@@ -232,6 +233,7 @@ mod tests {
             limit: Limit::new(limit, 100).expect("limit"),
             ttl: Ttl::from_millis(60, 1_000, "ttl_ms").expect("ttl"),
             owner: None,
+            meta: None,
             token_generated: true,
         };
         let (a, b) = (Token::generate(), Token::generate());

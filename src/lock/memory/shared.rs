@@ -146,6 +146,7 @@ impl MemoryBackend {
             limit: no_limit(),
             ttl: req.ttl,
             owner: req.owner.clone(),
+            meta: req.meta.clone(),
             token_generated: req.token_generated,
         };
         let granted_at = SystemTime::now();
@@ -160,6 +161,7 @@ impl MemoryBackend {
                     ttl_ms,
                     granted_at_ms: unix_millis(granted_at),
                     owner: req.owner.as_ref().map(|o| o.as_str().to_owned()),
+                    meta: req.meta.clone(),
                     mode: crate::lock::Mode::Shared,
                 };
                 self.tell(Kind::Lock, &req.name, &change);

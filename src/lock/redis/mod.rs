@@ -94,8 +94,8 @@ use super::run::{
 use super::semaphore::{Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Mode, Node, Released, RunNode, SemaphoreNode, Token, Ttl, WaitInterest,
-    unix_millis,
+    LockName, LockNode, Meta, Mode, Node, Released, RunNode, SemaphoreNode, Token, Ttl,
+    WaitInterest, unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -1013,7 +1013,8 @@ impl LockNode for RedisBackend {
             .arg(&keys.released)
             .arg(self.events.publish())
             .arg(waits_ms)
-            .arg(if req.renew_only { "1" } else { "" });
+            .arg(if req.renew_only { "1" } else { "" })
+            .arg(req.meta.as_ref().map_or("", |m| m.as_str()));
         let mut sent_on = None;
         let (status, value): (i64, i64) = match self.run_on(&call, &mut sent_on).await {
             Ok(answer) => answer,
@@ -1163,7 +1164,7 @@ impl LockNode for RedisBackend {
             .arg(self.events.publish())
             .arg(marker);
         let read_at = Instant::now();
-        let (pttl, token, fence, owner, granted_at, writer, shared, counter): (
+        let (pttl, token, fence, owner, granted_at, writer, shared, meta, counter): (
             i64,
             String,
             String,
@@ -1172,8 +1173,9 @@ impl LockNode for RedisBackend {
             i64,
             Vec<String>,
             String,
+            String,
         ) = self.run(&call).await?;
-        let answer = (pttl, token, fence, owner, granted_at, writer, shared);
+        let answer = (pttl, token, fence, owner, granted_at, writer, shared, meta);
         Ok(ProbedLock {
             holder: holder_of(answer, read_at).map(|(_, info)| info),
             counter: counter.parse().ok(),
@@ -1340,14 +1342,24 @@ async fn follow_cluster(pool: Pool, view: KnownNodes, timeout: Duration) {
     }
 }
 
-/// What `inspect.lua` answers: `{pttl, token, fence, owner, granted_at_ms}`.
-type InspectAnswer = (i64, String, String, String, String, i64, Vec<String>);
+/// What `inspect.lua` answers: `{pttl, token, fence, owner, granted_at_ms,
+/// writer_waits, shared, meta}`.
+type InspectAnswer = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    Vec<String>,
+    String,
+);
 
 /// The holder an `inspect.lua` answer tells of, read from a request sent at
 /// `read_at`; `None` when the lock is free. A shared lock has no token
 /// (`Token` is then empty: never one of a holder).
 fn holder_of(answer: InspectAnswer, read_at: Instant) -> Option<(Token, LockInfo)> {
-    let (pttl, token, fence, owner, granted_at, writer, shared) = answer;
+    let (pttl, token, fence, owner, granted_at, writer, shared, meta) = answer;
     let writer_waiting = writer == 1;
     if pttl == -3 {
         let leases = shared
@@ -1372,6 +1384,7 @@ fn holder_of(answer: InspectAnswer, read_at: Instant) -> Option<(Token, LockInfo
         fence.parse().ok(),
         remaining,
         Some(owner).filter(|o| !o.is_empty()),
+        Meta::from_stored(&meta),
         parse_unix_millis(&granted_at),
     );
     info.writer_waiting = writer_waiting;
@@ -1394,6 +1407,7 @@ fn shared_lease(left_ms: &str, record: &str, read_at: Instant) -> Option<PermitI
             .as_str()
             .filter(|o| !o.is_empty())
             .map(str::to_owned),
+        meta: record["meta"].as_str().and_then(Meta::from_stored),
         remaining: left,
         granted_at: record["granted_at_ms"]
             .as_u64()

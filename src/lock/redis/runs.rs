@@ -17,7 +17,7 @@ use crate::lock::run::{
     StartRequest, Started,
 };
 use crate::lock::{
-    ExtendTtl, Kind, LaggingWrite, Lease, LockError, LockName, Token, Ttl, unix_millis,
+    ExtendTtl, Kind, LaggingWrite, Lease, LockError, LockName, Meta, Token, Ttl, unix_millis,
 };
 
 /// The shared part of the run scripts (`read_record`, `ms`).
@@ -171,7 +171,8 @@ impl RedisBackend {
             .arg(&keys.channel)
             .arg(self.events.publish())
             .arg(req.fingerprint.as_ref().map_or("", |f| f.as_str()))
-            .arg(millis(req.retention));
+            .arg(millis(req.retention))
+            .arg(req.meta.as_ref().map_or("", |m| m.as_str()));
         let mut sent_on = None;
         let values: Vec<Value> = match self.run_on(&call, &mut sent_on).await {
             Ok(values) => values,
@@ -435,11 +436,13 @@ fn run_info(answer: &mut Answer, read_at: Instant) -> Result<Option<RunInfo>, Lo
                 Duration::from_millis(answer.number()?).saturating_sub(read_at.elapsed());
             let owner = Some(answer.text()?).filter(|o| !o.is_empty());
             let started_at = Some(answer.number()?).filter(|&ms| ms > 0).map(at_millis);
+            let meta = Meta::from_stored(&answer.text()?);
             Some(RunInfo::Running {
                 fence,
                 attempt,
                 remaining,
                 owner,
+                meta,
                 started_at,
             })
         }

@@ -17,7 +17,9 @@ use super::{FENCE_LUA, Grant, GrantKind, PROBE_LUA, RedisBackend};
 use crate::lock::semaphore::{
     Limit, Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo,
 };
-use crate::lock::{ExtendTtl, Kind, Lease, LockError, LockName, Released, Token, Ttl, unix_millis};
+use crate::lock::{
+    ExtendTtl, Kind, Lease, LockError, LockName, Meta, Released, Token, Ttl, unix_millis,
+};
 
 /// The shared part of the semaphore scripts (`prune`, `now_ms`, ...).
 pub(super) const SEMAPHORE_LUA: &str = include_str!("scripts/semaphore.lua");
@@ -84,6 +86,8 @@ struct Record {
     owner: String,
     #[serde(default)]
     granted_at_ms: Option<u64>,
+    #[serde(default)]
+    meta: String,
 }
 
 impl RedisBackend {
@@ -110,7 +114,8 @@ impl RedisBackend {
             .arg(unix_millis(sent_wall))
             .arg(self.fence_retention_ms)
             .arg(&keys.released)
-            .arg(self.events.publish());
+            .arg(self.events.publish())
+            .arg(req.meta.as_ref().map_or("", |m| m.as_str()));
         let mut sent_on = None;
         let (status, value, limit): (i64, String, i64) =
             match self.run_on(&call, &mut sent_on).await {
@@ -335,6 +340,7 @@ pub(super) fn semaphore_of(
         permits.push(PermitInfo {
             fence: record.fence.parse().unwrap_or(0),
             owner: Some(record.owner).filter(|o| !o.is_empty()),
+            meta: Meta::from_stored(&record.meta),
             remaining: Duration::from_millis(u64::try_from(left).unwrap_or(0))
                 .saturating_sub(read_at.elapsed()),
             granted_at: record

@@ -407,6 +407,7 @@ mod tests {
             token: token.clone(),
             ttl: Ttl::from_millis(10_000, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
+            meta: None,
             token_generated: true,
             mode: Mode::Exclusive,
             waits_until: None,

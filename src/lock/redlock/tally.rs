@@ -219,6 +219,7 @@ pub(super) fn agreed(
                 })
                 .flatten(),
             infos.iter().find_map(|i| i.owner.clone()),
+            infos.iter().find_map(|i| i.meta.clone()),
             infos.iter().filter_map(|i| i.granted_at).min(),
         );
         return Some((info, agreeing));
@@ -267,7 +268,13 @@ mod tests {
     #[test]
     fn the_holder_is_the_token_a_quorum_agrees_on() {
         let info = |fence: u64, ms: u64| {
-            LockInfo::exclusive(Some(fence), Some(Duration::from_millis(ms)), None, None)
+            LockInfo::exclusive(
+                Some(fence),
+                Some(Duration::from_millis(ms)),
+                None,
+                None,
+                None,
+            )
         };
         let (a, b) = (Token::generate(), Token::generate());
         let (a1, a2, b3) = (

@@ -697,6 +697,7 @@ mod tests {
             token: token.clone(),
             ttl: Ttl::from_millis(ttl_ms, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
+            meta: None,
             token_generated: true,
             mode: crate::lock::Mode::Exclusive,
             waits_until: None,
@@ -1128,6 +1129,7 @@ mod tests {
             limit: crate::lock::semaphore::Limit::new(limit, 100).expect("limit"),
             ttl: Ttl::from_millis(10_000, u64::MAX, "ttl_ms").expect("valid ttl"),
             owner: None,
+            meta: None,
             token_generated: true,
         }
     }

@@ -40,7 +40,7 @@ use crate::backoff::{Backoff, ExponentialBackoff};
 use crate::lock::run::{ProbedRun, RunInfo};
 use crate::lock::semaphore::{Limit, ProbedSemaphore};
 use crate::lock::{
-    Change, ChangeListener, Kind, LockError, Mode, ProbedLock, Store, Subject, WaitInterest,
+    Change, ChangeListener, Kind, LockError, Meta, Mode, ProbedLock, Store, Subject, WaitInterest,
 };
 
 /// The default of `--max-watchers`: open watches at once, per instance.
@@ -72,6 +72,8 @@ pub struct LeaseView {
     pub fence: u64,
     /// The holder's label, when given.
     pub owner: Option<String>,
+    /// The holder's metadata, when given.
+    pub meta: Option<Meta>,
     /// When the lease ends, by this instance's wall clock; `None` when a
     /// foreign client set the lock without a TTL.
     pub expires_at: Option<SystemTime>,
@@ -421,6 +423,7 @@ impl Tracked {
     fn new(
         fence: u64,
         owner: Option<String>,
+        meta: Option<Meta>,
         granted_at: Option<SystemTime>,
         ttl: Option<Duration>,
         at: Option<SystemTime>,
@@ -429,6 +432,7 @@ impl Tracked {
             view: LeaseView {
                 fence,
                 owner,
+                meta,
                 expires_at: None,
                 granted_at,
                 mode: Mode::Exclusive,
@@ -475,6 +479,7 @@ impl Read {
                     let mut tracked = Tracked::new(
                         lease.fence,
                         lease.owner,
+                        lease.meta,
                         lease.granted_at,
                         Some(lease.remaining),
                         None,
@@ -485,8 +490,14 @@ impl Read {
                 .collect(),
             Some(info) => {
                 let fence = info.fence.unwrap_or(0);
-                let tracked =
-                    Tracked::new(fence, info.owner, info.granted_at, info.remaining, None);
+                let tracked = Tracked::new(
+                    fence,
+                    info.owner,
+                    info.meta,
+                    info.granted_at,
+                    info.remaining,
+                    None,
+                );
                 BTreeMap::from([(fence, tracked)])
             }
         };
@@ -505,10 +516,11 @@ impl Read {
                 fence,
                 remaining,
                 owner,
+                meta,
                 started_at,
                 ..
             }) => {
-                let tracked = Tracked::new(fence, owner, started_at, Some(remaining), None);
+                let tracked = Tracked::new(fence, owner, meta, started_at, Some(remaining), None);
                 (RunStage::Running, BTreeMap::from([(fence, tracked)]))
             }
             Some(RunInfo::Pending { .. }) => (RunStage::Pending, BTreeMap::new()),
@@ -534,7 +546,14 @@ impl Read {
             .permits
             .into_iter()
             .map(|p| {
-                let tracked = Tracked::new(p.fence, p.owner, p.granted_at, Some(p.remaining), None);
+                let tracked = Tracked::new(
+                    p.fence,
+                    p.owner,
+                    p.meta,
+                    p.granted_at,
+                    Some(p.remaining),
+                    None,
+                );
                 (p.fence, tracked)
             })
             .collect();
@@ -826,6 +845,7 @@ impl Follower {
                 ttl_ms,
                 granted_at_ms,
                 owner,
+                meta,
                 mode,
             } => {
                 if self.leases.contains_key(&fence) {
@@ -858,7 +878,7 @@ impl Follower {
                 let granted_at = (granted_at_ms > 0)
                     .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(granted_at_ms));
                 let ttl = Some(Duration::from_millis(ttl_ms));
-                let mut tracked = Tracked::new(fence, owner, granted_at, ttl, granted_at);
+                let mut tracked = Tracked::new(fence, owner, meta, granted_at, ttl, granted_at);
                 tracked.view.mode = mode;
                 let view = tracked.view.clone();
                 self.leases.insert(fence, tracked);
@@ -999,7 +1019,7 @@ mod tests {
 
     #[test]
     fn a_change_heard_late_keeps_the_end_it_was_sent_with() {
-        let mut lease = Tracked::new(7, None, None, Some(Duration::from_secs(60)), None);
+        let mut lease = Tracked::new(7, None, None, None, Some(Duration::from_secs(60)), None);
         let sent = SystemTime::now() - Duration::from_secs(80);
         lease.reset(Duration::from_secs(6), Some(sent));
         // Sent 80 s ago for 6 s: it ended 74 s ago, and the follower looks

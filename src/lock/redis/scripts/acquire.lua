@@ -9,10 +9,11 @@
 -- ARGV[6] change channel (KEYS[1] .. ':released'), ARGV[7] the command to
 -- publish with: PUBLISH, or SPUBLISH on a Redis Cluster, ARGV[8] how much
 -- longer the request waits, in ms ('' or 0: it does not wait), ARGV[9] '1'
--- to renew only (a free lock is not granted: answered {0, -2})
+-- to renew only (a free lock is not granted: answered {0, -2}),
+-- ARGV[10] the holder's metadata as compact JSON ('' = none)
 -- Returns {1, fence} for a new grant, {2, fence} when this token already
 -- held the lock (its lease is reset to the TTL, the fence is unchanged, the
--- owner label replaced when one is given), {0, pttl} when another token
+-- owner label and metadata replaced when given), {0, pttl} when another token
 -- holds it or shared leases are live (pttl: until the last of them ends),
 -- {3, 0} when this token holds a shared lease (nothing is changed).
 -- A request that waits and is refused for shared leases is recorded among
@@ -24,7 +25,7 @@
 -- races new shared requests once at most, and if they win, it is refused
 -- for shared leases and recorded.)
 -- Publishes the change (src/lock/change.rs): `acquired FENCE TTL GRANTED
--- OWNER` for a new grant, `extended FENCE TTL AT` for a renewal (AT: the
+-- OWNER[\nMETA]` for a new grant, `extended FENCE TTL AT` for a renewal (AT: the
 -- grant time of this request, ARGV[4]).
 --
 -- The fence comes from next_fence (fence.lua, put in front of this
@@ -54,7 +55,7 @@ if ARGV[9] ~= '1' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) t
   -- Every field is written (owner '' when none), so a hash left by an
   -- earlier lease needs no DEL first: only a key of another type does.
   local fields = {'fence', string.format('%.0f', fence), 'owner', ARGV[3],
-    'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2]}
+    'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'meta', ARGV[10]}
   local meta = redis.pcall('HSET', KEYS[3], unpack(fields))
   if type(meta) == 'table' and meta.err then
     redis.pcall('DEL', KEYS[3])
@@ -67,7 +68,7 @@ if ARGV[9] ~= '1' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) t
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
   -- pcall: a server without SPUBLISH (Redis 6) still grants.
   redis.pcall(ARGV[7], ARGV[6], 'acquired ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2]
-    .. ' ' .. ARGV[4] .. ' ' .. ARGV[3])
+    .. ' ' .. ARGV[4] .. ' ' .. ARGV[3] .. meta_line(ARGV[10]))
   return {1, fence}
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -89,6 +90,9 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   end
   if ARGV[3] ~= '' then
     redis.call('HSET', KEYS[3], 'owner', ARGV[3])
+  end
+  if ARGV[10] ~= '' then
+    redis.call('HSET', KEYS[3], 'meta', ARGV[10])
   end
   redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ARGV[2])

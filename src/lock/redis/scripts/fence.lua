@@ -33,3 +33,13 @@ local function next_fence(counter_key, retention_ms)
   return fence
 end
 
+
+-- The holder's metadata as the change messages carry it: after a newline
+-- (an owner label has no control character), nothing when there is none
+-- (src/lock/change.rs).
+local function meta_line(meta)
+  if meta == '' then
+    return ''
+  end
+  return '\n' .. meta
+end

@@ -6,7 +6,7 @@
 -- (read by the probe that wraps this script), KEYS[4] shared leases,
 -- KEYS[5] their records, KEYS[6] waiting writers (see shared.lua)
 -- Returns {pttl, token, fence, owner, granted_at_ms, writer_waits,
--- shared}: pttl is -2 when the lock is free, -1 when a foreign client set
+-- shared, meta}: pttl is -2 when the lock is free, -1 when a foreign client set
 -- it without a TTL, -3 when it is held in shared mode (then `shared` is
 -- {ttl_left_ms, record, ...} of the live shared leases, and the fields
 -- before it are ''); writer_waits is 1 while an exclusive request waits;
@@ -18,7 +18,7 @@ end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl == -2 then
   if redis.call('EXISTS', KEYS[4]) == 0 then
-    return {-2, '', '', '', '', writer, {}}
+    return {-2, '', '', '', '', writer, {}, ''}
   end
   local now = now_us()
   local live = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf', 'WITHSCORES')
@@ -31,13 +31,13 @@ if pttl == -2 then
     end
   end
   if #leases == 0 then
-    return {-2, '', '', '', '', writer, {}}
+    return {-2, '', '', '', '', writer, {}, ''}
   end
-  return {-3, '', '', '', '', writer, leases}
+  return {-3, '', '', '', '', writer, leases, ''}
 end
 local token = redis.call('GET', KEYS[1])
-local meta = redis.pcall('HMGET', KEYS[2], 'fence', 'owner', 'granted_at_ms')
+local meta = redis.pcall('HMGET', KEYS[2], 'fence', 'owner', 'granted_at_ms', 'meta')
 if type(meta) ~= 'table' or meta.err then
   meta = {}
 end
-return {pttl, token, meta[1] or '', meta[2] or '', meta[3] or '', writer, {}}
+return {pttl, token, meta[1] or '', meta[2] or '', meta[3] or '', writer, {}, meta[4] or ''}

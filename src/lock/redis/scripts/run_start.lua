@@ -5,14 +5,15 @@
 -- ARGV[1] token, ARGV[2] TTL in ms, ARGV[3] owner ('' = none), ARGV[4] now
 -- in Unix ms, ARGV[5] fence retention in ms, ARGV[6] change channel,
 -- ARGV[7] PUBLISH or SPUBLISH, ARGV[8] fingerprint ('' = none), ARGV[9]
--- how long the record outlives its attempt's lease, in ms
+-- how long the record outlives its attempt's lease, in ms, ARGV[10] the
+-- holder's metadata as compact JSON ('' = none)
 -- Returns {4} when the run was started with another fingerprint (nothing
 -- changed); {3, fence, attempt, completed_at_ms, result} when it is done;
 -- {0, pttl} when another token holds its attempt; {2, fence, attempt} when
 -- ARGV[1] held it (its lease reset to ARGV[2]); {1, fence, attempt,
 -- took_over} for a new attempt, took_over 1 when the last attempt's lease
 -- ran out unfinished.
--- Publishes `acquired FENCE TTL NOW OWNER` for a new attempt and `extended
+-- Publishes `acquired FENCE TTL NOW OWNER[\nMETA]` for a new attempt and `extended
 -- FENCE TTL NOW` for a renewal (src/lock/change.rs).
 local rec, err = read_record({'state', 'fingerprint', 'fence', 'attempt', 'completed_at_ms', 'result'})
 if not rec then
@@ -36,6 +37,9 @@ if current then
   if ARGV[3] ~= '' then
     redis.call('HSET', KEYS[2], 'owner', ARGV[3])
   end
+  if ARGV[10] ~= '' then
+    redis.call('HSET', KEYS[2], 'meta', ARGV[10])
+  end
   redis.call('PEXPIRE', KEYS[2], keep)
   redis.pcall(ARGV[7], ARGV[6], 'extended ' .. (rec[3] or '0') .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
   return {2, rec[3] or '0', rec[4] or '0'}
@@ -51,10 +55,11 @@ end
 local attempt = (tonumber(rec[4] or '') or 0) + 1
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('HSET', KEYS[2], 'state', 'running', 'fence', ms(fence), 'attempt', ms(attempt),
-  'owner', ARGV[3], 'started_at_ms', ARGV[4], 'ttl_ms', ARGV[2])
+  'owner', ARGV[3], 'started_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'meta', ARGV[10])
 if not fingerprint and ARGV[8] ~= '' then
   redis.call('HSET', KEYS[2], 'fingerprint', ARGV[8])
 end
 redis.call('PEXPIRE', KEYS[2], keep)
-redis.pcall(ARGV[7], ARGV[6], 'acquired ' .. ms(fence) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3])
+redis.pcall(ARGV[7], ARGV[6], 'acquired ' .. ms(fence) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
+  .. meta_line(ARGV[10]))
 return {1, ms(fence), ms(attempt), took_over}

@@ -4,7 +4,8 @@
 -- ARGV[1] token, ARGV[2] limit (>= 1), ARGV[3] TTL in ms (>= 1),
 -- ARGV[4] owner label ('' = none), ARGV[5] grant time in Unix ms,
 -- ARGV[6] fence retention in ms (>= 1000), ARGV[7] change channel,
--- ARGV[8] PUBLISH or SPUBLISH
+-- ARGV[8] PUBLISH or SPUBLISH, ARGV[9] the holder's metadata as compact
+-- JSON ('' = none; a renewal keeps the last one given)
 -- Returns
 --   {1, fence, limit}    a new permit;
 --   {2, fence, limit}    `token` held one: its lease is reset, same fence,
@@ -14,7 +15,7 @@
 --   {3, '', limit}       permits are held under another limit (`limit`).
 -- The fence is a string (it may pass 2^31).
 -- Publishes the change (src/lock/change.rs): `acquired FENCE TTL GRANTED
--- OWNER` for a new permit, `extended FENCE TTL AT` for a renewal (AT:
+-- OWNER[\nMETA]` for a new permit, `extended FENCE TTL AT` for a renewal (AT:
 -- this request's grant time, ARGV[5]).
 local permits, holders = KEYS[1], KEYS[2]
 local token, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -30,6 +31,9 @@ if mine and redis.call('ZSCORE', permits, token) then
   if ARGV[4] ~= '' then
     record.owner = ARGV[4]
   end
+  if ARGV[9] ~= '' then
+    record.meta = ARGV[9]
+  end
   reset_lease(permits, holders, token, record, ttl, now)
   redis.pcall(ARGV[8], ARGV[7], 'extended ' .. tostring(record.fence or '') .. ' ' .. ARGV[3]
     .. ' ' .. ARGV[5])
@@ -44,9 +48,11 @@ if not fence then
   return redis.error_reply('fence counter ' .. KEYS[3] .. ': ' .. err)
 end
 fence = string.format('%.0f', fence)
-local record = {fence = fence, owner = ARGV[4], granted_at_ms = tonumber(ARGV[5]), ttl_ms = ttl}
+local record = {fence = fence, owner = ARGV[4], granted_at_ms = tonumber(ARGV[5]), ttl_ms = ttl,
+  meta = ARGV[9]}
 redis.call('ZADD', permits, now + us(ttl), token)
 redis.call('HSET', holders, 'limit', limit, holder_field(token), cjson.encode(record))
 expire_with_last(permits, holders, now)
-redis.pcall(ARGV[8], ARGV[7], 'acquired ' .. fence .. ' ' .. ARGV[3] .. ' ' .. ARGV[5] .. ' ' .. ARGV[4])
+redis.pcall(ARGV[8], ARGV[7], 'acquired ' .. fence .. ' ' .. ARGV[3] .. ' ' .. ARGV[5] .. ' ' .. ARGV[4]
+  .. meta_line(ARGV[9]))
 return {1, fence, limit}

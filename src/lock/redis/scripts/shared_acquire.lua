@@ -8,7 +8,7 @@
 -- {0, retry_ms} when an exclusive holder is live (until its lease ends) or
 -- an exclusive request waits (until it stops waiting at the latest),
 -- {3, 0} when `token` holds the lock exclusively (nothing is changed).
--- Publishes `shared FENCE TTL GRANTED OWNER` for a new lease, `extended
+-- Publishes `shared FENCE TTL GRANTED OWNER[\nMETA]` for a new lease, `extended
 -- FENCE TTL AT` for a renewal (src/lock/change.rs).
 local shared, readers, writers = KEYS[4], KEYS[5], KEYS[6]
 local token, ttl = ARGV[1], tonumber(ARGV[2])
@@ -32,6 +32,9 @@ if mine and redis.call('ZSCORE', shared, token) then
   if ARGV[3] ~= '' then
     record.owner = ARGV[3]
   end
+  if ARGV[10] ~= '' then
+    record.meta = ARGV[10]
+  end
   reset_lease(shared, readers, token, record, ttl, now)
   redis.pcall(ARGV[7], ARGV[6], 'extended ' .. tostring(record.fence) .. ' ' .. ARGV[2]
     .. ' ' .. ARGV[4])
@@ -49,9 +52,11 @@ if not fence then
   return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
 end
 local text = string.format('%.0f', fence)
-local record = {fence = text, owner = ARGV[3], granted_at_ms = tonumber(ARGV[4]), ttl_ms = ttl}
+local record = {fence = text, owner = ARGV[3], granted_at_ms = tonumber(ARGV[4]), ttl_ms = ttl,
+  meta = ARGV[10]}
 redis.call('ZADD', shared, now + us(ttl), token)
 redis.call('HSET', readers, field, cjson.encode(record))
 expire_with_last(shared, readers, now)
-redis.pcall(ARGV[7], ARGV[6], 'shared ' .. text .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3])
+redis.pcall(ARGV[7], ARGV[6], 'shared ' .. text .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
+  .. meta_line(ARGV[10]))
 return {1, fence}
