@@ -64,8 +64,11 @@
 //! no deadline), then the handler ([`watch`]).
 //!
 //! On `/healthz`, `/readyz`, `/metrics` (with its own key check) and
-//! `/openapi.json`: the request timeout, then the handler ([`ops`]);
-//! `/docs` is utoipa-scalar's page of the document. The `--metrics-listen` router (`/metrics`, `/healthz`,
+//! `/openapi.json`: the request timeout, then the handler ([`ops`]).
+//! The pages for a person's browser, outside the document ([`pages`]:
+//! `/docs`, the document rendered by Scalar),
+//! get the request timeout and no key check, and every answer of theirs
+//! its security headers (CSP, `nosniff`, ...). The `--metrics-listen` router (`/metrics`, `/healthz`,
 //! `/readyz`) has steps 1 to 3 (no origin but its own, and on loopback
 //! loopback names only), the request timeout and the handlers, and no key
 //! check.
@@ -88,7 +91,7 @@
 //!      |
 //!  handlers     locks::{acquire, extend, inspect, release, list}
 //!      |        semaphores::{take, extend, inspect, give_back, list}
-//!      |        watch (the event streams)   ops
+//!      |        watch (the event streams)   ops   pages (/docs)
 //!      |
 //!  inputs       locks::input  semaphores::input  listing
 //!      |
@@ -109,7 +112,8 @@
 //! inputs and models (the semaphore ones the lock ones too), `deadline`,
 //! `extract`, `limits` and `problem`, and the listings `listing`; `watch`
 //! imports `extract`, `limits`, `problem` and the models; `ops` imports
-//! `limits` and `problem`; `state` imports `admission`, `browsers` and
+//! `limits` and `problem`; `pages` imports nothing from here (its
+//! submodule `pages::docs` nothing either); `state` imports `admission`, `browsers` and
 //! `limits`;
 //! `openapi` imports `ops`, `locks::model`, `limits` and `problem`;
 //! `routes` imports the rest.
@@ -124,6 +128,7 @@ pub mod listing;
 pub mod locks;
 pub mod openapi;
 pub mod ops;
+pub mod pages;
 pub mod problem;
 pub mod routes;
 pub mod runs;

@@ -19,7 +19,6 @@ use utoipa::OpenApi as _;
 use utoipa::openapi::OpenApi;
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter, UtoipaMethodRouterExt as _};
 use utoipa_axum::routes;
-use utoipa_scalar::{Scalar, Servable as _};
 
 use super::browsers::Browsers;
 use super::extract::BODY_LIMIT;
@@ -27,15 +26,10 @@ use super::limits::Limits;
 use super::locks::{acquire, extend, inspect, list, release};
 use super::openapi::{self, ApiDoc};
 use super::state::AppState;
-use super::{admission, auth, deadline, ops, target, telemetry, watch};
+use super::{admission, auth, deadline, ops, pages, target, telemetry, watch};
 use super::{runs, semaphores};
 use crate::config::LimitSettings;
 use crate::metrics::Metrics;
-
-/// The `/docs` page: the OpenAPI document (utoipa-scalar puts it in place
-/// of `$spec`) rendered by Scalar's script, loaded from jsDelivr at a pinned
-/// version with its Subresource Integrity hash.
-const DOCS_HTML: &str = include_str!("docs.html");
 
 /// Every route of the API, grouped by the layers they get. A group is an
 /// [`OpenApiRouter`]: the handlers and their OpenAPI operations together.
@@ -160,14 +154,14 @@ pub fn router(state: AppState, with_metrics: bool) -> Router {
         }));
     }
     let short = timeout(limits.request_timeout);
-    let docs = Router::from(Scalar::with_url("/docs", OpenApi::clone(&doc)).custom_html(DOCS_HTML));
+    // The browser pages (/docs, /ui), outside the document: their own list.
+    let pages = pages::router(&doc, &state.metrics);
     let ops = ops
         .layer(Extension(doc))
-        .merge(OpenApiRouter::from(docs))
+        .merge(OpenApiRouter::from(pages))
         .layer(short);
     let served = locks.merge(watches).merge(ops);
     declare_routes(&state.metrics, served.get_openapi());
-    state.metrics.declare_route("GET", "/docs", "200");
     let metrics = state.metrics.clone();
     // The target checks (a declared Content-Length over the limit among
     // them), then the body limit of axum's extractors.

@@ -750,6 +750,7 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
         "/metrics",
         "/openapi.json",
         "/docs",
+        lockd::http::pages::docs::SCRIPT,
         "unmatched",
     ];
     for sample in samples(&text) {

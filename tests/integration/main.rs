@@ -20,6 +20,7 @@ mod meta;
 mod module_docs;
 mod observability;
 mod openapi;
+mod pages;
 mod parsers;
 mod process;
 mod readme_snippets;

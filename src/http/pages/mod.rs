@@ -1,0 +1,100 @@
+//! The pages lockd serves to a person's browser, outside the OpenAPI
+//! document: `/docs` ([`docs`]: the document rendered by Scalar). Each is
+//! HTML, scripts and styles compiled into the binary: nothing comes from
+//! another site, and a browser with no network but lockd shows them.
+//!
+//! [`router`] is the one list of their routes: it builds them and declares
+//! each one's metric series, as `routes::declare_routes` does for the API.
+//! They need no API key (they hold no data), and pass the same browser checks as every route
+//! ([`super::browsers`]; lockd's own pages are its own origin).
+//!
+//! Every answer of these routes, errors included, carries
+//! [`SECURITY_HEADERS`] and its page's `Content-Security-Policy`: the docs
+//! page's allows what Scalar needs (inline styles, one inline script by its
+//! hash), no more.
+//! docs/security.md, "Browser pages", says so for users.
+
+pub mod docs;
+
+use axum::Router;
+use axum::http::{HeaderName, HeaderValue, header};
+use axum::middleware::map_response;
+use axum::response::Response;
+use axum::routing::MethodRouter;
+use utoipa::openapi::OpenApi;
+
+use crate::metrics::Metrics;
+
+/// The headers of every answer of a page route, beside its
+/// `Content-Security-Policy`: no MIME sniffing (a script is run only as
+/// what its `Content-Type` says), no `Referer` sent from the pages (a link
+/// out of them does not tell lockd's address), never framed (clickjacking;
+/// `frame-ancestors 'none'` says it again to browsers that read CSP), and
+/// a browsing context of its own.
+pub const SECURITY_HEADERS: [(HeaderName, &str); 5] = [
+    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    (header::REFERRER_POLICY, "no-referrer"),
+    (header::X_FRAME_OPTIONS, "DENY"),
+    (
+        HeaderName::from_static("cross-origin-opener-policy"),
+        "same-origin",
+    ),
+    (
+        HeaderName::from_static("cross-origin-resource-policy"),
+        "same-origin",
+    ),
+];
+
+/// One page route: its path, the `Content-Security-Policy` of its answers,
+/// and its handler (a `GET`, which answers `HEAD` too).
+struct Page<S> {
+    path: &'static str,
+    csp: &'static str,
+    get: MethodRouter<S>,
+}
+
+/// Every page route, in one list: the docs page and its script.
+fn pages<S: Clone + Send + Sync + 'static>(doc: &OpenApi) -> Vec<Page<S>> {
+    let docs = docs::Docs::new(doc);
+    vec![
+        Page {
+            path: docs::PAGE,
+            csp: docs::CSP,
+            get: docs.page(),
+        },
+        Page {
+            path: docs::SCRIPT,
+            csp: docs::CSP,
+            get: docs::script(),
+        },
+    ]
+}
+
+/// The router of every page route, each with its headers; their metric
+/// series are declared in `metrics` (`GET`, 200).
+pub fn router<S: Clone + Send + Sync + 'static>(doc: &OpenApi, metrics: &Metrics) -> Router<S> {
+    let mut router = Router::new();
+    for page in pages(doc) {
+        metrics.declare_route("GET", page.path, "200");
+        let csp = page.csp;
+        router = router.route(
+            page.path,
+            page.get
+                .layer(map_response(move |response| with_headers(response, csp))),
+        );
+    }
+    router
+}
+
+/// `response` with [`SECURITY_HEADERS`] and the policy `csp`.
+async fn with_headers(mut response: Response, csp: &'static str) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(csp),
+    );
+    for (name, value) in SECURITY_HEADERS {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
+}
