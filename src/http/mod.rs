@@ -66,7 +66,7 @@
 //! On `/healthz`, `/readyz`, `/metrics` (with its own key check) and
 //! `/openapi.json`: the request timeout, then the handler ([`ops`]).
 //! The pages for a person's browser, outside the document ([`pages`]:
-//! `/docs`, the document rendered by Scalar),
+//! `/docs`, the document rendered by Scalar, and the console at `/ui`),
 //! get the request timeout and no key check, and every answer of theirs
 //! its security headers (CSP, `nosniff`, ...). The `--metrics-listen` router (`/metrics`, `/healthz`,
 //! `/readyz`) has steps 1 to 3 (no origin but its own, and on loopback
@@ -91,7 +91,7 @@
 //!      |
 //!  handlers     locks::{acquire, extend, inspect, release, list}
 //!      |        semaphores::{take, extend, inspect, give_back, list}
-//!      |        watch (the event streams)   ops   pages (/docs)
+//!      |        watch (the event streams)   ops   pages (/docs, /ui)
 //!      |
 //!  inputs       locks::input  semaphores::input  listing
 //!      |
@@ -113,7 +113,7 @@
 //! `extract`, `limits` and `problem`, and the listings `listing`; `watch`
 //! imports `extract`, `limits`, `problem` and the models; `ops` imports
 //! `limits` and `problem`; `pages` imports nothing from here (its
-//! submodule `pages::docs` nothing either); `state` imports `admission`, `browsers` and
+//! submodules `pages::docs` and `pages::console` nothing either); `state` imports `admission`, `browsers` and
 //! `limits`;
 //! `openapi` imports `ops`, `locks::model`, `limits` and `problem`;
 //! `routes` imports the rest.

@@ -751,6 +751,10 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
         "/openapi.json",
         "/docs",
         lockd::http::pages::docs::SCRIPT,
+        "/ui",
+        "/ui/",
+        "/ui/app.js",
+        "/ui/app.css",
         "unmatched",
     ];
     for sample in samples(&text) {

@@ -1,19 +1,23 @@
 //! The pages lockd serves to a person's browser, outside the OpenAPI
-//! document: `/docs` ([`docs`]: the document rendered by Scalar). Each is
+//! document: `/docs` ([`docs`]: the document rendered by Scalar) and the
+//! console at `/ui` ([`console`]: locks, semaphores and runs, live). Each is
 //! HTML, scripts and styles compiled into the binary: nothing comes from
 //! another site, and a browser with no network but lockd shows them.
 //!
 //! [`router`] is the one list of their routes: it builds them and declares
 //! each one's metric series, as `routes::declare_routes` does for the API.
-//! They need no API key (they hold no data), and pass the same browser checks as every route
+//! They need no API key (they hold no data: the console's own requests to
+//! the API carry the key), and pass the same browser checks as every route
 //! ([`super::browsers`]; lockd's own pages are its own origin).
 //!
 //! Every answer of these routes, errors included, carries
-//! [`SECURITY_HEADERS`] and its page's `Content-Security-Policy`: the docs
-//! page's allows what Scalar needs (inline styles, one inline script by its
-//! hash), no more.
+//! [`SECURITY_HEADERS`] and its page's `Content-Security-Policy`: the
+//! console's is strict (`script-src 'self'`, `style-src 'self'`, no inline
+//! script or style, nothing from elsewhere); the docs page's allows what
+//! Scalar needs (inline styles, one inline script by its hash), no more.
 //! docs/security.md, "Browser pages", says so for users.
 
+pub mod console;
 pub mod docs;
 
 use axum::Router;
@@ -53,10 +57,11 @@ struct Page<S> {
     get: MethodRouter<S>,
 }
 
-/// Every page route, in one list: the docs page and its script.
+/// Every page route, in one list: the docs page and its script, then the
+/// console and its files.
 fn pages<S: Clone + Send + Sync + 'static>(doc: &OpenApi) -> Vec<Page<S>> {
     let docs = docs::Docs::new(doc);
-    vec![
+    let mut all = vec![
         Page {
             path: docs::PAGE,
             csp: docs::CSP,
@@ -67,15 +72,26 @@ fn pages<S: Clone + Send + Sync + 'static>(doc: &OpenApi) -> Vec<Page<S>> {
             csp: docs::CSP,
             get: docs::script(),
         },
-    ]
+    ];
+    all.extend(console::files().into_iter().map(|(path, get)| Page {
+        path,
+        csp: console::CSP,
+        get,
+    }));
+    all
 }
 
 /// The router of every page route, each with its headers; their metric
-/// series are declared in `metrics` (`GET`, 200).
+/// series are declared in `metrics` (`GET`, 200; the redirect `/ui/`, 308).
 pub fn router<S: Clone + Send + Sync + 'static>(doc: &OpenApi, metrics: &Metrics) -> Router<S> {
     let mut router = Router::new();
     for page in pages(doc) {
-        metrics.declare_route("GET", page.path, "200");
+        let status = if page.path == console::SLASHED {
+            "308"
+        } else {
+            "200"
+        };
+        metrics.declare_route("GET", page.path, status);
         let csp = page.csp;
         router = router.route(
             page.path,
