@@ -6,8 +6,9 @@
 //! gzipped in `src/http/pages/scalar/` (its README says where it came from
 //! and how `scripts/update-scalar.sh` moves it to another version). It is
 //! kept and served gzipped: 1.4 MB in the binary and on the wire rather
-//! than 4.9 MB (the stripped binary is about 11 MB); a client that does not
-//! take gzip gets it inflated, once per process, on its first such request.
+//! than 4.9 MB (a stripped release binary is about 18 MB with it); a
+//! client that does not take gzip gets it inflated, once per process, on
+//! its first such request.
 //! Its path names its version, so it can be cached for a year
 //! (`immutable`): another version is another path. The page still names it
 //! with its Subresource Integrity hash, which the browser checks, and a
