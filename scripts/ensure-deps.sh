@@ -2,7 +2,8 @@
 # Makes sure the commands named as arguments are on PATH, installing the
 # Debian packages that provide the missing ones (as root, or through sudo).
 # Known commands: redis-server, redis-cli, redis-sentinel, setpriv, curl,
-# python3, node, npm, promtool, haproxy;
+# python3, node, npm, promtool, haproxy, chromium (Debian's browser, which
+# the console's browser tests drive headless);
 # and python3-venv, which stands for `python3 -m venv` working (Debian's
 # python3 needs the python3-venv package for it; name python3 before it).
 # Example: scripts/ensure-deps.sh redis-server redis-cli
