@@ -11,7 +11,7 @@
 //                        start (LOCKD_ADMIN_ERROR says why: a lockd that
 //                        does not know that permission refuses the file)
 //   CONSOLE_ARTIFACTS    where the screenshots go
-//   CHROMIUM             the browser (default /usr/bin/chromium)
+//   CHROMIUM             the browser (Debian's chromium, found on PATH)
 //
 // Tests whose name starts with [needs ...] use an API that lands with the
 // history / break / run-listing change (GET .../history, DELETE ...?force,
@@ -41,7 +41,7 @@ const ADMIN_URL = process.env.LOCKD_ADMIN_URL || '';
 const ADMIN = process.env.CONSOLE_ADMIN_KEY || '';
 const ADMIN_ERROR = process.env.LOCKD_ADMIN_ERROR || 'LOCKD_ADMIN_URL is not set';
 const ARTIFACTS = env('CONSOLE_ARTIFACTS');
-const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const CHROMIUM = env('CHROMIUM');
 
 /** The longest any one wait may take. */
 const WAIT = 30_000;
