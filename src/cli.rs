@@ -9,7 +9,8 @@ use clap::{Args, Parser, Subcommand};
 use serde::{Deserialize, Serialize};
 
 use crate::client::args::{
-    AcquireArgs, ExecArgs, ExtendArgs, ReleaseArgs, RunCommand, StatusArgs, WatchArgs,
+    AcquireArgs, BreakArgs, ExecArgs, ExtendArgs, HistoryArgs, ReleaseArgs, RunCommand, StatusArgs,
+    WatchArgs,
 };
 
 /// A listening address: an IP address and a port. A host name is refused
@@ -98,6 +99,15 @@ pub enum Command {
     /// once per key); print the server's JSON answer.
     #[command(subcommand)]
     Run(RunCommand),
+    /// Break a lock (or a semaphore's permits, or a run's attempt): end its
+    /// live lease whatever the token, with an API key that has the `admin`
+    /// permission; print whose leases ended. The holder's next extend or
+    /// release gets 404 (`lockd exec` then stops its command), and the next
+    /// grant's fence is larger.
+    Break(BreakArgs),
+    /// Print a lock's (or a semaphore's, a run's) last leases as JSON,
+    /// newest first: fence, owner, meta, when granted, and how each ended.
+    History(HistoryArgs),
     /// Print a lock's changes as JSON lines, as they happen (`state` first,
     /// then `acquired`, `extended`, `released`, `expired`), reconnecting
     /// with backoff when the stream is lost.
@@ -266,6 +276,13 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_FENCE_RETENTION_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fence_retention_ms: Option<u64>,
+    /// How many leases each name's history keeps (GET
+    /// /locks/{name}/history, and a semaphore's or a run's), newest first,
+    /// from 0 (no history) to 1000; kept in Redis beside the name, gone
+    /// with it after --fence-retention-ms [default: 20].
+    #[arg(long, env = "LOCKD_HISTORY_LENGTH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_length: Option<usize>,
     /// Redlock: how long a node that restarted counts toward no quorum, in
     /// ms, counted from its start; lockd still writes to it meanwhile
     /// (the delayed restart) [default: max_ttl_ms].

@@ -29,6 +29,8 @@ async fn main() -> ExitCode {
         Command::Extend(args) => ExitCode::from(client::shell::extend(args).await),
         Command::Release(args) => ExitCode::from(client::shell::release(args).await),
         Command::Status(args) => ExitCode::from(client::shell::status(args).await),
+        Command::Break(args) => ExitCode::from(client::shell::break_leases(args).await),
+        Command::History(args) => ExitCode::from(client::shell::history(args).await),
         Command::Run(command) => ExitCode::from(client::shell::run(command).await),
         Command::Watch(args) => ExitCode::from(client::watch::watch(args).await),
         Command::Keygen(args) => ExitCode::from(lockd::keygen::run(&args)),
