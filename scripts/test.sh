@@ -11,8 +11,11 @@
 # scripts/openapi-check.sh checks that client generators read the document
 # right (redocly lint, openapi-typescript and tsc --strict,
 # openapi-python-client against a real lockd; npm and PyPI packages, pinned),
-# and scripts/client-tests.sh runs the tests of the clients in clients/
-# (TypeScript and Python).
+# scripts/client-tests.sh runs the tests of the clients in clients/
+# (TypeScript and Python), and scripts/package-tests.sh builds the Debian
+# package (from the release build) and the static binary, and tests them
+# (contents, unit, an install into a throwaway root, the binaries against
+# Redis).
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh c05; with any,
 # only those tests run (no Schemathesis nor generator checks, and it says so).
 # Both run even when a cargo test failed; the script then exits
@@ -36,14 +39,16 @@ if [ $# -eq 0 ]; then
       || failed+=("the OpenAPI generator checks")
     LOCKD_BIN="${CARGO_TARGET_DIR:-target}/release/lockd" scripts/client-tests.sh \
       || failed+=("the client tests")
+    # Packages the release build just made (cargo-deb --no-build).
+    scripts/package-tests.sh || failed+=("the package tests")
   else
-    failed+=("the release build (so Schemathesis, the OpenAPI generator checks and the client tests did not run)")
+    failed+=("the release build (so Schemathesis, the OpenAPI generator checks, the client tests and the package tests did not run)")
   fi
 else
-  echo "test.sh: only the tests named ($*) ran; Schemathesis, the OpenAPI generator checks and the client tests did not run (they run with no arguments)" >&2
+  echo "test.sh: only the tests named ($*) ran; Schemathesis, the OpenAPI generator checks, the client tests and the package tests did not run (they run with no arguments)" >&2
 fi
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
   exit 1
 fi
-echo "test.sh: every part passed: cargo test${1:+ ($*)}$([ $# -eq 0 ] && echo ', Schemathesis, the OpenAPI generator checks and the client tests')" >&2
+echo "test.sh: every part passed: cargo test${1:+ ($*)}$([ $# -eq 0 ] && echo ', Schemathesis, the OpenAPI generator checks, the client tests and the package tests')" >&2

@@ -34,6 +34,21 @@ async fn main() -> ExitCode {
         Command::Run(command) => ExitCode::from(client::shell::run(command).await),
         Command::Watch(args) => ExitCode::from(client::watch::watch(args).await),
         Command::Keygen(args) => ExitCode::from(lockd::keygen::run(&args)),
+        Command::Manpages(args) => match lockd::manpages::write_all(&args.dir) {
+            Ok(pages) => {
+                for page in pages {
+                    println!("{}", page.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "lockd: cannot write the manual pages into {}: {e}",
+                    args.dir.display()
+                );
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve(args) => {
             let settings = match Settings::load(&args) {
                 Ok(s) => s,
