@@ -84,8 +84,10 @@ A distributed lock service over HTTP, with locks held in Redis.
 `lockd serve` runs the service. The other subcommands are its clients, for \
 shell scripts and cron: `lockd exec` runs a command while holding a lock \
 (or a semaphore's permit, or once per key), `lockd acquire`, `extend`, \
-`release` and `status` manage a lock, `lockd run` a run, and `lockd watch` \
-follows a lock's changes. `lockd keygen` mints API keys.
+`release` and `status` manage a lock, `lockd run` a run, `lockd watch` \
+follows a lock's changes, and `lockd history` and `lockd break` are for \
+operators: who held a lock, and ending a stuck holder's lease. `lockd \
+keygen` mints API keys.
 
 Each subcommand's --help (or its manual page, such as lockd-serve(1)) tells \
 its flags.";
@@ -406,6 +408,7 @@ pub struct ServeArgs {
     /// /locks/{name}/history, and a semaphore's or a run's), newest first,
     /// from 0 (no history) to 1000; kept in Redis beside the name, gone
     /// with it after --fence-retention-ms [default: 20].
+    #[arg(help_heading = heading::LIMITS)]
     #[arg(long, env = "LOCKD_HISTORY_LENGTH")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history_length: Option<usize>,
