@@ -8,8 +8,7 @@
 # - one without API keys;
 # - one with a keys file: a `read` key and an acquire/extend/release/read key;
 # - one whose keys file gives a key the `admin` permission (for breaking a
-#   lease from the page). A lockd that does not know that permission refuses
-#   the file: the script goes on, and the test that needs it fails, saying so.
+#   lease from the page).
 # node, npm and chromium (Debian's; Playwright's own browser download is not
 # used) come from Debian's packages when missing. Screenshots (desktop and
 # 390 px wide) are kept in ${CARGO_TARGET_DIR:-target}/console-artifacts/.
@@ -17,10 +16,6 @@
 # scripts/test.sh runs it, with the release build, in a whole run.
 # Arguments go to `node --test`, such as --test-name-pattern=keyboard (the
 # other tests are then skipped, which fails nothing).
-#
-# On the machine of a new user: the `admin` permission and the break,
-# history and run-listing routes come with the lock core's change; tests
-# named "[needs ...]" fail without them.
 #
 # lockd: $LOCKD_BIN when set, else the debug build the cargo tests run
 # (scripts/servers.sh).
@@ -42,8 +37,7 @@ redis_port=$(free_port)
 start_redis "$redis_port" "$work/redis.log"
 
 # The keys: random secrets, only their SHA-256 in the files (as `lockd
-# keygen` writes them; it does not know `admin` before that permission
-# exists, so the files are written here).
+# keygen` writes them).
 secret() { python3 -c 'import secrets; print("lockd_" + secrets.token_urlsafe(32))'; }
 sha256() { printf '%s' "$1" | python3 -c 'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())'; }
 key_entry() { # ID SECRET PERMISSIONS (a TOML list)
@@ -83,14 +77,8 @@ keys_port=$(free_port)
 start_lockd keys "$keys_port" --auth-keys-file "$work/keys.toml" ||
   { cat "$work/keys.log" >&2; echo "console-tests: lockd with API keys did not start" >&2; exit 1; }
 admin_port=$(free_port)
-admin_url=
-admin_error=
-if start_lockd admin "$admin_port" --auth-keys-file "$work/admin-keys.toml"; then
-  admin_url=http://127.0.0.1:$admin_port
-else
-  admin_error="lockd refused a keys file with the admin permission: $(tail -n 3 "$work/admin.log" | tr '\n' ' ')"
-  echo "console-tests: $admin_error (the break test will fail)" >&2
-fi
+start_lockd admin "$admin_port" --auth-keys-file "$work/admin-keys.toml" ||
+  { cat "$work/admin.log" >&2; echo "console-tests: lockd with an admin key did not start" >&2; exit 1; }
 
 (cd tests/console && npm ci --silent --no-audit --no-fund)
 
@@ -99,8 +87,7 @@ status=0
   cd tests/console
   LOCKD_URL=http://127.0.0.1:$open_port \
   LOCKD_KEYS_URL=http://127.0.0.1:$keys_port \
-  LOCKD_ADMIN_URL=$admin_url \
-  LOCKD_ADMIN_ERROR=$admin_error \
+  LOCKD_ADMIN_URL=http://127.0.0.1:$admin_port \
   CONSOLE_VIEWER_KEY=$viewer \
   CONSOLE_OPERATOR_KEY=$operator \
   CONSOLE_ADMIN_KEY=$admin \

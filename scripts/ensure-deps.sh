@@ -3,7 +3,10 @@
 # Debian packages that provide the missing ones (as root, or through sudo).
 # Known commands: redis-server, redis-cli, redis-sentinel, setpriv, curl,
 # python3, node, npm, promtool, haproxy, chromium (Debian's browser, which
-# the console's browser tests drive headless);
+# the console's browser tests drive headless); for the packages
+# (scripts/package.sh, scripts/package-tests.sh): dpkg-deb and dpkg,
+# musl-gcc, systemd-analyze and systemd-sysusers, groff, file, strip,
+# /bin/kill;
 # and python3-venv, which stands for `python3 -m venv` working (Debian's
 # python3 needs the python3-venv package for it; name python3 before it).
 # Example: scripts/ensure-deps.sh redis-server redis-cli
@@ -19,6 +22,14 @@ package_of() {
     setpriv) echo util-linux ;;
     node) echo nodejs ;;
     promtool) echo prometheus ;;
+    dpkg-deb) echo dpkg ;;
+    musl-gcc) echo musl-tools ;;
+    systemd-analyze|systemd-sysusers) echo systemd ;;
+    groff) echo groff-base ;;
+    strip) echo binutils ;;
+    # The kill of systemd units' ExecReload= (a path: `kill` alone is the
+    # shell's builtin).
+    /bin/kill) echo procps ;;
     *) echo "$1" ;;
   esac
 }

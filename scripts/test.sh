@@ -12,9 +12,12 @@
 # right (redocly lint, openapi-typescript and tsc --strict,
 # openapi-python-client against a real lockd; npm and PyPI packages, pinned),
 # scripts/client-tests.sh runs the tests of the clients in clients/
-# (TypeScript and Python), and scripts/console-tests.sh the browser tests of
+# (TypeScript and Python), scripts/console-tests.sh the browser tests of
 # the console (/ui) and /docs in headless Chromium (Debian's chromium;
-# playwright-core, pinned).
+# playwright-core, pinned), and scripts/package-tests.sh builds the Debian
+# package (from the release build) and the static binary, and tests them
+# (contents, unit, an install into a throwaway root, the binaries against
+# Redis).
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh c05; with any,
 # only those tests run (no Schemathesis nor generator checks, and it says so).
 # Both run even when a cargo test failed; the script then exits
@@ -40,14 +43,16 @@ if [ $# -eq 0 ]; then
       || failed+=("the client tests")
     LOCKD_BIN="${CARGO_TARGET_DIR:-target}/release/lockd" scripts/console-tests.sh \
       || failed+=("the console's browser tests")
+    # Packages the release build just made (cargo-deb --no-build).
+    scripts/package-tests.sh || failed+=("the package tests")
   else
-    failed+=("the release build (so Schemathesis, the OpenAPI generator checks, the client tests and the console's browser tests did not run)")
+    failed+=("the release build (so Schemathesis, the OpenAPI generator checks, the client tests, the console's browser tests and the package tests did not run)")
   fi
 else
-  echo "test.sh: only the tests named ($*) ran; Schemathesis, the OpenAPI generator checks, the client tests and the console's browser tests did not run (they run with no arguments)" >&2
+  echo "test.sh: only the tests named ($*) ran; Schemathesis, the OpenAPI generator checks, the client tests, the console's browser tests and the package tests did not run (they run with no arguments)" >&2
 fi
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'test.sh: FAILED: %s\n' "${failed[@]}" >&2
   exit 1
 fi
-echo "test.sh: every part passed: cargo test${1:+ ($*)}$([ $# -eq 0 ] && echo ", Schemathesis, the OpenAPI generator checks, the client tests and the console's browser tests")" >&2
+echo "test.sh: every part passed: cargo test${1:+ ($*)}$([ $# -eq 0 ] && echo ", Schemathesis, the OpenAPI generator checks, the client tests, the console's browser tests and the package tests")" >&2

@@ -315,6 +315,8 @@ fn shared_state(
             &settings.listen.cors_allow_origins,
             &settings.listen.allowed_hosts,
         ),
+        dev: settings.store.dev,
+        history_length: settings.store.history_length,
     });
     Ok((state, auth, stopping))
 }
@@ -457,7 +459,8 @@ fn build_backend(
         // No connections: the pool gauges read 0, so dashboards look the same.
         metrics.watch_pool("memory", PoolStatus::default);
         metrics.set_store_mode("memory");
-        let memory = MemoryBackend::with_fence_retention(store.fence_retention);
+        let memory = MemoryBackend::with_fence_retention(store.fence_retention)
+            .with_history_length(store.history_length);
         let node = instrument(Arc::new(memory), "memory".into());
         return Ok(Arc::new(Single::new(node)));
     }
@@ -474,6 +477,7 @@ fn build_backend(
         timeout,
         pool_size: store.pool_size.get(),
         fence_retention: store.fence_retention,
+        history_length: store.history_length,
         restart_delay: redlock.then(|| settings.redlock_restart_delay()),
         min_replicas_acked: if redlock { 0 } else { store.min_replicas_acked },
         replica_ack_timeout: store.replica_ack_timeout,

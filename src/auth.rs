@@ -48,6 +48,10 @@ pub enum Permission {
     Read,
     /// `GET /metrics` on the main listener.
     Metrics,
+    /// `DELETE /locks/{name}?force=true` (and a semaphore's, a run's):
+    /// break a lease whatever its token. Nothing else: an operator's key
+    /// takes `read` beside it to see what it breaks.
+    Admin,
 }
 
 impl Permission {
@@ -59,6 +63,7 @@ impl Permission {
             Self::Release => "release",
             Self::Read => "read",
             Self::Metrics => "metrics",
+            Self::Admin => "admin",
         }
     }
 }

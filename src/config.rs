@@ -24,7 +24,7 @@
 //! | Field of `Settings` | Concern | Keys |
 //! | --- | --- | --- |
 //! | `listen`: [`ListenSettings`] | the main listener | `listen`, `tls_cert`, `tls_key`, `header_read_timeout_ms`, `max_header_bytes`, `cors_allow_origin`, `allowed_host` |
-//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `redlock_restart_delay_ms` |
+//! | `store`: [`StoreSettings`] | where locks are kept | `dev`, `redis_url`, `redis_mode`, `sentinel_master`, `min_replicas_acked`, `replica_ack_timeout_ms`, `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`, `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`, `fence_retention_ms`, `history_length`, `redlock_restart_delay_ms` |
 //! | `limits`: [`LimitSettings`] | what a request is held to | `default_ttl_ms`, `max_ttl_ms`, `max_wait_ms`, `max_waiters`, `max_requests`, `request_timeout_ms`, `max_semaphore_limit`, `max_watchers`, `watch_keepalive_ms`, `run_retention_ms`, `max_result_bytes`, `max_meta_bytes` |
 //! | `auth`: [`AuthSettings`] | API keys, or their absence | `auth_keys_file`, `insecure_no_auth` |
 //! | `metrics`: [`MetricsSettings`] | the metrics listener and series | `metrics_listen`, `metrics_max_namespaces` |
@@ -67,6 +67,7 @@ use figment::providers::{Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::cli::{LogFormat, RedisMode, ServeArgs};
+use crate::lock::history::HistoryLength;
 use crate::lock::redis::connect::{is_tls, redact_url, redact_urls_in};
 use crate::lock::run::{MAX_RESULT_BYTES, MAX_RETENTION_MS};
 use crate::lock::{Meta, Ttl};
@@ -131,7 +132,7 @@ pub struct TlsFiles {
 /// Where locks are kept (keys `dev`, `redis_url`, `redis_mode`,
 /// `redis_ca_cert`, `redis_client_cert`, `redis_client_key`, `key_prefix`,
 /// `redis_timeout_ms`, `pool_size`, `node_timeout_ms`, `drift_factor`,
-/// `fence_retention_ms`, `redlock_restart_delay_ms`).
+/// `fence_retention_ms`, `history_length`, `redlock_restart_delay_ms`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreSettings {
     /// Keep locks in this process's memory instead of Redis (`dev`).
@@ -171,6 +172,9 @@ pub struct StoreSettings {
     /// How long a fencing counter is kept after its lock's last grant;
     /// from 1 s to 365 days (`fence_retention_ms`).
     pub fence_retention: Duration,
+    /// How many leases each name's history keeps, 0 (none) to 1000
+    /// (`history_length`).
+    pub history_length: HistoryLength,
     /// Redlock: how long a restarted node counts toward no quorum, from its
     /// start, at most 365 days; `None`: the longest TTL (see
     /// [`Settings::redlock_restart_delay`]) (`redlock_restart_delay_ms`).
@@ -310,6 +314,7 @@ impl Default for StoreSettings {
             node_timeout: Duration::from_millis(50),
             drift_factor: 0.01,
             fence_retention: Duration::from_millis(3_600_000),
+            history_length: HistoryLength::DEFAULT,
             redlock_restart_delay: None,
         }
     }
@@ -426,6 +431,8 @@ pub struct RawSettings {
     /// How long a fencing counter is kept after its lock's last grant, in
     /// milliseconds (at least 1000).
     pub fence_retention_ms: u64,
+    /// How many leases each name's history keeps.
+    pub history_length: usize,
     /// Redlock: how long a restarted node counts toward no quorum, in
     /// milliseconds from its start; `None`: `max_ttl_ms`.
     #[serde(default)]
@@ -520,6 +527,7 @@ impl From<&Settings> for RawSettings {
             node_timeout_ms: whole_millis(store.node_timeout),
             drift_factor: store.drift_factor,
             fence_retention_ms: whole_millis(store.fence_retention),
+            history_length: store.history_length.get(),
             redlock_restart_delay_ms: store.redlock_restart_delay.map(whole_millis),
             max_wait_ms: whole_millis(limits.max_wait),
             max_waiters: limits.max_waiters.get(),
@@ -1074,6 +1082,12 @@ impl StoreSettings {
                 Ttl::CEILING_MS
             ));
         }
+        let history_length = HistoryLength::new(raw.history_length).ok_or_else(|| {
+            format!(
+                "history_length (--history-length) must be from 0 (no history) to {}",
+                HistoryLength::MAX
+            )
+        })?;
         if raw
             .redlock_restart_delay_ms
             .is_some_and(|ms| ms > Ttl::CEILING_MS)
@@ -1100,6 +1114,7 @@ impl StoreSettings {
             node_timeout,
             drift_factor: raw.drift_factor,
             fence_retention: Duration::from_millis(raw.fence_retention_ms),
+            history_length,
             redlock_restart_delay: raw.redlock_restart_delay_ms.map(Duration::from_millis),
         })
     }
@@ -1655,6 +1670,7 @@ mod tests {
         assert!(refused(|r| r.node_timeout_ms = 0).starts_with("node_timeout_ms"));
         assert!(refused(|r| r.drift_factor = 0.5).starts_with("drift_factor"));
         assert!(refused(|r| r.fence_retention_ms = 999).contains("--fence-retention-ms"));
+        assert!(refused(|r| r.history_length = 1001).contains("--history-length"));
         assert!(
             refused(|r| r.redlock_restart_delay_ms = Some(Ttl::CEILING_MS + 1))
                 .contains("--redlock-restart-delay-ms")

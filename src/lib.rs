@@ -19,6 +19,8 @@
 //! - [`auth`]: API keys (the keys file, constant-time lookup, reload).
 //! - [`app`]: builds and runs the application; `main` only calls it.
 //! - [`keygen`]: `lockd keygen`, which mints API keys.
+//! - [`manpages`]: the manual pages (hidden `lockd manpages DIR`), rendered
+//!   from [`cli`] for the Debian package.
 //! - [`transport`]: how connections are served: HTTP/1.1 over TCP or TLS,
 //!   with limits on request heads; [`framing`] follows each connection's
 //!   requests to see what hyper drops (a `#fragment`).
@@ -38,5 +40,6 @@ pub mod http;
 pub mod keygen;
 pub mod lock;
 pub mod logs;
+pub mod manpages;
 pub mod metrics;
 pub mod transport;

@@ -29,9 +29,26 @@ async fn main() -> ExitCode {
         Command::Extend(args) => ExitCode::from(client::shell::extend(args).await),
         Command::Release(args) => ExitCode::from(client::shell::release(args).await),
         Command::Status(args) => ExitCode::from(client::shell::status(args).await),
+        Command::Break(args) => ExitCode::from(client::shell::break_leases(args).await),
+        Command::History(args) => ExitCode::from(client::shell::history(args).await),
         Command::Run(command) => ExitCode::from(client::shell::run(command).await),
         Command::Watch(args) => ExitCode::from(client::watch::watch(args).await),
         Command::Keygen(args) => ExitCode::from(lockd::keygen::run(&args)),
+        Command::Manpages(args) => match lockd::manpages::write_all(&args.dir) {
+            Ok(pages) => {
+                for page in pages {
+                    println!("{}", page.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!(
+                    "lockd: cannot write the manual pages into {}: {e}",
+                    args.dir.display()
+                );
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve(args) => {
             let settings = match Settings::load(&args) {
                 Ok(s) => s,

@@ -743,6 +743,48 @@ impl LockClient {
         Ok(lenient(status, body))
     }
 
+    /// `DELETE /locks/{name}?force=true` (or a semaphore's, a run's, with
+    /// `&fence=F` for one lease): an admin's break, whose answer says
+    /// whose leases ended.
+    ///
+    /// # Errors
+    /// [`ClientError`]: `NotHeld` when no live lease matched, `Refused`
+    /// for a key without `admin` (403), the other refusals, `Unreachable`
+    /// when no answer came.
+    pub async fn break_leases(
+        &self,
+        target: Target<'_>,
+        fence: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Reply<serde_json::Value>, ClientError> {
+        let mut url = self.lock_url(target);
+        url.query_pairs_mut().append_pair("force", "true");
+        if let Some(fence) = fence {
+            url.query_pairs_mut()
+                .append_pair("fence", &fence.to_string());
+        }
+        let (status, body) = self.send(self.http.delete(url), timeout).await?;
+        Ok(lenient(status, body))
+    }
+
+    /// `GET /locks/{name}/history` (or a semaphore's, a run's): its last
+    /// leases, newest first.
+    ///
+    /// # Errors
+    /// [`ClientError`]: a refusal, or `Unreachable` when no answer came.
+    pub async fn history(
+        &self,
+        target: Target<'_>,
+        timeout: Duration,
+    ) -> Result<Reply<serde_json::Value>, ClientError> {
+        let mut url = self.lock_url(target);
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.push("history");
+        }
+        let (status, body) = self.send(self.http.get(url), timeout).await?;
+        Ok(lenient(status, body))
+    }
+
     /// `GET /locks/{name}/events` (or a semaphore's): the open stream,
     /// once its status and headers came within `timeout` (the stream
     /// itself has no time limit).

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::api::BadServer;
+use super::api::{BadServer, Target};
 use super::exit;
 use super::servers::Servers;
 
@@ -387,6 +387,56 @@ pub struct StatusArgs {
     pub name: String,
     #[command(flatten)]
     pub semaphore: SemaphoreFlag,
+}
+
+/// Which kind of lease NAME is, for `lockd break` and `lockd history`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct KindFlags {
+    #[command(flatten)]
+    pub semaphore: SemaphoreFlag,
+    /// NAME is a run's key (its attempts) rather than a lock.
+    #[arg(long, conflicts_with = "semaphore")]
+    pub run: bool,
+}
+
+impl KindFlags {
+    /// `name` as the kind these flags say.
+    pub fn target(self, name: &str) -> Target<'_> {
+        if self.run {
+            Target::Run(name)
+        } else {
+            Target::new(name, self.semaphore.semaphore)
+        }
+    }
+}
+
+/// `lockd break NAME`.
+#[derive(Debug, Args)]
+pub struct BreakArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The lock (with --semaphore, the semaphore; with --run, the run) to
+    /// break.
+    #[arg(env = "LOCKD_NAME")]
+    pub name: String,
+    #[command(flatten)]
+    pub kind: KindFlags,
+    /// Break only the lease with this fence (one shared lease, one
+    /// permit) [default: every live one].
+    #[arg(long)]
+    pub fence: Option<u64>,
+}
+
+/// `lockd history NAME`.
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    pub server: ServerArg,
+    /// The lock (with --semaphore, the semaphore; with --run, the run).
+    #[arg(env = "LOCKD_NAME")]
+    pub name: String,
+    #[command(flatten)]
+    pub kind: KindFlags,
 }
 
 /// Checks a NAME argument as the server would, so that a name no lock can

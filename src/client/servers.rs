@@ -418,6 +418,41 @@ impl Servers {
         .await
     }
 
+    /// An admin's break of `target` ([`LockClient::break_leases`]) through
+    /// the first usable server, within `within` in all.
+    ///
+    /// # Errors
+    /// [`Failure`], as for [`Self::status`].
+    pub async fn break_leases(
+        &self,
+        target: Target<'_>,
+        fence: Option<u64>,
+        within: Duration,
+    ) -> Result<Answered<serde_json::Value>, Failure> {
+        self.call(
+            Budget::new(Duration::ZERO, within),
+            |client, this| async move { client.break_leases(target, fence, this.timeout).await },
+        )
+        .await
+    }
+
+    /// The history of `target` ([`LockClient::history`]) through the first
+    /// usable server, within `within` in all.
+    ///
+    /// # Errors
+    /// [`Failure`], as for [`Self::status`].
+    pub async fn history(
+        &self,
+        target: Target<'_>,
+        within: Duration,
+    ) -> Result<Answered<serde_json::Value>, Failure> {
+        self.call(
+            Budget::new(Duration::ZERO, within),
+            |client, this| async move { client.history(target, this.timeout).await },
+        )
+        .await
+    }
+
     /// Opens the watch of `target` on the first server that answers it
     /// (see [`LockClient::open_events`]), each try's answer (status and
     /// headers) within what is left of `within`.

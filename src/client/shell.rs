@@ -11,7 +11,8 @@ use reqwest::StatusCode;
 
 use super::api::{AcquireParams, ClientError, ProblemInfo, Refusal, Target};
 use super::args::{
-    AcquireArgs, ExtendArgs, ReleaseArgs, RunCommand, ServerArg, StatusArgs, check_name,
+    AcquireArgs, BreakArgs, ExtendArgs, HistoryArgs, ReleaseArgs, RunCommand, ServerArg,
+    StatusArgs, check_name,
 };
 use super::exit;
 use super::servers::{Answered, Failure, Servers};
@@ -120,6 +121,31 @@ pub async fn status(args: StatusArgs) -> u8 {
             CALL_TIMEOUT,
         )
         .await
+    })
+    .await
+}
+
+/// `lockd break`: an admin's break (the key needs `admin`).
+pub async fn break_leases(args: BreakArgs) -> u8 {
+    if let Err(e) = check_name(&args.name) {
+        eprintln!("lockd: {e}");
+        return exit::USAGE;
+    }
+    call(&args.server, |s| async move {
+        s.break_leases(args.kind.target(&args.name), args.fence, CALL_TIMEOUT)
+            .await
+    })
+    .await
+}
+
+/// `lockd history`.
+pub async fn history(args: HistoryArgs) -> u8 {
+    if let Err(e) = check_name(&args.name) {
+        eprintln!("lockd: {e}");
+        return exit::USAGE;
+    }
+    call(&args.server, |s| async move {
+        s.history(args.kind.target(&args.name), CALL_TIMEOUT).await
     })
     .await
 }

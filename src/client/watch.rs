@@ -217,7 +217,7 @@ impl SseEvent {
         let data: Value = serde_json::from_str(&self.data).unwrap_or_default();
         match self.event.as_str() {
             "state" => data["held"] == Value::Bool(false),
-            "released" | "expired" => {
+            "released" | "expired" | "broken" => {
                 // A semaphore may still have other permits: the next
                 // `state`-like answer is not sent, so a lock's end is
                 // free, and a semaphore's needs its count.
@@ -313,6 +313,7 @@ mod tests {
         };
         assert!(ended("released", r#"{"fence":1}"#).says_free());
         assert!(ended("expired", r#"{"fence":1}"#).says_free());
+        assert!(ended("broken", r#"{"fence":1,"broken_by":"ops"}"#).says_free());
         assert!(!ended("expired", r#"{"fence":1,"holders":1}"#).says_free());
         assert!(ended("expired", r#"{"fence":1,"holders":0}"#).says_free());
         assert!(!ended("state", r#"{"held":true}"#).says_free());

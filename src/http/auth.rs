@@ -32,20 +32,44 @@ const NO_KEY: &str = r#"Bearer realm="lockd""#;
 const BAD_REQUEST: &str = r#"Bearer realm="lockd", error="invalid_request""#;
 const BAD_KEY: &str = r#"Bearer realm="lockd", error="invalid_token""#;
 
+/// Who asked for a break, for its record: the id of the API key, or `dev`
+/// when `--dev` runs with no keys. Left in the request's extensions by
+/// [`guard_locks`] for the requests it let break, and for no other.
+#[derive(Debug, Clone)]
+pub struct Caller(Arc<str>);
+
+impl Caller {
+    /// The key's id (`dev` without keys).
+    pub fn id(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Guards `/locks/{name}` (and `/semaphores/{name}`, `/runs/{key}`): the
 /// permission comes from the method (POST acquire, PATCH extend, DELETE
-/// and PUT release: a run's completion ends its attempt, GET read), and
-/// the name must be under one of the key's prefixes. Returns the request to serve.
+/// and PUT release: a run's completion ends its attempt, GET read; a
+/// DELETE with `force=true`, a break, admin), and the name must be under
+/// one of the key's prefixes. Without API keys, a break is refused unless
+/// `breaks_without_keys` (`--dev`). Returns the request to serve, with the
+/// [`Caller`] of a break.
 ///
 /// # Errors
 /// The refusal (401, 403 or 429) to answer instead.
-pub async fn guard_locks(auth: Option<&Auth>, request: Request) -> Result<Request, Response> {
+pub async fn guard_locks(
+    auth: Option<&Auth>,
+    breaks_without_keys: bool,
+    request: Request,
+) -> Result<Request, Response> {
     let permission = match *request.method() {
         Method::POST => Permission::Acquire,
         Method::PATCH => Permission::Extend,
+        Method::DELETE if asks_to_break(&request) => Permission::Admin,
         Method::DELETE | Method::PUT => Permission::Release,
         _ => Permission::Read,
     };
+    if permission == Permission::Admin && auth.is_none() && !breaks_without_keys {
+        return Err(ApiError::new(Kind::Forbidden, NO_KEYS_NO_BREAKS).into_response());
+    }
     let (mut parts, body) = request.into_parts();
     // A listing has no name in its path: the key's prefixes go to the
     // handler, which checks the `prefix` asked for against them.
@@ -67,9 +91,13 @@ pub async fn guard_locks(auth: Option<&Auth>, request: Request) -> Result<Reques
     };
     let mut request = Request::from_parts(parts, body);
     match check(auth, &request, permission, name.as_deref()) {
-        Ok(scope) => {
+        Ok((scope, key)) => {
             if listing {
                 request.extensions_mut().insert(scope);
+            }
+            if permission == Permission::Admin {
+                let id = key.unwrap_or_else(|| Arc::from("dev"));
+                request.extensions_mut().insert(Caller(id));
             }
             Ok(request)
         }
@@ -77,9 +105,21 @@ pub async fn guard_locks(auth: Option<&Auth>, request: Request) -> Result<Reques
     }
 }
 
+/// Why a break is refused on a lockd without API keys.
+const NO_KEYS_NO_BREAKS: &str = "breaking a lease needs an API key with the `admin` permission, and this lockd runs without API keys (start it with --auth-keys-file); only --dev breaks without one";
+
+/// Whether a DELETE asks for a break: a `force` parameter that is not
+/// `false` (the handler refuses a value other than `true` with 400, so
+/// that no spelling of it passes as a release's).
+fn asks_to_break(request: &Request) -> bool {
+    request.uri().query().is_some_and(|query| {
+        url::form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "force" && v != "false")
+    })
+}
+
 /// The listing routes, which [`guard_locks`] guards too: a key needs
 /// `read`, and the handler gets its [`ListScope`].
-const LISTINGS: [&str; 2] = ["/locks", "/semaphores"];
+const LISTINGS: [&str; 3] = ["/locks", "/semaphores", "/runs"];
 
 /// Guards `/metrics` on the main listener: the key needs `metrics`.
 pub async fn guard_metrics(
@@ -93,15 +133,16 @@ pub async fn guard_metrics(
     }
 }
 
-/// The key check; with it passed, the names the caller may list.
+/// The key check; with it passed, the names the caller may list, and the
+/// key's id (`None` without keys).
 fn check(
     auth: Option<&Auth>,
     request: &Request,
     permission: Permission,
     name: Option<&str>,
-) -> Result<ListScope, ApiError> {
+) -> Result<(ListScope, Option<Arc<str>>), ApiError> {
     let Some(auth) = auth else {
-        return Ok(ListScope::Every);
+        return Ok((ListScope::Every, None));
     };
     let secret = bearer_secret(request)?;
     let keys = auth.keys();
@@ -134,7 +175,7 @@ fn check(
             "this API key may not use this lock name: it is outside the key's prefixes",
         ));
     }
-    Ok(key.list_scope())
+    Ok((key.list_scope(), Some(key.id.clone())))
 }
 
 /// The secret of the request's one `Authorization: Bearer` header.

@@ -43,7 +43,9 @@
 //! 7. [`auth`]: with API keys on, the key must be known, within its rate
 //!    and allowed this method on this name (401, 429, 403); a listing
 //!    needs `read`, and its handler gets the key's prefixes to check the
-//!    `prefix` asked for. Nothing has read the body yet.
+//!    `prefix` asked for; a `DELETE` with `force` (a break) needs `admin`,
+//!    and is refused without API keys but in `--dev`. Nothing has read the
+//!    body yet.
 //! 8. [`deadline`]: the request's [`deadline::Deadline`] (the request
 //!    timeout from its arrival) is set, and the whole body is read before
 //!    it (413, or 503 `timeout`).
@@ -57,6 +59,8 @@
 //!     server's [`limits`]; the lock core is called within the deadline (an
 //!     acquire: plus its wait, cancel-safe); the outcome is counted; the
 //!     answer is a [`locks::model`] type, or an [`problem::ApiError`].
+//!     The three `DELETE`s share [`breaks`] (an admin's `force=true`), and
+//!     the three `.../history` routes are [`history`].
 //!
 //! On the watches, `/locks/{name}/events` and `/semaphores/{name}/events`
 //! (`routes::gate_watches`): the key check of step 7 alone (a stream lasts
@@ -91,7 +95,10 @@
 //!      |
 //!  handlers     locks::{acquire, extend, inspect, release, list}
 //!      |        semaphores::{take, extend, inspect, give_back, list}
-//!      |        watch (the event streams)   ops   pages (/docs, /ui)
+//!      |        runs::{..}  history  watch (the event streams)   ops
+//!      |        pages (/docs, /ui)
+//!      |
+//!  shared       breaks (the DELETEs' force=true)
 //!      |
 //!  inputs       locks::input  semaphores::input  listing
 //!      |
@@ -110,7 +117,10 @@
 //! `locks::input` imports `limits`, `locks::model` and `problem`, and
 //! `semaphores::input` and `runs::input` also `locks::input`; the handlers import their
 //! inputs and models (the semaphore ones the lock ones too), `deadline`,
-//! `extract`, `limits` and `problem`, and the listings `listing`; `watch`
+//! `extract`, `limits` and `problem`, and the listings `listing`; the
+//! `DELETE`s `breaks`, which imports `auth` (its caller), `deadline`,
+//! `locks::input`, `locks::model` and `problem`; `history` imports
+//! `deadline`, `extract`, `locks::model` and `problem`; `watch`
 //! imports `extract`, `limits`, `problem` and the models; `ops` imports
 //! `limits` and `problem`; `pages` imports nothing from here (its
 //! submodules `pages::docs` and `pages::console` nothing either); `state` imports `admission`, `browsers` and
@@ -120,9 +130,11 @@
 
 pub mod admission;
 pub mod auth;
+pub mod breaks;
 pub mod browsers;
 pub mod deadline;
 pub mod extract;
+pub mod history;
 pub mod limits;
 pub mod listing;
 pub mod locks;

@@ -212,6 +212,11 @@ pub fn annotate(doc: &mut utoipa::openapi::OpenApi) {
             if let Some(body) = operation.request_body.as_mut() {
                 unwrap_optional(body);
             }
+            for parameter in operation.parameters.iter_mut().flatten() {
+                if let Some(schema) = parameter.schema.as_mut() {
+                    non_null(schema);
+                }
+            }
         }
     }
 }
@@ -353,19 +358,36 @@ fn mark_timestamps(schema: &mut RefOr<Schema>) {
 /// optional body of `X`: lockd takes no body, an empty one, or `X`.
 fn unwrap_optional(body: &mut RequestBody) {
     for content in body.content.values_mut() {
-        let Some(RefOr::T(Schema::OneOf(one_of))) = content.schema.as_mut() else {
-            continue;
-        };
-        let is_null = |schema: &RefOr<Schema>| {
-            matches!(schema, RefOr::T(Schema::Object(object))
-                if object.schema_type == SchemaType::Type(Type::Null))
-        };
-        if one_of.items.len() == 2 && one_of.items.iter().any(is_null) {
-            let mut items = std::mem::take(&mut one_of.items);
-            items.retain(|schema| !is_null(schema));
-            content.schema = items.pop();
+        if let Some(schema) = content.schema.as_mut()
+            && non_null(schema)
+        {
             body.required = Some(Required::False);
         }
+    }
+}
+
+/// Turns `oneOf [null, X]` (utoipa's `Option<X>`) into `X`, and says
+/// whether it did: an optional parameter (already `required: false`) or
+/// body is absent, never `null`.
+fn non_null(schema: &mut RefOr<Schema>) -> bool {
+    let RefOr::T(Schema::OneOf(one_of)) = schema else {
+        return false;
+    };
+    let is_null = |schema: &RefOr<Schema>| {
+        matches!(schema, RefOr::T(Schema::Object(object))
+            if object.schema_type == SchemaType::Type(Type::Null))
+    };
+    if one_of.items.len() != 2 || !one_of.items.iter().any(is_null) {
+        return false;
+    }
+    let mut items = std::mem::take(&mut one_of.items);
+    items.retain(|schema| !is_null(schema));
+    match items.pop() {
+        Some(only) => {
+            *schema = only;
+            true
+        }
+        None => false,
     }
 }
 

@@ -26,7 +26,7 @@ use super::limits::Limits;
 use super::locks::{acquire, extend, inspect, list, release};
 use super::openapi::{self, ApiDoc};
 use super::state::AppState;
-use super::{admission, auth, deadline, ops, pages, target, telemetry, watch};
+use super::{admission, auth, deadline, history, ops, pages, target, telemetry, watch};
 use super::{runs, semaphores};
 use crate::config::LimitSettings;
 use crate::metrics::Metrics;
@@ -72,7 +72,11 @@ impl Routes {
                     runs::extend::extend,
                     runs::abandon::abandon
                 ))
-                .routes(routes!(runs::complete::complete)),
+                .routes(routes!(runs::complete::complete))
+                .routes(routes!(runs::list::list))
+                .routes(routes!(history::lock_history))
+                .routes(routes!(history::semaphore_history))
+                .routes(routes!(history::run_history)),
             watches: OpenApiRouter::new()
                 .routes(routes!(watch::lock_events))
                 .routes(routes!(watch::semaphore_events))
@@ -190,7 +194,7 @@ async fn gate_locks(State(state): State<AppState>, request: Request, next: Next)
         Ok(slot) => slot,
         Err(overloaded) => return overloaded.into_response(),
     };
-    let request = match auth::guard_locks(state.auth.as_deref(), request).await {
+    let request = match auth::guard_locks(state.auth.as_deref(), state.dev, request).await {
         Ok(request) => request,
         Err(refused) => return refused,
     };
@@ -203,7 +207,7 @@ async fn gate_locks(State(state): State<AppState>, request: Request, next: Next)
 /// What a watch passes before its handler: the key check alone (the
 /// `read` permission, and the name under the key's prefixes).
 async fn gate_watches(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    match auth::guard_locks(state.auth.as_deref(), request).await {
+    match auth::guard_locks(state.auth.as_deref(), state.dev, request).await {
         Ok(request) => next.run(request).await,
         Err(refused) => refused,
     }

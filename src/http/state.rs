@@ -19,6 +19,7 @@ use crate::http::admission::Admission;
 use crate::http::browsers::Browsers;
 use crate::http::limits::Limits;
 use crate::lock::Locks;
+use crate::lock::history::HistoryLength;
 use crate::metrics::Metrics;
 
 /// Everything the HTTP side shares, built once at start-up.
@@ -37,6 +38,11 @@ pub struct App {
     pub admission: Admission,
     /// Who may call the main listener from a browser, and by which names.
     pub browsers: Browsers,
+    /// `--dev`: locks in memory, and an admin's break allowed without API
+    /// keys (never otherwise).
+    pub dev: bool,
+    /// How many leases each name's history keeps (`--history-length`).
+    pub history_length: HistoryLength,
 }
 
 /// The router's state: the one [`App`], shared.
@@ -85,6 +91,12 @@ impl FromRef<AppState> for CancellationToken {
 impl FromRef<AppState> for Option<Arc<Auth>> {
     fn from_ref(state: &AppState) -> Self {
         state.auth.clone()
+    }
+}
+
+impl FromRef<AppState> for HistoryLength {
+    fn from_ref(state: &AppState) -> Self {
+        state.history_length
     }
 }
 

@@ -191,12 +191,13 @@ fn target(request: &Request) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The sub-resources of a lock or a semaphore: `/locks/{name}/events`.
-const SUB_RESOURCES: [&str; 1] = ["events"];
+/// The sub-resources of a lock or a semaphore: `/locks/{name}/events`
+/// and `/locks/{name}/history`.
+const SUB_RESOURCES: [&str; 2] = ["events", "history"];
 
-/// The sub-resources of a run: `/runs/{key}/result` and
-/// `/runs/{key}/events`.
-const RUN_SUB_RESOURCES: [&str; 2] = ["result", "events"];
+/// The sub-resources of a run: `/runs/{key}/result`,
+/// `/runs/{key}/events` and `/runs/{key}/history`.
+const RUN_SUB_RESOURCES: [&str; 3] = ["result", "events", "history"];
 
 /// The rule a path under `/locks/`, `/semaphores/` or `/runs/` breaks when
 /// its name holds a `/` (`/locks/a/b`), which no route takes: a name is one

@@ -145,6 +145,9 @@ pub enum RunEvents {
     /// The attempt's lease ran out unfinished.
     #[schema(rename = "expired")]
     Expired(EndedEvent),
+    /// An admin broke the attempt: the next start runs the job.
+    #[schema(rename = "broken")]
+    Broken(EndedEvent),
 }
 
 /// `data` of an `acquired` or `extended` event: one lease (a lock's holder,
@@ -173,8 +176,9 @@ pub struct LeaseEvent {
     pub mode: Option<LockMode>,
 }
 
-/// `data` of a `released` event (its holder ended the lease) or an
-/// `expired` event (the lease ran out without a release).
+/// `data` of a `released` event (its holder ended the lease), an
+/// `expired` event (the lease ran out without a release) or a `broken` one
+/// (an admin ended it).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EndedEvent {
     /// The lock's (or semaphore's) name.
@@ -187,6 +191,10 @@ pub struct EndedEvent {
     /// the lock is then free).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub holders: Option<usize>,
+    /// A `broken` event: the id of the API key that broke the lease
+    /// (`dev` in `--dev` without keys); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broken_by: Option<String>,
 }
 
 /// The events of a lock's watch, by their `event:` field; each `data:`
@@ -211,6 +219,10 @@ pub enum LockEvents {
     /// The holder's lease ran out.
     #[schema(rename = "expired")]
     Expired(EndedEvent),
+    /// An admin broke the lease, whatever its token (`DELETE
+    /// /locks/{name}?force=true`).
+    #[schema(rename = "broken")]
+    Broken(EndedEvent),
 }
 
 /// The events of a semaphore's watch, as for [`LockEvents`]; `acquired`,
@@ -233,6 +245,9 @@ pub enum SemaphoreEvents {
     /// A permit ran out.
     #[schema(rename = "expired")]
     Expired(EndedEvent),
+    /// An admin broke a permit, whatever its token.
+    #[schema(rename = "broken")]
+    Broken(EndedEvent),
 }
 
 /// Watch a lock: a Server-Sent Events stream of its changes, from any
@@ -400,6 +415,11 @@ fn sse_event(subject: &Subject, sequenced: &Sequenced) -> Event {
             ended_json(subject, name, *fence, sequenced),
         ),
         WatchEvent::Expired { fence } => ("expired", ended_json(subject, name, *fence, sequenced)),
+        WatchEvent::Broken { fence, by } => {
+            let mut data = ended(subject, name, *fence, sequenced);
+            data.broken_by.clone_from(by);
+            ("broken", to_json(&data))
+        }
         WatchEvent::Completed { fence } => {
             ("completed", ended_json(subject, name, *fence, sequenced))
         }
@@ -499,16 +519,21 @@ fn lease_json(subject: &Subject, name: String, lease: &LeaseView) -> String {
 }
 
 fn ended_json(subject: &Subject, name: String, fence: u64, sequenced: &Sequenced) -> String {
+    to_json(&ended(subject, name, fence, sequenced))
+}
+
+fn ended(subject: &Subject, name: String, fence: u64, sequenced: &Sequenced) -> EndedEvent {
     let holders = match subject.kind() {
         Kind::Semaphore => Some(sequenced.holders),
         Kind::Lock => Some(sequenced.holders).filter(|n| *n > 0),
         Kind::Run => None,
     };
-    to_json(&EndedEvent {
+    EndedEvent {
         name,
         fence,
         holders,
-    })
+        broken_by: None,
+    }
 }
 
 /// Serializing these plain structs cannot fail; an empty object stands in

@@ -16,6 +16,7 @@
 //! | `released FENCE` | a lease ended by its holder (for a run: its attempt abandoned) |
 //! | `completed FENCE` | a run's attempt completed it: the run is done |
 //! | `expired FENCE` | a semaphore's permit that ran out, forgotten by the script that found it so (before that script's own change) |
+//! | `broken FENCE BY` | a lease an admin ended whatever its token (`BY`: the id of the API key, `dev` in `--dev` without keys; may be empty) |
 //! | `probe MARKER` | no change: a watcher's marker (see [`super::service::watch`]) |
 //!
 //! An empty message, or one this version does not know, is
@@ -62,6 +63,14 @@ pub enum Change {
     Completed {
         /// The completing attempt's fencing token.
         fence: u64,
+    },
+    /// The lease with this fence was broken: an admin ended it whatever
+    /// its token (`DELETE ...?force=true`).
+    Broken {
+        /// The lease's fencing token.
+        fence: u64,
+        /// The id of the API key that broke it, when known.
+        by: Option<String>,
     },
     /// The lease with this fence ran out, and a script that found it so
     /// forgot it (a semaphore's permits; a lock's key just expires).
@@ -134,6 +143,13 @@ impl Change {
             "released" => rest.parse().ok().map(|fence| Self::Released { fence }),
             "expired" => rest.parse().ok().map(|fence| Self::Expired { fence }),
             "completed" => rest.parse().ok().map(|fence| Self::Completed { fence }),
+            "broken" => {
+                let (fence, by) = rest.split_once(' ').unwrap_or((rest, ""));
+                fence.parse().ok().map(|fence| Self::Broken {
+                    fence,
+                    by: Some(by).filter(|b| !b.is_empty()).map(str::to_owned),
+                })
+            }
             "probe" if !rest.is_empty() => Some(Self::Probe(rest.to_owned())),
             _ => None,
         };
@@ -174,6 +190,7 @@ impl Change {
             Self::Released { fence } => format!("released {fence}"),
             Self::Expired { fence } => format!("expired {fence}"),
             Self::Completed { fence } => format!("completed {fence}"),
+            Self::Broken { fence, by } => format!("broken {fence} {}", by.as_deref().unwrap_or("")),
             Self::Probe(marker) => format!("probe {marker}"),
             Self::Unknown => String::new(),
         }
@@ -187,6 +204,7 @@ impl Change {
             self,
             Self::Extended { .. }
                 | Self::Released { .. }
+                | Self::Broken { .. }
                 | Self::Expired { .. }
                 | Self::Completed { .. }
                 | Self::Unknown
@@ -267,6 +285,20 @@ mod tests {
             Change::Released { fence: 17 }
         );
         assert_eq!(Change::parse(b"probe a.1"), Change::Probe("a.1".into()));
+        assert_eq!(
+            Change::parse(b"broken 17 ops-key"),
+            Change::Broken {
+                fence: 17,
+                by: Some("ops-key".into())
+            }
+        );
+        assert_eq!(
+            Change::parse(b"broken 17 "),
+            Change::Broken {
+                fence: 17,
+                by: None
+            }
+        );
     }
 
     #[test]
@@ -299,7 +331,8 @@ mod tests {
             granted_at_ms in any::<u64>(),
             owner in proptest::option::of("[^\\x00-\\x1f]{1,40}"),
             meta in proptest::option::of("[^\\x00-\\x1f]{0,40}"),
-            kind in 0..6u8,
+            kind in 0..7u8,
+            by in proptest::option::of("[A-Za-z0-9_.-]{1,20}"),
         ) {
             let meta = meta.and_then(|m| crate::lock::Meta::parse(&serde_json::json!({ "m": m }), 1024).ok());
             let change = match kind {
@@ -308,6 +341,7 @@ mod tests {
                 1 => Change::Extended { fence, ttl_ms, at_ms: Some(granted_at_ms) },
                 2 => Change::Expired { fence },
                 3 => Change::Completed { fence },
+                6 => Change::Broken { fence, by },
                 _ => Change::Released { fence },
             };
             prop_assert_eq!(Change::parse(change.encode().as_bytes()), change);

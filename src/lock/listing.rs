@@ -212,6 +212,16 @@ pub struct SemaphoreEntry {
     pub info: SemaphoreInfo,
 }
 
+/// A run in a listing (every run still kept: running, done or pending).
+/// Never a token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunEntry {
+    /// The run's key.
+    pub key: LockName,
+    /// Where it stands.
+    pub info: super::run::RunInfo,
+}
+
 /// The longest cursor accepted, in characters: far below the request head
 /// limit, however many pending names it carries.
 pub const MAX_CURSOR_LEN: usize = 8192;

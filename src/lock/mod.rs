@@ -18,6 +18,8 @@
 //! - [`error`]: [`LockError`], the one error type of every operation.
 //! - [`fence`]: the fencing-token rule, max(counter + 1, clock in µs),
 //!   which every backend follows.
+//! - [`history`]: a name's last leases and how each ended, folded from
+//!   the change messages, and what a break ends.
 //! - [`change`]: the change messages a backend publishes with each change
 //!   (`acquired`, `extended`, `released`, `expired`, a probe's marker).
 //! - [`listing`]: the shapes of a walk over the held locks and semaphores,
@@ -139,6 +141,7 @@
 pub mod change;
 pub mod error;
 pub mod fence;
+pub mod history;
 pub mod lease;
 pub mod listing;
 pub mod memory;

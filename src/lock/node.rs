@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::Kind;
+use super::history::{BrokenLease, HistoryEntry};
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::run::ProbedRun;
 use super::run::{
@@ -65,6 +66,35 @@ pub trait Node: Send + Sync + 'static {
     /// # Errors
     /// [`LockError::Unavailable`] when it does not.
     async fn ping(&self) -> Result<(), LockError>;
+
+    /// The history of `subject` on this node (see [`super::history`]):
+    /// its last leases, newest first, each open one settled against the
+    /// fences that hold `subject` at the moment of the read (in the same
+    /// atomic step). Empty when none is kept (none granted, past the
+    /// fence retention, or `--history-length 0`).
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] or [`LockError::Backend`] when the node
+    /// fails.
+    async fn history(&self, subject: &Subject) -> Result<Vec<HistoryEntry>, LockError>;
+
+    /// Ends the live leases of `subject` whatever their token: every one,
+    /// or the one whose fence is `fence`; tells each end as
+    /// [`Change::Broken`] (waiters wake, watchers hear it) and records it
+    /// in the history as broken by `by`. A lock's next grant gets a larger
+    /// fence, as after any end. A run's attempt ends as an abandonment
+    /// would: the run is pending, nothing stored. Returns the leases
+    /// ended, none when nothing matched.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] or [`LockError::Backend`] when the node
+    /// fails (some leases may have been ended).
+    async fn break_leases(
+        &self,
+        subject: &Subject,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<BrokenLease>, LockError>;
 
     /// Starts telling `listener` about releases and extends of locks, by
     /// any client of the same node, until `stop` is cancelled. A node that
@@ -311,6 +341,19 @@ pub trait RunNode: Node {
     /// # Errors
     /// [`LockError::Unavailable`] when the node fails.
     async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError>;
+
+    /// The runs `keys`, in their order (`None` for an unknown one), read
+    /// together: by default one [`RunNode::inspect_run`] after another.
+    ///
+    /// # Errors
+    /// As for [`RunNode::inspect_run`].
+    async fn runs(&self, keys: &[LockName]) -> Result<Vec<Option<RunInfo>>, LockError> {
+        let mut found = Vec::with_capacity(keys.len());
+        for key in keys {
+            found.push(self.inspect_run(key).await?);
+        }
+        Ok(found)
+    }
 }
 
 /// A server that keeps every kind of lease: what a [`super::Single`]

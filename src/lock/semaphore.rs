@@ -10,6 +10,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::history::BrokenLease;
 use super::{Lease, LockName, Meta, Owner, Token, Ttl};
 
 /// What a watcher's probe of a semaphore read, in one atomic step with its
@@ -290,6 +291,36 @@ impl Permits {
             .collect();
         permits.sort_by_key(|p| p.remaining);
         Some(SemaphoreInfo { limit, permits })
+    }
+
+    /// Ends the live permits whose fence is `fence` (every one with
+    /// `None`), whatever their token: an admin's break. Returns what each
+    /// was, as a lease of `mode` (a lock's shared leases; `None` for
+    /// permits).
+    pub fn break_held(
+        &mut self,
+        now: u64,
+        fence: Option<u64>,
+        mode: Option<super::Mode>,
+    ) -> Vec<BrokenLease> {
+        self.prune(now);
+        let mut broken = Vec::new();
+        self.held.retain(|p| {
+            let hit = fence.is_none_or(|f| f == p.fence);
+            if hit {
+                broken.push(BrokenLease {
+                    fence: p.fence,
+                    mode,
+                    owner: p.owner.clone(),
+                    meta: p.meta.clone(),
+                });
+            }
+            !hit
+        });
+        if self.held.is_empty() {
+            self.limit = None;
+        }
+        broken
     }
 
     /// Whether `token` holds a live permit at `now`.

@@ -21,7 +21,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry};
+use super::history::{BrokenLease, HistoryEntry};
+use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position, RunEntry, SemaphoreEntry};
 use super::run::ProbedRun;
 use super::run::{
     Attempt, Completed, RunInfo, RunMiss, RunResult, StartRefusal, StartRequest, Started,
@@ -67,6 +68,27 @@ pub trait Store: Send + Sync + 'static {
     /// [`LockError::Unavailable`], [`LockError::QuorumUnavailable`] or
     /// [`LockError::Backend`] when the store fails.
     async fn ping(&self) -> Result<(), LockError>;
+
+    /// The history of `subject` (see [`super::Node::history`]; Redlock
+    /// merges its nodes', [`super::history::merge`]).
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] for a kind the store does not keep; a
+    /// store failure as for [`LockStore::acquire`].
+    async fn history(&self, subject: &Subject) -> Result<Vec<HistoryEntry>, LockError>;
+
+    /// Ends the live leases of `subject` whatever their token (see
+    /// [`super::Node::break_leases`]; Redlock on every node it reaches).
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] for a kind the store does not keep; a
+    /// store failure as for [`LockStore::acquire`].
+    async fn break_leases(
+        &self,
+        subject: &Subject,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<BrokenLease>, LockError>;
 
     /// Starts telling `listener` about releases and extends, on every node,
     /// until `stop` is cancelled; returns the [`WaitInterest`] to tell
@@ -268,6 +290,18 @@ pub trait RunStore: Send + Sync {
     /// # Errors
     /// [`LockError::Unavailable`] when the node fails.
     async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError>;
+
+    /// One page of the runs kept (running, done or pending) whose keys
+    /// start with `prefix`, as [`LockStore::list_locks`].
+    ///
+    /// # Errors
+    /// As for [`LockStore::list_locks`].
+    async fn list_runs(
+        &self,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<Page<RunEntry>, LockError>;
 }
 
 /// The store of one backend (one Redis server, Sentinel's master, a Redis
@@ -304,6 +338,19 @@ impl Store for Single {
 
     async fn ping(&self) -> Result<(), LockError> {
         self.node.ping().await
+    }
+
+    async fn history(&self, subject: &Subject) -> Result<Vec<HistoryEntry>, LockError> {
+        self.node.history(subject).await
+    }
+
+    async fn break_leases(
+        &self,
+        subject: &Subject,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<BrokenLease>, LockError> {
+        self.node.break_leases(subject, fence, by).await
     }
 
     fn watch_releases(
@@ -467,5 +514,26 @@ impl RunStore for Single {
 
     async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError> {
         self.node.probe_run(key, marker).await
+    }
+
+    async fn list_runs(
+        &self,
+        prefix: &NamePrefix,
+        at: &Position,
+        limit: PageSize,
+    ) -> Result<Page<RunEntry>, LockError> {
+        let found = self.node.scan(Kind::Run, prefix, at, limit).await?;
+        let infos = self.node.runs(&found.names).await?;
+        // A run forgotten between the walk and the read is left out.
+        let items = found
+            .names
+            .into_iter()
+            .zip(infos)
+            .filter_map(|(key, info)| info.map(|info| RunEntry { key, info }))
+            .collect();
+        Ok(Page {
+            items,
+            next: found.next,
+        })
     }
 }

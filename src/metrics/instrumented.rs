@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
-use crate::lock::Kind;
+use crate::lock::history::{BrokenLease, HistoryEntry};
 use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
 use crate::lock::run::ProbedRun;
 use crate::lock::run::{
@@ -22,6 +22,7 @@ use crate::lock::{
     AcquireRequest, Acquired, Backend, ChangeListener, ExtendTtl, Lease, LockError, LockInfo,
     LockName, LockNode, Node, Released, RunNode, SemaphoreNode, Token, WaitInterest,
 };
+use crate::lock::{Kind, Subject};
 
 /// The `op` labels of `lockd_backend_duration_seconds`.
 const BACKEND_OPS: &[&str] = &[
@@ -40,6 +41,9 @@ const BACKEND_OPS: &[&str] = &[
     "scan",
     "inspect_many",
     "inspect_semaphores",
+    "history",
+    "break",
+    "inspect_runs",
 ];
 
 /// A [`Node`] that times every call in
@@ -124,6 +128,20 @@ impl Node for Instrumented {
 
     async fn ping(&self) -> Result<(), LockError> {
         self.time("ping", self.inner.ping()).await
+    }
+
+    async fn history(&self, subject: &Subject) -> Result<Vec<HistoryEntry>, LockError> {
+        self.time("history", self.inner.history(subject)).await
+    }
+
+    async fn break_leases(
+        &self,
+        subject: &Subject,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<BrokenLease>, LockError> {
+        self.time("break", self.inner.break_leases(subject, fence, by))
+            .await
     }
 
     fn counts_for_quorum(&self) -> bool {
@@ -290,5 +308,9 @@ impl RunNode for Instrumented {
     async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError> {
         self.time("probe_run", self.inner.probe_run(key, marker))
             .await
+    }
+
+    async fn runs(&self, keys: &[LockName]) -> Result<Vec<Option<RunInfo>>, LockError> {
+        self.time("inspect_runs", self.inner.runs(keys)).await
     }
 }

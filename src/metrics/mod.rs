@@ -32,7 +32,7 @@ pub use instrumented::Instrumented;
 use namespace::{Label, Namespaces};
 pub use semaphores::PendingPermit;
 
-use crate::lock::{Acquired, LockError, LockName, Mode, Released};
+use crate::lock::{Acquired, Kind, LockError, LockName, Mode, Released};
 
 /// Bucket bounds in seconds for backend latency: from 100 µs (a loopback
 /// Redis round trip) to 10 s.
@@ -174,6 +174,9 @@ pub struct Metrics {
     release_total: IntCounterVec,
     /// `lockd_extend_total{namespace,result}`.
     extend_total: IntCounterVec,
+    /// `lockd_breaks_total{kind}`: leases an admin broke (`DELETE
+    /// ...?force=true`), by kind: `lock`, `semaphore` or `run`.
+    breaks: IntCounterVec,
     /// `lockd_shared_holders{namespace}`: live shared leases of the locks
     /// this instance granted shared leases of, read from the store at
     /// scrape time (by every instance's holders).
@@ -343,6 +346,11 @@ impl Metrics {
             release_total: b.counter("lockd_release_total", "Release requests by namespace and result.", ns_result)?,
             extend_total: b.counter("lockd_extend_total", "Extend requests by namespace and result.", ns_result)?,
             waiters: b.gauge("lockd_waiters", "Requests waiting for a lock now.", ns)?,
+            breaks: b.counter(
+                "lockd_breaks_total",
+                "Leases an admin broke (DELETE ...?force=true), whatever their token, by kind (lock, semaphore, run).",
+                &["kind"],
+            )?,
             shared_holders: b.gauge(
                 "lockd_shared_holders",
                 "Live shared leases of the locks this instance has granted shared leases of, read from the store at scrape time.",
@@ -422,6 +430,9 @@ impl Metrics {
         metrics.create_namespace_series(namespace::OTHER);
         for op in ["acquire", "extend", "release", "inspect"] {
             metrics.quorum_failures.with_label_values(&[op]);
+        }
+        for kind in [Kind::Lock, Kind::Semaphore, Kind::Run] {
+            metrics.breaks.with_label_values(&[kind.as_str()]);
         }
         Ok(metrics)
     }
@@ -579,6 +590,13 @@ impl Metrics {
             }
         }
         self.count_quorum_failure("release", outcome);
+    }
+
+    /// Counts the leases of `kind` a break ended.
+    pub fn observe_breaks(&self, kind: Kind, ended: usize) {
+        self.breaks
+            .with_label_values(&[kind.as_str()])
+            .inc_by(u64::try_from(ended).unwrap_or(u64::MAX));
     }
 
     /// Counts an extend request's outcome.

@@ -7,16 +7,9 @@
 //                        and CONSOLE_OPERATOR_KEY (acquire, extend,
 //                        release, read)
 //   LOCKD_ADMIN_URL      a lockd whose keys file gives CONSOLE_ADMIN_KEY
-//                        the `admin` permission, or empty when it did not
-//                        start (LOCKD_ADMIN_ERROR says why: a lockd that
-//                        does not know that permission refuses the file)
+//                        the `admin` permission
 //   CONSOLE_ARTIFACTS    where the screenshots go
 //   CHROMIUM             the browser (Debian's chromium, found on PATH)
-//
-// Tests whose name starts with [needs ...] use an API that lands with the
-// history / break / run-listing change (GET .../history, DELETE ...?force,
-// GET /runs, the `admin` permission): they fail on a lockd without it, and
-// stay in the suite so that they run once it is there.
 //
 // Every wait is for an event or a selector, bounded by WAIT (generous: the
 // machine may be busy), never a fixed sleep standing for one.
@@ -39,7 +32,6 @@ const VIEWER = env('CONSOLE_VIEWER_KEY');
 const OPERATOR = env('CONSOLE_OPERATOR_KEY');
 const ADMIN_URL = process.env.LOCKD_ADMIN_URL || '';
 const ADMIN = process.env.CONSOLE_ADMIN_KEY || '';
-const ADMIN_ERROR = process.env.LOCKD_ADMIN_ERROR || 'LOCKD_ADMIN_URL is not set';
 const ARTIFACTS = env('CONSOLE_ARTIFACTS');
 const CHROMIUM = env('CHROMIUM');
 
@@ -275,7 +267,7 @@ test('opening a lock follows its watch: a release over HTTP arrives live', async
   assertClean();
 });
 
-test('[needs the history API] opening a lock shows its history', async (t) => {
+test('opening a lock shows its history', async (t) => {
   const name = unique('history');
   const first = await acquire(OPEN, name, { owner: 'first-holder', meta: { n: 1 } });
   await release(OPEN, name, first.token);
@@ -317,7 +309,7 @@ test('a server without history or run listing says so (a 404 or 405 answer)', as
 
 // The next three hold the page to the contract of the history, break and
 // run-listing answers (docs/console.md) with answers made here, so that
-// they check the page now; the [needs ...] tests check it against lockd.
+// they check the page alone; the tests above and below check it against lockd.
 
 const json = (status, body, type = 'application/json') => ({ status, contentType: type, body: JSON.stringify(body) });
 
@@ -400,7 +392,7 @@ test('run listings as the contract says are shown with state, attempt, owner, me
   assertClean();
 });
 
-test('[needs GET /runs] a run started over HTTP appears in the runs tab', async (t) => {
+test('a run started over HTTP appears in the runs tab', async (t) => {
   const prefix = unique('runs');
   const key = `${prefix}:delivery-1`;
   const started = await call(OPEN, 'POST', `/runs/${encodeURIComponent(key)}`, { body: { ttl_ms: 300_000, owner: 'hook-1', meta: { delivery: 1 } } });
@@ -508,14 +500,25 @@ test('a break with a key without admin permission says "your key has no admin pe
   assertClean();
 });
 
-test('[needs the break API and the admin permission] breaking a lock from the page ends its holder\'s lease', async (t) => {
-  assert.ok(ADMIN_URL, `the lockd with an admin key did not start: ${ADMIN_ERROR}`);
+test('an operator finds a stuck lock, sees who held it before, and breaks it from the page', async (t) => {
+  assert.ok(ADMIN_URL, 'LOCKD_ADMIN_URL is not set');
   const name = unique('break');
+  const before = await acquire(ADMIN_URL, name, { key: ADMIN, owner: 'earlier-holder' });
+  await call(ADMIN_URL, 'DELETE', `/locks/${encodeURIComponent(name)}`, { key: ADMIN, token: before.token });
   const grant = await acquire(ADMIN_URL, name, { key: ADMIN, owner: 'stuck-holder', meta: { host: 'gone' } });
   const { page, assertClean } = await openPage(t, ADMIN_URL);
+  const breaks = [];
+  page.on('request', (request) => {
+    if (request.method() === 'DELETE') breaks.push(new URL(request.url()));
+  });
   await page.goto(`${ADMIN_URL}/ui#/locks/${name}`);
   await giveKey(page, ADMIN);
   await waitLive(page);
+  // Who held it before: the earlier holder, released.
+  const rows = page.locator('#history tbody tr');
+  await eventually('two leases in the history', async () => (await rows.count()) >= 2);
+  assert.match(await rows.nth(1).textContent(), /earlier-holder/);
+  assert.match(await rows.nth(1).locator('td[data-label="Ended"]').textContent(), /released/);
   await page.getByRole('button', { name: /Break the lease of stuck-holder/ }).click();
   const dialog = page.locator('#break-dialog');
   await dialog.waitFor({ state: 'visible' });
@@ -529,6 +532,17 @@ test('[needs the break API and the admin permission] breaking a lock from the pa
   await page.locator('#detail-state', { hasText: 'Nobody holds this lock now.' }).waitFor();
   const extend = await call(ADMIN_URL, 'PATCH', `/locks/${encodeURIComponent(name)}`, { key: ADMIN, token: grant.token });
   assert.equal(extend.status, 404, extend.text);
+  // The break named the fence the dialog showed, and the history says who
+  // broke the lease.
+  assert.equal(breaks.length, 1);
+  assert.equal(breaks[0].searchParams.get('force'), 'true');
+  assert.equal(breaks[0].searchParams.get('fence'), String(grant.fence));
+  await eventually('the break in the history', async () => /broken/.test(await rows.nth(0).locator('td[data-label="Ended"]').textContent()));
+  assert.match(await rows.nth(0).locator('td[data-label="Broken by"]').textContent(), /admin/);
+  // The next holder's fence is larger: storage that checks fences refuses
+  // the stuck holder's late write.
+  const next = await acquire(ADMIN_URL, name, { key: ADMIN, owner: 'next-holder' });
+  assert.ok(BigInt(next.fence) > BigInt(grant.fence), `${next.fence} after ${grant.fence}`);
   assertClean();
 });
 

@@ -743,8 +743,12 @@ async fn metrics_count_outcomes_by_result_and_route_template(app: &TestApp) {
         "/runs/{key}",
         "/runs/{key}/result",
         "/runs/{key}/events",
+        "/locks/{name}/history",
+        "/semaphores/{name}/history",
+        "/runs/{key}/history",
         "/locks",
         "/semaphores",
+        "/runs",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -773,27 +777,44 @@ async fn healthz_and_readyz_answer_while_the_store_is_up(app: &TestApp) {
     assert_eq!(ready.str("status"), "ready");
 }
 
-/// The Redis keys of a lock are exactly the documented three, with the
-/// documented values and TTLs, and only the fence counter outlives the lock,
-/// for the fence retention after the last grant.
+/// The Redis keys of a lock are exactly the documented four, with the
+/// documented values and TTLs, and only the fence counter and the history
+/// outlive the lock, for the fence retention after the last grant (the
+/// history: after the last lease's end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_keys_follow_the_documented_data_model() {
     let app = TestApp::redis().await;
     let redis = app.redis_server();
     let name = "orders:1";
-    let (lock, fence, meta) = (
+    let (lock, fence, meta, history) = (
         lock_key(name),
         format!("{}:fence", lock_key(name)),
         format!("{}:meta", lock_key(name)),
+        format!("{}:history", lock_key(name)),
     );
     let grant = app
         .acquire(name, Some(json!({ "ttl_ms": 5000, "owner": "w-1" })))
         .await;
     grant.expect_status(201);
     let token = grant.token();
-    let mut all = vec![lock.clone(), fence.clone(), meta.clone()];
+    let mut all = vec![lock.clone(), fence.clone(), meta.clone(), history.clone()];
     all.sort();
     assert_eq!(redis.keys().await, all);
+    // The history: one entry, `FENCE MODE GRANTED_MS EXPIRES_MS`, the owner
+    // and the (empty) meta, kept the retention past the lease's end.
+    let entries: Vec<String> = redis
+        .cmd(::redis::cmd("LRANGE").arg(&history).arg(0).arg(-1))
+        .await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let fields: Vec<&str> = entries[0].split('\n').collect();
+    assert_eq!(&fields[1..], ["w-1", ""], "{entries:?}");
+    let header: Vec<&str> = fields[0].split(' ').collect();
+    assert_eq!(
+        header[..2],
+        [grant.fence().to_string().as_str(), "exclusive"]
+    );
+    let (granted, ends): (u64, u64) = (header[2].parse().unwrap(), header[3].parse().unwrap());
+    assert_eq!(ends - granted, 5000, "{entries:?}");
     let (value, _) = redis.get_with_pttl(&lock).await.expect("lock key");
     assert_eq!(value, token);
     let (pttl, meta_pttl) = pttls_at_once(redis, &lock, &meta).await;
@@ -803,6 +824,11 @@ async fn redis_keys_follow_the_documented_data_model() {
         "meta PTTL {meta_pttl}, lock {pttl}"
     );
     let retention = i64::try_from(app.settings.store.fence_retention.as_millis()).unwrap();
+    let history_pttl = redis.pttl(&history).await;
+    assert!(
+        history_pttl > retention + 4000 && history_pttl <= retention + 5000,
+        "history PTTL {history_pttl}"
+    );
     let counter_pttl = redis.pttl(&fence).await;
     assert!(
         counter_pttl > retention - 1000 && counter_pttl <= retention,
@@ -840,17 +866,25 @@ async fn redis_keys_follow_the_documented_data_model() {
         "the lock's own TTL"
     );
 
-    // A release leaves the fence counter only, which runs out on its own.
+    // A release leaves the fence counter and the history only, which run
+    // out on their own: the history the retention after the release.
     app.release(name, &token).await.expect_status(204);
-    assert_eq!(redis.keys().await, vec![fence.clone()]);
+    let mut left = vec![fence.clone(), history.clone()];
+    left.sort();
+    assert_eq!(redis.keys().await, left);
     assert!(redis.pttl(&fence).await > 0);
+    let history_pttl = redis.pttl(&history).await;
+    assert!(
+        history_pttl > retention - 1000 && history_pttl <= retention,
+        "history PTTL {history_pttl} after the release"
+    );
 
     // An expiry too: the meta hash expires with the lock.
     let short = app.acquire_ttl(name, 50).await;
     short.expect_status(201);
     assert!(short.fence() > grant.fence());
     tokio::time::sleep(Duration::from_millis(120)).await;
-    assert_eq!(redis.keys().await, vec![fence.clone()]);
+    assert_eq!(redis.keys().await, left);
     let counter: u64 = redis.cmd(::redis::cmd("GET").arg(&fence)).await;
     assert_eq!(counter, short.fence());
 }

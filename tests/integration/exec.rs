@@ -541,6 +541,72 @@ async fn a_child_whose_lock_is_taken_by_another_holder_is_stopped_with_70() {
     assert_eq!(app.redis_server().lock_token(name).await, Some(thief));
 }
 
+/// An operator breaks the lock of a stuck job with `lockd break` (an admin
+/// key from `lockd keygen`): the job's next renewal gets 404, and `lockd
+/// exec` stops its command as for any lost lease (70). `lockd history`
+/// then says who broke it; a key without `admin` is refused (64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_whose_lock_is_broken_by_lockd_break_is_stopped_with_70() {
+    let dir = Scratch::new();
+    let keys = dir.path("keys.toml");
+    let job_key = keygen(&dir, &keys, &["--id", "job", "--prefix", "exec:"]).await;
+    let ops_key = keygen(
+        &dir,
+        &keys,
+        &["--id", "ops", "--prefix", "*", "--permission", "read,admin"],
+    )
+    .await;
+    let app = TestApp::redis_with(|s| s.auth.keys_file = Some(keys.clone())).await;
+    let server = app.url("");
+    let name = "exec:broken";
+    let script = r#"
+        trap 'echo TERM >> "$DIR/trap"; exit 0' TERM
+        touch "$DIR/started"
+        while :; do sleep 0.05; done
+    "#;
+    let mut job = exec(&dir, &server, &["--ttl-ms", "900"], name, &sh(script));
+    job.env("LOCKD_API_KEY", &job_key);
+    let mut running = Lockd::spawn(job);
+    running.wait_for_file(&dir.path("started"), STARTUP).await;
+
+    let shell_as = |key: &str, args: &[&str]| {
+        let mut cmd = lockd(&dir);
+        cmd.args(args)
+            .args(["--server", &server])
+            .env("LOCKD_API_KEY", key);
+        cmd
+    };
+    run(shell_as(&job_key, &["break", name])).await.expect(64);
+    let broke = run(shell_as(&ops_key, &["break", name])).await;
+    broke.expect(0);
+    let answer: serde_json::Value = serde_json::from_str(&broke.stdout).expect("JSON");
+    // Whose lease ended: lockd exec's, with the host and pid it sends.
+    assert!(answer["broken"][0]["meta"]["pid"].is_u64(), "{answer}");
+    let broken_at = Instant::now();
+
+    let exit = running.wait(LIMIT).await;
+    exit.expect(70);
+    assert!(
+        broken_at.elapsed() < Duration::from_secs(8),
+        "stopping the command took {:?} after the break",
+        broken_at.elapsed()
+    );
+    assert_eq!(
+        dir.lines("trap"),
+        ["TERM"],
+        "the command did not get SIGTERM"
+    );
+    assert!(exit.stderr.contains("404"), "{}", exit.stderr);
+
+    let history = run(shell_as(&ops_key, &["history", name])).await;
+    history.expect(0);
+    let history: serde_json::Value = serde_json::from_str(&history.stdout).expect("JSON");
+    assert_eq!(history["entries"][0]["ended"], "broken", "{history}");
+    assert_eq!(history["entries"][0]["broken_by"], "ops", "{history}");
+    // Nothing left to break: 404 lock-not-held, exit 1.
+    run(shell_as(&ops_key, &["break", name])).await.expect(1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_child_that_ignores_sigterm_is_killed_after_the_grace() {
     let app = TestApp::redis().await;

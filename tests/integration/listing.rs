@@ -24,6 +24,7 @@ use lockd::lock::listing::{Cursor, Position};
 backend_tests!(
     a_walk_lists_every_held_lock_under_the_prefix_and_no_released_one,
     a_walk_lists_the_semaphores_with_permits_held,
+    a_walk_lists_the_runs_kept_in_every_state,
     bad_listing_input_is_refused_with_a_problem,
 );
 
@@ -280,6 +281,84 @@ async fn a_walk_lists_the_semaphores_with_permits_held(app: &TestApp) {
     // The lock listing does not show semaphores.
     let locks = names(&walk(app, "/locks", &format!("prefix={tag}"), &[]).await);
     assert_eq!(locks, BTreeSet::from([format!("{tag}pool:lock")]));
+}
+
+async fn a_walk_lists_the_runs_kept_in_every_state(app: &TestApp) {
+    let tag = format!("r{}-", &random_token()[..6]);
+    if app.is_redlock() {
+        app.get(&format!("/runs?prefix={tag}"))
+            .await
+            .expect_problem(501, "not-implemented");
+        return;
+    }
+    let start = |key: String| async move {
+        let reply = app
+            .send_json(
+                Method::POST,
+                &format!("/runs/{key}"),
+                &[],
+                Some(json!({"ttl_ms": 60_000, "owner": "w"})),
+            )
+            .await;
+        reply.expect_status(201);
+        reply
+    };
+    let mut expected = std::collections::BTreeMap::new();
+    let mut tokens = Vec::new();
+    for i in 0..7 {
+        let key = format!("{tag}delivery:{i}");
+        let attempt = start(key.clone()).await;
+        tokens.push(attempt.token());
+        let state = match i % 3 {
+            0 => "running",
+            1 => {
+                app.send_json(
+                    Method::PUT,
+                    &format!("/runs/{key}/result"),
+                    &[("Lock-Token", &attempt.token())],
+                    Some(json!({"result": {"n": i}})),
+                )
+                .await
+                .expect_status(200);
+                "done"
+            }
+            _ => {
+                app.send(
+                    Method::DELETE,
+                    &format!("/runs/{key}"),
+                    &[("Lock-Token", &attempt.token())],
+                    None,
+                )
+                .await
+                .expect_status(204);
+                "pending"
+            }
+        };
+        expected.insert(key, state.to_owned());
+    }
+    // A lock of the same prefix is not a run.
+    app.acquire_ttl(&format!("{tag}delivery:lock"), 60_000)
+        .await
+        .expect_status(201);
+    let pages = walk(app, "/runs", &format!("prefix={tag}&limit=2"), &[]).await;
+    let listed: std::collections::BTreeMap<String, String> = pages
+        .iter()
+        .flatten()
+        .map(|run| {
+            (
+                run["key"].as_str().unwrap().to_owned(),
+                run["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, expected);
+    let text = format!("{pages:?}");
+    for token in &tokens {
+        assert!(!text.contains(token.as_str()), "a token in a listing");
+    }
+    app.get("/runs?limit=0")
+        .await
+        .expect_problem(400, "invalid-request");
 }
 
 async fn bad_listing_input_is_refused_with_a_problem(app: &TestApp) {

@@ -6,6 +6,7 @@ mod support;
 
 mod api;
 mod auth;
+mod breaks;
 mod browsers;
 mod cases;
 mod cluster;
@@ -13,6 +14,7 @@ mod dashboard;
 mod exec;
 mod fences;
 mod haproxy;
+mod history;
 mod in_process;
 mod limits;
 mod listing;

@@ -92,14 +92,20 @@ async fn served_openapi_states_this_servers_maxima_and_required_token() {
         // The examples (30000 and 5000 by default) are lowered to fit.
         assert_eq!(schema["example"], max, "{body}.{field}: {schema}");
     }
+    // An extend needs the token; a DELETE too, unless it is an admin's
+    // break (`force=true`), which takes none.
     let lock_ops = &served["paths"]["/locks/{name}"];
-    for method in ["patch", "delete"] {
+    for (method, required) in [("patch", true), ("delete", false)] {
         let parameters = lock_ops[method]["parameters"].as_array().expect("params");
         let header = parameters
             .iter()
             .find(|p| p["name"] == "Lock-Token")
             .unwrap_or_else(|| panic!("{method} has no Lock-Token"));
-        assert_eq!(header["required"], true, "{method}: {header}");
+        assert_eq!(header["required"], required, "{method}: {header}");
+        assert_eq!(
+            header["schema"]["$ref"], "#/components/schemas/LockToken",
+            "{method}: {header}"
+        );
     }
 }
 

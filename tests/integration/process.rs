@@ -128,6 +128,135 @@ fn an_unusable_redis_url_or_keys_file_exits_2_naming_it() {
     );
 }
 
+/// `lockd --version` and `lockd -V` print `lockd X.Y.Z`, the version in
+/// Cargo.toml, and nothing else, and exit 0.
+#[test]
+fn version_prints_lockd_and_the_cargo_version() {
+    let manifest = include_str!("../../Cargo.toml");
+    let version = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .expect("a version line in Cargo.toml");
+    for flag in ["--version", "-V"] {
+        let out = run_blocking(lockd().arg(flag));
+        out.expect(0);
+        assert_eq!(out.stdout, format!("lockd {version}\n"), "lockd {flag}");
+        assert_eq!(out.stderr, "", "lockd {flag}");
+    }
+}
+
+/// `lockd serve --help` groups the flags under headings and ends with the
+/// sections of a manual page: settings, environment, signals, exit status,
+/// files. Every flag is shown once.
+#[test]
+fn serve_help_groups_the_flags_and_ends_with_manual_sections() {
+    let out = run_blocking(lockd().args(["serve", "--help"]));
+    out.expect(0);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let at = |line: &str| {
+        lines
+            .iter()
+            .position(|l| *l == line)
+            .unwrap_or_else(|| panic!("no line {line:?} in:\n{}", out.stdout))
+    };
+    let order: Vec<usize> = [
+        "Usage: lockd serve [OPTIONS]",
+        "Options:",
+        "Listening:",
+        "Access:",
+        "Redis:",
+        "Leases and limits:",
+        "Metrics and logs:",
+        "Settings:",
+        "Environment:",
+        "Signals:",
+        "Exit status:",
+        "Files:",
+    ]
+    .into_iter()
+    .map(at)
+    .collect();
+    assert!(order.is_sorted(), "headings out of order:\n{}", out.stdout);
+    // Each flag under the heading of its group.
+    for (flag, heading) in [
+        ("--config <PATH>", "Options:"),
+        ("--tls-cert <PATH>", "Listening:"),
+        ("--auth-keys-file <AUTH_KEYS_FILE>", "Access:"),
+        ("--redis-url <REDIS_URL>", "Redis:"),
+        ("--max-ttl-ms <MAX_TTL_MS>", "Leases and limits:"),
+        ("--log-format <LOG_FORMAT>", "Metrics and logs:"),
+    ] {
+        let line = lines
+            .iter()
+            .position(|l| l.trim_start() == flag)
+            .unwrap_or_else(|| panic!("no {flag} in:\n{}", out.stdout));
+        let above = lines[..line]
+            .iter()
+            .rev()
+            .find(|l| l.ends_with(':') && !l.starts_with(' '))
+            .expect("a heading above");
+        assert_eq!(*above, heading, "{flag}");
+    }
+    let short = run_blocking(lockd().args(["serve", "-h"]));
+    short.expect(0);
+    let flags = |text: &str| -> Vec<String> {
+        let mut flags: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("--"))
+            .map(|l| l.split([' ', '[']).next().unwrap_or_default().to_owned())
+            .collect();
+        flags.sort();
+        flags
+    };
+    let long = flags(&out.stdout);
+    let mut unique = long.clone();
+    unique.dedup();
+    assert_eq!(long, unique, "a flag shown twice");
+    assert_eq!(long, flags(&short.stdout), "-h and --help show other flags");
+    assert!(long.len() > 40, "{long:?}");
+}
+
+/// The hidden `lockd manpages DIR` writes lockd.1 and a page per subcommand
+/// (lockd-serve.1, lockd-run-start.1, ...), and lists them; a directory it
+/// cannot write into is an error.
+#[test]
+fn manpages_writes_a_page_per_subcommand() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_blocking(lockd().arg("manpages").arg(dir.path()));
+    out.expect(0);
+    for page in [
+        "lockd",
+        "lockd-serve",
+        "lockd-exec",
+        "lockd-run-start",
+        "lockd-keygen",
+    ] {
+        let path = dir.path().join(format!("{page}.1"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{page}.1: {e}"));
+        assert!(
+            text.contains(&format!("\n.TH {page} 1 ")),
+            "{page}.1:\n{text}"
+        );
+        assert!(
+            out.stdout.lines().any(|l| l == path.to_string_lossy()),
+            "{page}.1 not listed:\n{}",
+            out.stdout
+        );
+    }
+    assert!(
+        !dir.path().join("lockd-manpages.1").exists(),
+        "a page for the hidden subcommand"
+    );
+    assert!(!dir.path().join("lockd-help.1").exists(), "a page for help");
+    let help = run_blocking(lockd().arg("--help"));
+    assert!(!help.stdout.contains("manpages"), "{}", help.stdout);
+    let missing = dir.path().join("no-such-dir");
+    let out = run_blocking(lockd().arg("manpages").arg(&missing));
+    assert_eq!(out.code(), 1, "{}", out.stderr);
+    assert!(out.stderr.contains("no-such-dir"), "{}", out.stderr);
+}
+
 /// `lockd serve --help` shows no Redis password from `LOCKD_REDIS_URL`.
 #[test]
 fn serve_help_shows_no_redis_password_from_the_environment() {

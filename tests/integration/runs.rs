@@ -352,15 +352,16 @@ async fn a_done_run_is_forgotten_when_its_retention_ends(app: &TestApp) {
         .await,
         "forgotten after its retention"
     );
-    // Nothing is left in Redis but the fence counter, which has its own
-    // retention (--fence-retention-ms).
+    // Nothing is left in Redis but the fence counter and the history,
+    // which have their own retention (--fence-retention-ms).
     let keys = run_keys(app, "short").await;
-    assert!(keys.iter().all(|k| k.ends_with(":fence")), "{keys:?}");
-    if let Some(counter) = keys.first() {
-        assert!(
-            app.redis_server().pttl(counter).await > 0,
-            "the counter has a TTL"
-        );
+    assert!(
+        keys.iter()
+            .all(|k| k.ends_with(":fence") || k.ends_with(":history")),
+        "{keys:?}"
+    );
+    for key in &keys {
+        assert!(app.redis_server().pttl(key).await > 0, "{key} has a TTL");
     }
     // The key is new again, with a larger fence.
     let again = start(app, "short", None, json!({})).await;

@@ -438,7 +438,11 @@ fn locks_lost_early(holds: &[Hold]) -> Vec<Hold> {
 /// Keys other than fence counters (`lockd:{NAME}:fence`).
 fn leftover_keys(keys: &[String]) -> Vec<String> {
     keys.iter()
-        .filter(|k| !(k.starts_with("lockd:{") && k.ends_with("}:fence")))
+        .filter(|k| {
+            // The fence counters and the histories outlive the leases, by
+            // design, for the fence retention.
+            !(k.starts_with("lockd:{") && (k.ends_with("}:fence") || k.ends_with("}:history")))
+        })
         .cloned()
         .collect()
 }
@@ -1174,13 +1178,14 @@ mod checker {
     }
 
     #[test]
-    fn leftover_keys_are_everything_but_fence_counters() {
+    fn leftover_keys_are_everything_but_fence_counters_and_histories() {
         let keys = [
             "lockd:{a}:fence".to_owned(),
+            "lockd:{a}:history".to_owned(),
             "lockd:{a}".to_owned(),
             "lockd:{a}:meta".to_owned(),
             "other".to_owned(),
         ];
-        assert_eq!(leftover_keys(&keys), &keys[1..]);
+        assert_eq!(leftover_keys(&keys), &keys[2..]);
     }
 }

@@ -372,3 +372,15 @@ impl RunStatus {
         status
     }
 }
+
+/// One page of `GET /runs`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunList {
+    /// Runs still kept (running, done or pending), each as `GET
+    /// /runs/{key}` shows it, at most `limit`; possibly fewer, even none,
+    /// with `next_cursor` set: follow it until it is `null`.
+    pub runs: Vec<RunStatus>,
+    /// The `cursor` of the next page (opaque); `null` on the last page.
+    #[schema(required = true, value_type = Option<crate::http::locks::model::CursorSchema>)]
+    pub next_cursor: Option<String>,
+}

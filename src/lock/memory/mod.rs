@@ -4,7 +4,8 @@
 //!
 //! This file keeps the locks; `shared` their shared leases (and the
 //! writers waiting for them), `semaphores` the permits, `runs` the runs,
-//! and `listing` the walk of the held names in order.
+//! `listing` the walk of the held names in order, and `history` every
+//! name's history (folded from the changes told) and the breaks.
 //!
 //! A std [`Mutex`] is right here (as in mini-redis's `db.rs`): the critical
 //! sections are short, never await, and a tokio mutex would only add cost.
@@ -19,7 +20,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::fence::{self, DEFAULT_RETENTION, unix_micros};
+use super::history::{BrokenLease, HistoryEntry, HistoryLength};
 
+mod history;
 mod listing;
 mod runs;
 mod semaphores;
@@ -156,6 +159,10 @@ pub struct MemoryBackend {
     fence_retention: Duration,
     /// The origin of the semaphores' millisecond clock.
     origin: Instant,
+    /// Every subject's history, folded from the changes told. Locked
+    /// after `state`, never before.
+    histories: Mutex<history::Histories>,
+    history_length: HistoryLength,
 }
 
 impl Default for MemoryBackend {
@@ -179,7 +186,20 @@ impl MemoryBackend {
             listener: OnceLock::new(),
             fence_retention: retention,
             origin: Instant::now(),
+            histories: Mutex::default(),
+            history_length: HistoryLength::DEFAULT,
         }
+    }
+
+    /// This store, keeping `length` entries of each name's history.
+    #[must_use]
+    pub fn with_history_length(mut self, length: HistoryLength) -> Self {
+        self.history_length = length;
+        self
+    }
+
+    fn histories(&self) -> MutexGuard<'_, history::Histories> {
+        self.histories.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// How many fencing counters are kept now. For tests that check names
@@ -214,13 +234,16 @@ impl MemoryBackend {
         *self.state() = State::default();
     }
 
-    /// Tells the listener that the `kind` of lease named `name` changed.
-    /// Called while the state is locked, so that the changes of a subject
-    /// are told in the order they were made (the listener never calls back
-    /// into the store).
+    /// Records in its history, and tells the listener, that the `kind`
+    /// of lease named `name` changed. Called while the state is locked, so
+    /// that the changes of a subject are recorded and told in the order
+    /// they were made (the listener never calls back into the store).
     fn tell(&self, kind: Kind, name: &LockName, change: &Change) {
+        let subject = Subject::new(kind, name.clone());
+        self.histories()
+            .fold(&subject, change, self.history_length, self.fence_retention);
         if let Some(listener) = self.listener.get() {
-            listener.changed(&Subject::new(kind, name.clone()), change);
+            listener.changed(&subject, change);
         }
     }
 
@@ -303,6 +326,19 @@ impl Node for MemoryBackend {
 
     async fn ping(&self) -> Result<(), LockError> {
         Ok(())
+    }
+
+    async fn history(&self, subject: &Subject) -> Result<Vec<HistoryEntry>, LockError> {
+        Ok(self.read_history(subject))
+    }
+
+    async fn break_leases(
+        &self,
+        subject: &Subject,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<BrokenLease>, LockError> {
+        self.break_held(subject, fence, by)
     }
 
     fn watch_releases(
@@ -481,7 +517,11 @@ impl LockNode for MemoryBackend {
         let Some(holder) = state.live(name, now).filter(|h| &h.token == token) else {
             return Ok(false);
         };
-        holder.fence = fence;
+        let before = std::mem::replace(&mut holder.fence, fence);
+        if before != fence {
+            self.histories()
+                .refence(&Subject::lock(name.clone()), before, fence);
+        }
         Ok(true)
     }
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::{MemoryBackend, SWEEP_EVERY, State, lease, next_fence_in};
+use crate::lock::history::BrokenLease;
 use crate::lock::run::{
     Attempt, Completed, DoneRun, LastEnd, ProbedRun, RunInfo, RunMiss, RunResult, StartRefusal,
     StartRequest, Started,
@@ -268,6 +269,32 @@ impl MemoryBackend {
         Ok(Ok(()))
     }
 
+    /// Ends the live attempt of run `key` (whose fence is `fence`, when
+    /// given) whatever its token: an admin's break. The run is pending
+    /// again, its record kept as long as it would have been.
+    pub(super) fn break_run(
+        &self,
+        state: &mut State,
+        key: &LockName,
+        fence: Option<u64>,
+        now: Instant,
+    ) -> Vec<BrokenLease> {
+        let Some(record) = state.run(key, now) else {
+            return Vec::new();
+        };
+        let live = matches!(record.stage, Stage::Running { expires, .. } if expires > now);
+        if !live || fence.is_some_and(|f| f != record.fence) {
+            return Vec::new();
+        }
+        record.stage = Stage::Abandoned;
+        vec![BrokenLease {
+            fence: record.fence,
+            mode: None,
+            owner: record.owner.clone(),
+            meta: record.meta.clone(),
+        }]
+    }
+
     /// As [`crate::lock::redis::RedisBackend::extend_run`].
     ///
     /// # Errors
@@ -342,7 +369,7 @@ impl MemoryBackend {
     }
 
     /// The state of run `key` at `now`.
-    fn read_run(state: &mut State, key: &LockName, now: Instant) -> Option<RunInfo> {
+    pub(super) fn read_run(state: &mut State, key: &LockName, now: Instant) -> Option<RunInfo> {
         let record = state.run(key, now)?;
         Some(match &record.stage {
             Stage::Done { .. } => RunInfo::Done(record.done()?),

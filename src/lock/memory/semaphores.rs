@@ -175,7 +175,7 @@ impl MemoryBackend {
 
     /// The semaphore `name` of `state` now, telling the permits that ran
     /// out ([`Self::tell_ended`]).
-    fn inspect_in(&self, state: &mut State, name: &LockName) -> Option<SemaphoreInfo> {
+    pub(super) fn inspect_in(&self, state: &mut State, name: &LockName) -> Option<SemaphoreInfo> {
         let at = self.now_us();
         let permits = state.semaphores.get_mut(name.as_str())?;
         let info = permits.inspect(at);
@@ -186,7 +186,7 @@ impl MemoryBackend {
     /// Tells the listener of the permits of `permits` (of semaphore
     /// `name`) that ran out, as the scripts publish them: `expired FENCE`,
     /// before the change that found them so.
-    fn tell_ended(&self, name: &LockName, permits: &mut Permits) {
+    pub(super) fn tell_ended(&self, name: &LockName, permits: &mut Permits) {
         for fence in permits.take_ended() {
             self.tell(Kind::Semaphore, name, &Change::Expired { fence });
         }

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::{MemoryBackend, State, lease};
+use crate::lock::history::BrokenLease;
 use crate::lock::semaphore::{Limit, PermitRequest, Permits, Taken};
 use crate::lock::{
     AcquireRequest, Acquired, Change, ExtendTtl, Kind, Lease, LockError, LockInfo, LockName, Mode,
@@ -36,6 +37,17 @@ impl SharedLock {
     /// How many shared leases are live at `at_us` (the semaphores' clock).
     pub(super) fn live_leases(&mut self, at_us: u64) -> usize {
         self.leases.live(at_us)
+    }
+
+    /// Ends the live shared leases whose fence is `fence` (every one with
+    /// `None`), whatever their token: an admin's break. The waiting
+    /// writers go with the last one, as at a release.
+    pub(super) fn break_leases(&mut self, at_us: u64, fence: Option<u64>) -> Vec<BrokenLease> {
+        let broken = self.leases.break_held(at_us, fence, Some(Mode::Shared));
+        if self.leases.live(at_us) == 0 {
+            self.writers.clear();
+        }
+        broken
     }
 
     /// Forgets `token`'s wait (its request was granted).
@@ -79,7 +91,7 @@ impl State {
 
 impl MemoryBackend {
     /// Tells of the shared leases of `name` that ran out.
-    fn tell_ended_shared(&self, name: &LockName, shared: &mut SharedLock) {
+    pub(super) fn tell_ended_shared(&self, name: &LockName, shared: &mut SharedLock) {
         for fence in shared.leases.take_ended() {
             self.tell(Kind::Lock, name, &Change::Expired { fence });
         }

@@ -25,8 +25,10 @@ use tokio::time::Instant;
 use super::RedisBackend;
 use super::events::glob_escape;
 use super::pool::{Conn, cluster_nodes};
+use super::runs::run_of;
 use super::semaphores::semaphore_of;
 use crate::lock::listing::{NamePrefix, PageSize, Position, ScanPage};
+use crate::lock::run::RunInfo;
 use crate::lock::semaphore::SemaphoreInfo;
 use crate::lock::{Kind, LockError, LockName};
 
@@ -405,7 +407,23 @@ impl RedisBackend {
             })?
     }
 
-    /// As [`crate::lock::SemaphoreNode::semaphores`]: read together.
+    /// As [`crate::lock::RunNode::runs`]: the runs `keys`, in their order,
+    /// each by its inspect script, read together on one connection.
+    ///
+    /// # Errors
+    /// As for [`Self::scan`]: the first failure.
+    pub async fn runs(&self, keys: &[LockName]) -> Result<Vec<Option<RunInfo>>, LockError> {
+        let read_at = Instant::now();
+        let calls: Vec<_> = keys.iter().map(|key| self.inspect_run_call(key)).collect();
+        let answers: Vec<Vec<redis::Value>> = self.run_together(&calls).await?;
+        answers
+            .into_iter()
+            .map(|answer| run_of(answer, read_at))
+            .collect()
+    }
+
+    /// The semaphores `names`, in their order, read together, as
+    /// [`Self::runs`] reads runs.
     ///
     /// # Errors
     /// As for [`Self::scan`]: the first failure.

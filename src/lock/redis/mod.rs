@@ -6,7 +6,10 @@
 //! - this file: [`RedisBackend`], the lock primitives (one Lua script
 //!   each), and how an operation is retried on a fresh connection;
 //! - `semaphores`: the permit primitives; `runs`: the run primitives;
-//!   `listing`: the `SCAN` walks;
+//!   `listing`: the `SCAN` walks; `history`: every name's history (the
+//!   fold `scripts/history.lua` runs on each change message) and the
+//!   lock's breaks, whose semaphore and run parts sit beside their
+//!   other scripts;
 //! - `scripts/`: the Lua scripts, loaded with `include_str!`;
 //! - [`connect`]: the one place that turns a URL and the TLS settings into
 //!   a client, and reports a node it cannot reach over TLS;
@@ -38,6 +41,9 @@
 //! - `P{N}:meta`: a hash with `fence`, `owner`, `granted_at_ms` and
 //!   `ttl_ms` (the lock's own TTL, used by an extend that names none),
 //!   written with the lock, with the same TTL, and deleted with it.
+//! - `P{N}:history`: a list of the lock's last leases, newest first,
+//!   kept the fence retention past the last one's end (see
+//!   `scripts/history.lua`).
 //! - `P{N}:shared`, `P{N}:readers` and `P{N}:writers`: the lock's shared
 //!   leases (a sorted set of tokens by expiry, and their records), and the
 //!   exclusive requests waiting for them to end (see
@@ -84,6 +90,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::restart::RestartWatch;
 use self::sentinel::Sentinels;
+use super::history::{BrokenLease, HistoryEntry, HistoryLength};
 use super::listing::{NamePrefix, PageSize, Position, ScanPage};
 use super::reaper::{Attempt, Reap, Reaped};
 use super::run::ProbedRun;
@@ -94,7 +101,7 @@ use super::run::{
 use super::semaphore::{Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
     AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Meta, Mode, Node, Released, RunNode, SemaphoreNode, Token, Ttl,
+    LockName, LockNode, Meta, Mode, Node, Released, RunNode, SemaphoreNode, Subject, Token, Ttl,
     WaitInterest, unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
@@ -102,6 +109,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 
 pub mod connect;
 mod events;
+mod history;
 mod listing;
 mod pool;
 mod restart;
@@ -153,8 +161,13 @@ static EXTEND: LazyLock<Script> = LazyLock::new(|| {
         include_str!("scripts/extend.lua")
     ))
 });
-static RAISE_FENCE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
+static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{}{}",
+        history::HISTORY_LUA,
+        include_str!("scripts/raise_fence.lua")
+    ))
+});
 const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
 /// A watcher's marker (`probe.lua`), put in front of an inspect script.
 const PROBE_LUA: &str = include_str!("scripts/probe.lua");
@@ -220,8 +233,11 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// The most pooled connections.
     pub pool_size: usize,
-    /// How long a fencing counter is kept after a lock's last grant.
+    /// How long a fencing counter is kept after a lock's last grant (and
+    /// a name's history after its last lease).
     pub fence_retention: Duration,
+    /// How many entries each name's history keeps (0: none).
+    pub history_length: HistoryLength,
     /// Redlock: how long this node counts toward no quorum after it
     /// restarted (see `restart`); `None` outside Redlock, where
     /// restarts are not watched.
@@ -252,6 +268,8 @@ struct Keys {
     readers: String,
     writers: String,
     released: String,
+    /// Its history (see `scripts/history.lua`).
+    history: String,
 }
 
 impl Keys {
@@ -263,6 +281,7 @@ impl Keys {
             shared: format!("{lock}:shared"),
             readers: format!("{lock}:readers"),
             writers: format!("{lock}:writers"),
+            history: format!("{lock}:history"),
             released: events::channel(prefix, Kind::Lock, name),
             lock,
         }
@@ -313,6 +332,7 @@ pub struct RedisBackend {
     prefix: String,
     timeout: Duration,
     fence_retention_ms: u64,
+    history_length: HistoryLength,
     restarts: Option<Arc<RestartWatch>>,
     standalone: bool,
 }
@@ -397,6 +417,7 @@ impl RedisBackend {
             timeout: config.timeout,
             fence_retention_ms: u64::try_from(config.fence_retention.as_millis())
                 .unwrap_or(u64::MAX),
+            history_length: config.history_length,
             restarts,
             standalone: config.standalone,
         })
@@ -686,6 +707,7 @@ impl RedisBackend {
             .arg(token.expose())
             .arg(&keys.released)
             .arg(self.events.publish());
+        self.with_history(&mut call, &keys.history);
         call
     }
 
@@ -886,6 +908,28 @@ impl Node for RedisBackend {
         RedisBackend::scan(self, kind, prefix, at, limit).await
     }
 
+    async fn history(&self, subject: &Subject) -> Result<Vec<HistoryEntry>, LockError> {
+        match subject.kind() {
+            Kind::Lock => self.lock_history(subject.name()).await,
+            Kind::Semaphore => self.semaphore_history(subject.name()).await,
+            Kind::Run => self.run_history(subject.name()).await,
+        }
+    }
+
+    async fn break_leases(
+        &self,
+        subject: &Subject,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<BrokenLease>, LockError> {
+        let name = subject.name();
+        match subject.kind() {
+            Kind::Lock => self.break_lock(name, fence, by).await,
+            Kind::Semaphore => self.break_permits(name, fence, by).await,
+            Kind::Run => self.break_attempt(name, fence, by).await,
+        }
+    }
+
     async fn ping(&self) -> Result<(), LockError> {
         let attempt = async {
             let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
@@ -1015,6 +1059,7 @@ impl LockNode for RedisBackend {
             .arg(waits_ms)
             .arg(if req.renew_only { "1" } else { "" })
             .arg(req.meta.as_ref().map_or("", |m| m.as_str()));
+        self.with_history(&mut call, &keys.history);
         let mut sent_on = None;
         let (status, value): (i64, i64) = match self.run_on(&call, &mut sent_on).await {
             Ok(answer) => answer,
@@ -1096,6 +1141,7 @@ impl LockNode for RedisBackend {
             .arg(self.fence_retention_ms)
             .arg(self.events.publish())
             .arg(unix_millis(sent_wall));
+        self.with_history(&mut call, &keys.history);
         let mut sent_on = None;
         let (status, fence, ttl_ms): (i64, i64, i64) = self.run_on(&call, &mut sent_on).await?;
         match status {
@@ -1196,6 +1242,7 @@ impl LockNode for RedisBackend {
             .arg(token.expose())
             .arg(fence)
             .arg(self.fence_retention_ms);
+        self.with_history(&mut call, &keys.history);
         Ok(self.run::<i64>(&call).await? == 1)
     }
 
@@ -1303,6 +1350,10 @@ impl RunNode for RedisBackend {
 
     async fn probe_run(&self, key: &LockName, marker: &str) -> Result<ProbedRun, LockError> {
         RedisBackend::probe_run(self, key, marker).await
+    }
+
+    async fn runs(&self, keys: &[LockName]) -> Result<Vec<Option<RunInfo>>, LockError> {
+        RedisBackend::runs(self, keys).await
     }
 }
 

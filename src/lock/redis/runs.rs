@@ -11,7 +11,9 @@ use redis::{Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use super::events;
+use super::history::{self, HISTORY_LUA};
 use super::{FENCE_LUA, Grant, GrantKind, PROBE_LUA, RedisBackend};
+use crate::lock::history::{BrokenLease, HistoryEntry};
 use crate::lock::run::{
     Attempt, Completed, DoneRun, LastEnd, ProbedRun, RunInfo, RunMiss, RunResult, StartRefusal,
     StartRequest, Started,
@@ -23,10 +25,13 @@ use crate::lock::{
 /// The shared part of the run scripts (`read_record`, `ms`).
 const RUN_LUA: &str = include_str!("scripts/run.lua");
 
-/// One run script: the shared part, then `body`.
+/// One run script: the history's part (a run's leases are its
+/// attempts), the shared part, then `body`.
 fn script(body: &str, with_fence: bool) -> Script {
     let fence = if with_fence { FENCE_LUA } else { "" };
-    Script::new(&format!("{fence}{RUN_LUA}{body}"))
+    Script::new(&format!(
+        "{fence}{HISTORY_LUA}history_mode = 'attempt'\n{RUN_LUA}{body}"
+    ))
 }
 
 static START: LazyLock<Script> =
@@ -39,6 +44,12 @@ static EXTEND: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("scripts/run_extend.lua"), false));
 const RUN_INSPECT_LUA: &str = include_str!("scripts/run_inspect.lua");
 static INSPECT: LazyLock<Script> = LazyLock::new(|| script(RUN_INSPECT_LUA, false));
+/// A run's history: the run as `run_inspect.lua` reads it, then its
+/// history list.
+static HISTORY: LazyLock<Script> = LazyLock::new(|| history::read_script(RUN_LUA, RUN_INSPECT_LUA));
+/// An admin's break of a run's attempt (`run_break.lua`).
+static BREAK: LazyLock<Script> =
+    LazyLock::new(|| script(include_str!("scripts/run_break.lua"), false));
 /// A run's probe: the marker, the fence counter (KEYS[3]), then the run as
 /// `run_inspect.lua` reads it, in one step.
 static PROBE: LazyLock<Script> = LazyLock::new(|| {
@@ -59,6 +70,7 @@ struct RunKeys {
     record: String,
     fence: String,
     channel: String,
+    history: String,
 }
 
 impl RunKeys {
@@ -68,6 +80,7 @@ impl RunKeys {
             attempt: format!("{base}:attempt"),
             record: format!("{base}:record"),
             fence: format!("{base}:fence"),
+            history: format!("{base}:history"),
             channel: events::channel(prefix, Kind::Run, key),
         }
     }
@@ -173,6 +186,7 @@ impl RedisBackend {
             .arg(req.fingerprint.as_ref().map_or("", |f| f.as_str()))
             .arg(millis(req.retention))
             .arg(req.meta.as_ref().map_or("", |m| m.as_str()));
+        self.with_history(&mut call, &keys.history);
         let mut sent_on = None;
         let values: Vec<Value> = match self.run_on(&call, &mut sent_on).await {
             Ok(values) => values,
@@ -260,6 +274,7 @@ impl RedisBackend {
             .arg(millis(retention).max(1))
             .arg(&keys.channel)
             .arg(self.events.publish());
+        self.with_history(&mut call, &keys.history);
         call
     }
 
@@ -286,6 +301,7 @@ impl RedisBackend {
             .arg(millis(retention).max(1))
             .arg(&keys.channel)
             .arg(self.events.publish());
+        self.with_history(&mut call, &keys.history);
         let mut sent_on = None;
         let values: Vec<Value> = self.run_on(&call, &mut sent_on).await?;
         let mut answer = Answer::new(values);
@@ -361,6 +377,7 @@ impl RedisBackend {
             .arg(&keys.channel)
             .arg(self.events.publish())
             .arg(unix_millis(sent_wall));
+        self.with_history(&mut call, &keys.history);
         let mut sent_on = None;
         let values: Vec<Value> = self.run_on(&call, &mut sent_on).await?;
         let mut answer = Answer::new(values);
@@ -386,12 +403,59 @@ impl RedisBackend {
     /// # Errors
     /// As for [`Self::start_run`].
     pub async fn inspect_run(&self, key: &LockName) -> Result<Option<RunInfo>, LockError> {
+        let read_at = Instant::now();
+        let values: Vec<Value> = self.run(&self.inspect_run_call(key)).await?;
+        run_of(values, read_at)
+    }
+
+    /// The inspect script of run `key`.
+    pub(super) fn inspect_run_call(&self, key: &LockName) -> ScriptInvocation<'static> {
         let keys = RunKeys::new(&self.prefix, key);
         let mut call = INSPECT.prepare_invoke();
         call.key(&keys.attempt).key(&keys.record);
+        call
+    }
+
+    /// The history of run `key` (see [`crate::lock::Node::history`]).
+    ///
+    /// # Errors
+    /// As for [`Self::start_run`].
+    pub(super) async fn run_history(&self, key: &LockName) -> Result<Vec<HistoryEntry>, LockError> {
+        let keys = RunKeys::new(&self.prefix, key);
+        let mut call = HISTORY.prepare_invoke();
+        call.key(&keys.attempt).key(&keys.record).key(&keys.history);
         let read_at = Instant::now();
-        let values: Vec<Value> = self.run(&call).await?;
-        run_info(&mut Answer::new(values), read_at)
+        let mut values: Vec<Value> = self.run(&call).await?;
+        let kept = history::kept_of(&mut values)?;
+        let live: Vec<u64> = match run_info(&mut Answer::new(values), read_at)? {
+            Some(RunInfo::Running { fence, .. }) => vec![fence],
+            _ => Vec::new(),
+        };
+        Ok(history::settled(&kept, &live))
+    }
+
+    /// Breaks the live attempt of run `key` (see
+    /// [`crate::lock::Node::break_leases`]): the run is pending again.
+    ///
+    /// # Errors
+    /// As for [`Self::start_run`].
+    pub(super) async fn break_attempt(
+        &self,
+        key: &LockName,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<BrokenLease>, LockError> {
+        let keys = RunKeys::new(&self.prefix, key);
+        let mut call = BREAK.prepare_invoke();
+        call.key(&keys.attempt)
+            .key(&keys.record)
+            .arg(fence.map(|f| f.to_string()).unwrap_or_default())
+            .arg(by)
+            .arg(&keys.channel)
+            .arg(self.events.publish());
+        self.with_history(&mut call, &keys.history);
+        let answer: Vec<String> = self.run(&call).await?;
+        Ok(history::broken_of(&answer))
     }
 
     /// As [`Self::inspect_run`], with the run's fence counter, and a
@@ -418,6 +482,15 @@ impl RedisBackend {
             counter,
         })
     }
+}
+
+/// The run a `run_inspect.lua` answer (`values`) tells of, read from a
+/// request sent at `read_at`; `None` when the run is unknown.
+///
+/// # Errors
+/// [`LockError::Backend`] when the answer is not of that shape.
+pub(super) fn run_of(values: Vec<Value>, read_at: Instant) -> Result<Option<RunInfo>, LockError> {
+    run_info(&mut Answer::new(values), read_at)
 }
 
 /// The run a `run_inspect.lua` answer tells of, read from a request sent

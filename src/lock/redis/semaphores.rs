@@ -13,7 +13,9 @@ use redis::{Script, ScriptInvocation};
 use tokio::time::Instant;
 
 use super::events;
+use super::history;
 use super::{FENCE_LUA, Grant, GrantKind, PROBE_LUA, RedisBackend};
+use crate::lock::history::{BrokenLease, HistoryEntry};
 use crate::lock::semaphore::{
     Limit, Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo,
 };
@@ -21,8 +23,12 @@ use crate::lock::{
     ExtendTtl, Kind, Lease, LockError, LockName, Meta, Released, Token, Ttl, unix_millis,
 };
 
-/// The shared part of the semaphore scripts (`prune`, `now_ms`, ...).
-pub(super) const SEMAPHORE_LUA: &str = include_str!("scripts/semaphore.lua");
+/// The shared part of the semaphore scripts (`prune`, `now_ms`, ...),
+/// after the history's (`tell`, which `prune` calls).
+pub(super) const SEMAPHORE_LUA: &str = concat!(
+    include_str!("scripts/history.lua"),
+    include_str!("scripts/semaphore.lua")
+);
 
 static TAKE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -45,6 +51,17 @@ static EXTEND: LazyLock<Script> = LazyLock::new(|| {
 const SEM_INSPECT_LUA: &str = include_str!("scripts/sem_inspect.lua");
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{SEMAPHORE_LUA}{SEM_INSPECT_LUA}")));
+/// A semaphore's history: its permits as `sem_inspect.lua` reads them,
+/// then its history list.
+static HISTORY: LazyLock<Script> =
+    LazyLock::new(|| history::read_script(SEMAPHORE_LUA, SEM_INSPECT_LUA));
+/// An admin's break of permits (`sem_break.lua`).
+static BREAK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{SEMAPHORE_LUA}{}",
+        include_str!("scripts/sem_break.lua")
+    ))
+});
 /// A semaphore's probe: the marker, the fence counter (KEYS[3]), then the
 /// permits as `sem_inspect.lua` reads them, in one step.
 static PROBE: LazyLock<Script> = LazyLock::new(|| {
@@ -64,6 +81,7 @@ struct SemKeys {
     holders: String,
     fence: String,
     released: String,
+    history: String,
 }
 
 impl SemKeys {
@@ -73,6 +91,7 @@ impl SemKeys {
             permits: format!("{base}:permits"),
             holders: format!("{base}:holders"),
             fence: format!("{base}:fence"),
+            history: format!("{base}:history"),
             released: events::channel(prefix, Kind::Semaphore, name),
         }
     }
@@ -116,6 +135,7 @@ impl RedisBackend {
             .arg(&keys.released)
             .arg(self.events.publish())
             .arg(req.meta.as_ref().map_or("", |m| m.as_str()));
+        self.with_history(&mut call, &keys.history);
         let mut sent_on = None;
         let (status, value, limit): (i64, String, i64) =
             match self.run_on(&call, &mut sent_on).await {
@@ -206,6 +226,7 @@ impl RedisBackend {
             .arg(token.expose())
             .arg(&keys.released)
             .arg(self.events.publish());
+        self.with_history(&mut call, &keys.history);
         call
     }
 
@@ -235,6 +256,7 @@ impl RedisBackend {
             .arg(self.events.publish())
             .arg(fallback.as_millis())
             .arg(unix_millis(sent_wall));
+        self.with_history(&mut call, &keys.history);
         let mut sent_on = None;
         let (status, fence, limit, ttl_ms): (i64, String, i64, u64) =
             self.run_on(&call, &mut sent_on).await?;
@@ -299,6 +321,53 @@ impl RedisBackend {
             info: semaphore_of(answer, read_at)?,
             counter,
         })
+    }
+
+    /// The history of semaphore `name` (see
+    /// [`crate::lock::Node::history`]).
+    ///
+    /// # Errors
+    /// As for [`Self::take_permit`].
+    pub(super) async fn semaphore_history(
+        &self,
+        name: &LockName,
+    ) -> Result<Vec<HistoryEntry>, LockError> {
+        let keys = SemKeys::new(&self.prefix, name);
+        let mut call = HISTORY.prepare_invoke();
+        call.key(&keys.permits)
+            .key(&keys.holders)
+            .key(&keys.history);
+        let read_at = Instant::now();
+        let mut answer: Vec<redis::Value> = self.run(&call).await?;
+        let kept = history::kept_of(&mut answer)?;
+        let live: Vec<u64> = semaphore_of(answer, read_at)?
+            .map(|info| info.permits.iter().map(|p| p.fence).collect())
+            .unwrap_or_default();
+        Ok(history::settled(&kept, &live))
+    }
+
+    /// Breaks one permit of semaphore `name` (by `fence`) or every one
+    /// (see [`crate::lock::Node::break_leases`]).
+    ///
+    /// # Errors
+    /// As for [`Self::take_permit`].
+    pub(super) async fn break_permits(
+        &self,
+        name: &LockName,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<BrokenLease>, LockError> {
+        let keys = SemKeys::new(&self.prefix, name);
+        let mut call = BREAK.prepare_invoke();
+        call.key(&keys.permits)
+            .key(&keys.holders)
+            .arg(fence.map(|f| f.to_string()).unwrap_or_default())
+            .arg(by)
+            .arg(&keys.released)
+            .arg(self.events.publish());
+        self.with_history(&mut call, &keys.history);
+        let answer: Vec<String> = self.run(&call).await?;
+        Ok(history::broken_of(&answer))
     }
 
     /// The inspect script of semaphore `name`.

@@ -56,6 +56,7 @@ use super::{
 mod listing;
 mod tally;
 
+use super::history::{self, BrokenLease, HistoryEntry};
 use super::listing::{LockEntry, NamePrefix, Page, PageSize, Position};
 use super::reaper::{Attempt, Reap, Reaper};
 use tally::{Counting, Tally, agreed, fan_out};
@@ -106,6 +107,16 @@ impl Redlock {
         let left = ttl.as_duration().checked_sub(elapsed)?.checked_sub(drift)?;
         let ms = u64::try_from(left.as_millis()).ok()?;
         Ttl::from_millis(ms, ttl.as_millis(), "validity").ok()
+    }
+
+    /// `Ok` for a lock; a semaphore or a run is refused as
+    /// [`Store::semaphores`] and [`Store::runs`] refuse them.
+    fn keeps(&self, subject: &Subject) -> Result<(), LockError> {
+        match subject.kind() {
+            Kind::Lock => Ok(()),
+            Kind::Semaphore => self.semaphores().map(|_| ()),
+            Kind::Run => self.runs().map(|_| ()),
+        }
     }
 
     /// Compare-and-deletes `token` on every node at once. A node that did
@@ -360,6 +371,42 @@ impl Store for Redlock {
             Kind::Semaphore => self.semaphores().map(|_| ()),
             Kind::Run => self.runs().map(|_| ()),
         }
+    }
+
+    /// Each node's history, merged ([`history::merge`]), once a quorum
+    /// of nodes answered.
+    async fn history(&self, subject: &Subject) -> Result<Vec<HistoryEntry>, LockError> {
+        self.keeps(subject)?;
+        let answers = fan_out(&self.nodes, Counting::Every, |_, n| {
+            Some(n.history(subject))
+        })
+        .await;
+        answers.told(self.quorum)?;
+        Ok(history::merge(answers.oks().cloned().collect()))
+    }
+
+    /// A break on every node (a node that does not answer keeps its copy
+    /// until its lease ends, which no quorum then holds); the leases ended
+    /// on any node, once a quorum answered.
+    async fn break_leases(
+        &self,
+        subject: &Subject,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<BrokenLease>, LockError> {
+        self.keeps(subject)?;
+        let answers = fan_out(&self.nodes, Counting::Every, |_, n| {
+            Some(n.break_leases(subject, fence, by))
+        })
+        .await;
+        answers.told(self.quorum)?;
+        let mut broken: Vec<BrokenLease> = Vec::new();
+        for lease in answers.oks().flatten() {
+            if !broken.iter().any(|b| b.fence == lease.fence) {
+                broken.push(lease.clone());
+            }
+        }
+        Ok(broken)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

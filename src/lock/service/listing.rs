@@ -5,7 +5,7 @@
 use super::Locks;
 use crate::lock::LockError;
 use crate::lock::listing::{
-    LockEntry, NamePrefix, Page, PageSize, Position, SemaphoreEntry, Walked,
+    LockEntry, NamePrefix, Page, PageSize, Position, RunEntry, SemaphoreEntry, Walked,
 };
 
 /// Where one page of the walk of `prefixes` from `from` goes: the prefix
@@ -86,6 +86,24 @@ impl Locks {
             .semaphores()?
             .list_semaphores(prefix, &at, limit)
             .await?;
+        Ok(walked(page, index, prefixes.len()))
+    }
+
+    /// As [`Self::list_locks`], for the runs kept (running, done or
+    /// pending).
+    ///
+    /// # Errors
+    /// As for [`crate::lock::RunStore::list_runs`] (Redlock has no runs).
+    pub async fn list_runs(
+        &self,
+        prefixes: &[NamePrefix],
+        from: (usize, Position),
+        limit: PageSize,
+    ) -> Result<Walked<RunEntry>, LockError> {
+        let Some((prefix, index, at)) = step(prefixes, from)? else {
+            return Ok(nothing());
+        };
+        let page = self.store.runs()?.list_runs(prefix, &at, limit).await?;
         Ok(walked(page, index, prefixes.len()))
     }
 }

@@ -566,6 +566,31 @@ impl Locks {
     pub async fn ping(&self) -> Result<(), LockError> {
         self.store.ping().await
     }
+
+    /// See [`Store::history`].
+    ///
+    /// # Errors
+    /// As for [`Store::history`].
+    pub async fn history(
+        &self,
+        subject: &Subject,
+    ) -> Result<Vec<crate::lock::history::HistoryEntry>, LockError> {
+        self.store.history(subject).await
+    }
+
+    /// See [`Store::break_leases`]: the waiters of `subject` wake at the
+    /// change each end publishes, as at a release.
+    ///
+    /// # Errors
+    /// As for [`Store::break_leases`].
+    pub async fn break_leases(
+        &self,
+        subject: &Subject,
+        fence: Option<u64>,
+        by: &str,
+    ) -> Result<Vec<crate::lock::history::BrokenLease>, LockError> {
+        self.store.break_leases(subject, fence, by).await
+    }
 }
 
 /// An acquire (of a lock, or of a permit), run in the caller's task (no
@@ -919,6 +944,22 @@ mod tests {
 
         async fn ping(&self) -> Result<(), LockError> {
             Ok(())
+        }
+
+        async fn history(
+            &self,
+            subject: &Subject,
+        ) -> Result<Vec<crate::lock::history::HistoryEntry>, LockError> {
+            Node::history(&self.inner, subject).await
+        }
+
+        async fn break_leases(
+            &self,
+            subject: &Subject,
+            fence: Option<u64>,
+            by: &str,
+        ) -> Result<Vec<crate::lock::history::BrokenLease>, LockError> {
+            Node::break_leases(&self.inner, subject, fence, by).await
         }
     }
 

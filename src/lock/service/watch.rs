@@ -134,6 +134,13 @@ pub enum WatchEvent {
         /// The lease's fence.
         fence: u64,
     },
+    /// A lease an admin broke, whatever its token.
+    Broken {
+        /// The lease's fence.
+        fence: u64,
+        /// The id of the API key that broke it, when known.
+        by: Option<String>,
+    },
     /// A lease that ran out without a release.
     Expired {
         /// The lease's fence.
@@ -152,9 +159,10 @@ impl WatchEvent {
         match self {
             Self::State(snapshot) => snapshot.fence(),
             Self::Acquired(lease) | Self::Extended(lease) => lease.fence,
-            Self::Released { fence } | Self::Expired { fence } | Self::Completed { fence } => {
-                *fence
-            }
+            Self::Released { fence }
+            | Self::Broken { fence, .. }
+            | Self::Expired { fence }
+            | Self::Completed { fence } => *fence,
         }
     }
 }
@@ -912,6 +920,15 @@ impl Follower {
                         self.run = Some(RunStage::Pending);
                     }
                     self.emit(WatchEvent::Released { fence });
+                }
+            }
+            Change::Broken { fence, by } => {
+                if self.leases.remove(&fence).is_some() {
+                    self.emptied();
+                    if self.run.is_some() {
+                        self.run = Some(RunStage::Pending);
+                    }
+                    self.emit(WatchEvent::Broken { fence, by });
                 }
             }
             Change::Completed { fence } => {

@@ -270,7 +270,10 @@ impl TestApp {
         LazyLock::force(&TRACING);
         let mut settings = test_settings("redis://127.0.0.1:1".into());
         tweak(&mut settings);
-        let backend = Arc::new(MemoryBackend::new());
+        let backend = Arc::new(
+            MemoryBackend::with_fence_retention(settings.store.fence_retention)
+                .with_history_length(settings.store.history_length),
+        );
         let app = Application::with_backend(&settings, backend.clone())
             .await
             .expect("build lockd over memory");
@@ -577,7 +580,9 @@ impl TestApp {
                 .keys()
                 .await
                 .iter()
-                .filter(|k| k.starts_with(PREFIX) && !k.ends_with(":fence"))
+                .filter(|k| {
+                    k.starts_with(PREFIX) && !k.ends_with(":fence") && !k.ends_with(":history")
+                })
                 .count(),
             // The most any node has: each node keeps its own copy.
             Store::Redlock(nodes) => {
@@ -587,7 +592,11 @@ impl TestApp {
                         .keys()
                         .await
                         .iter()
-                        .filter(|k| k.starts_with(PREFIX) && !k.ends_with(":fence"))
+                        .filter(|k| {
+                            k.starts_with(PREFIX)
+                                && !k.ends_with(":fence")
+                                && !k.ends_with(":history")
+                        })
                         .count();
                     most = most.max(count);
                 }
@@ -600,7 +609,9 @@ impl TestApp {
                 .keys()
                 .await
                 .iter()
-                .filter(|k| k.starts_with(PREFIX) && !k.ends_with(":fence"))
+                .filter(|k| {
+                    k.starts_with(PREFIX) && !k.ends_with(":fence") && !k.ends_with(":history")
+                })
                 .count(),
         }
     }

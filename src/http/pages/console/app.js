@@ -554,7 +554,7 @@ const HOLDER_COLUMNS = (kind, name) => [
   { label: 'Fence', class: 'num', cell: (x) => String(x.fence) },
   { label: 'Granted', cell: (x) => time(x.granted_at) },
   { label: 'Lease left', cell: (x) => lease(x.$deadline) },
-  { label: 'Break', cell: (x) => breakButton({ kind, name, fence: x.fence, owner: x.owner, mode: x.mode, withFence: x.withFence }) },
+  { label: 'Break', cell: (x) => breakButton({ kind, name, fence: x.fence, owner: x.owner, mode: x.mode }) },
 ];
 
 function renderState(body, received) {
@@ -566,8 +566,8 @@ function renderState(body, received) {
     } else {
       const shared = body.mode === 'shared';
       const holders = shared
-        ? (body.holders || []).map((x) => ({ ...x, mode: 'shared', withFence: true, $deadline: deadlineOf(x, received) }))
-        : [{ ...body, withFence: false, $deadline: deadlineOf(body, received) }];
+        ? (body.holders || []).map((x) => ({ ...x, mode: 'shared', $deadline: deadlineOf(x, received) }))
+        : [{ ...body, $deadline: deadlineOf(body, received) }];
       out.push(summary([
         ['Mode', body.mode],
         ['Fence', String(body.fence)],
@@ -581,7 +581,7 @@ function renderState(body, received) {
     if (!body || !(body.permits || []).length) {
       out.push(h('p', { class: 'empty', text: 'No permit of this semaphore is held now.' }));
     } else {
-      const permits = body.permits.map((x) => ({ ...x, withFence: true, $deadline: deadlineOf(x, received) }));
+      const permits = body.permits.map((x) => ({ ...x, $deadline: deadlineOf(x, received) }));
       out.push(summary([['Permits', `${body.holders} of ${body.limit} held`]]));
       const last = Math.max(...permits.map((x) => x.$deadline ?? -Infinity));
       out.push(leaseSummary(Number.isFinite(last) ? last : undefined));
@@ -604,7 +604,7 @@ function renderState(body, received) {
     if (running) {
       const deadline = deadlineOf(body, received);
       out.push(leaseSummary(deadline));
-      out.push(h('p', {}, breakButton({ kind, name, fence: body.fence, owner: body.owner, withFence: false })));
+      out.push(h('p', {}, breakButton({ kind, name, fence: body.fence, owner: body.owner })));
     }
   }
   $('detail-state').replaceChildren(...out.filter(Boolean));
@@ -804,7 +804,9 @@ async function onBreakClosed() {
   breaking = null;
   if (!target || dialog.returnValue !== 'break') return;
   const query = new URLSearchParams({ force: 'true' });
-  if (target.withFence) query.set('fence', String(target.fence));
+  // The fence named in the dialog: a lease granted since (a newer holder)
+  // is not broken by mistake.
+  if (target.fence !== undefined && target.fence !== null) query.set('fence', String(target.fence));
   setStatus('detail-status', 'Breaking…');
   try {
     const body = await api(`${itemPath(target.kind, target.name)}?${query}`, { method: 'DELETE', signal: view.abort.signal });

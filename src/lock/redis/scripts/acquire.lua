@@ -10,7 +10,9 @@
 -- publish with: PUBLISH, or SPUBLISH on a Redis Cluster, ARGV[8] how much
 -- longer the request waits, in ms ('' or 0: it does not wait), ARGV[9] '1'
 -- to renew only (a free lock is not granted: answered {0, -2}),
--- ARGV[10] the holder's metadata as compact JSON ('' = none)
+-- ARGV[10] the holder's metadata as compact JSON ('' = none),
+-- and the history tail (history.lua): KEYS[7] the history list, ARGV[11] to
+-- ARGV[13] its length, how long it outlives a lease, and now in Unix ms
 -- Returns {1, fence} for a new grant, {2, fence} when this token already
 -- held the lock (its lease is reset to the TTL, the fence is unchanged, the
 -- owner label and metadata replaced when given), {0, pttl} when another token
@@ -66,8 +68,7 @@ if ARGV[9] ~= '1' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) t
     return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. meta.err)
   end
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  -- pcall: a server without SPUBLISH (Redis 6) still grants.
-  redis.pcall(ARGV[7], ARGV[6], 'acquired ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2]
+  tell(ARGV[7], ARGV[6], 'acquired ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2]
     .. ' ' .. ARGV[4] .. ' ' .. ARGV[3] .. meta_line(ARGV[10]))
   return {1, fence}
 end
@@ -96,7 +97,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   end
   redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  redis.pcall(ARGV[7], ARGV[6], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2]
+  tell(ARGV[7], ARGV[6], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2]
     .. ' ' .. ARGV[4])
   return {2, fence}
 end

@@ -11,7 +11,9 @@
 -- (KEYS[1] .. ':released'), ARGV[4] the TTL in ms when ARGV[2] is '' and
 -- the hash records none (a lock granted by an older lockd), ARGV[5] fence
 -- retention in ms, ARGV[6] the command to publish with: PUBLISH, or SPUBLISH
--- on a Redis Cluster, ARGV[7] when the extend was sent, in Unix ms
+-- on a Redis Cluster, ARGV[7] when the extend was sent, in Unix ms,
+-- and the history tail (history.lua): KEYS[6] the history list, ARGV[8] to
+-- ARGV[10] its length, how long it outlives a lease, and now in Unix ms
 -- Returns {1, fence, ttl_ms} when extended, {0, 0, 0} when nobody holds the
 -- lock, {-1, 0, 0} when another token holds it. A lock that a foreign
 -- client set without a fence gets one (next_fence, from fence.lua in front
@@ -30,7 +32,7 @@ if not current then
   local record = cjson.decode(mine)
   local ttl = tonumber(ARGV[2]) or tonumber(record.ttl_ms) or tonumber(ARGV[4])
   reset_lease(KEYS[4], KEYS[5], ARGV[1], record, ttl, now_us())
-  redis.pcall(ARGV[6], ARGV[3], 'extended ' .. tostring(record.fence) .. ' '
+  tell(ARGV[6], ARGV[3], 'extended ' .. tostring(record.fence) .. ' '
     .. string.format('%.0f', ttl) .. ' ' .. ARGV[7])
   return {1, tonumber(record.fence), ttl}
 end
@@ -60,6 +62,5 @@ end
 redis.call('HSET', KEYS[2], 'ttl_ms', ttl)
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('PEXPIRE', KEYS[2], ttl)
--- pcall: a server without SPUBLISH (Redis 6) still extends.
-redis.pcall(ARGV[6], ARGV[3], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ttl .. ' ' .. ARGV[7])
+tell(ARGV[6], ARGV[3], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ttl .. ' ' .. ARGV[7])
 return {1, fence, tonumber(ttl)}

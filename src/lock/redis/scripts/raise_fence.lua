@@ -4,7 +4,9 @@
 -- here, its recorded fence is set too. The counter is kept for the fence
 -- retention from now, as after a grant.
 -- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] holder metadata hash
--- ARGV[1] token, ARGV[2] fence, ARGV[3] fence retention in ms
+-- ARGV[1] token, ARGV[2] fence, ARGV[3] fence retention in ms, and the
+-- history tail (history.lua, put in front): KEYS[4], ARGV[4] to ARGV[6]
+-- (the holder's history entry takes the new fence)
 -- Returns 1 when the token holds the lock here, else 0 (the counter is
 -- raised either way).
 local current = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
@@ -16,5 +18,9 @@ end
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
+local before = redis.call('HGET', KEYS[3], 'fence')
 redis.call('HSET', KEYS[3], 'fence', ARGV[2])
+if before and before ~= ARGV[2] then
+  history_refence(before, ARGV[2])
+end
 return 1

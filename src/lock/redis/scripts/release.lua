@@ -7,7 +7,9 @@
 -- KEYS[4] their records, KEYS[5] waiting writers (see shared.lua)
 -- ARGV[1] token, ARGV[2] release channel (KEYS[1] .. ':released'),
 -- ARGV[3] the command to publish it with: PUBLISH, or SPUBLISH on a Redis
--- Cluster (sharded pub/sub: the channel shares the keys' slot)
+-- Cluster (sharded pub/sub: the channel shares the keys' slot),
+-- and the history tail (history.lua): KEYS[6] the history list, ARGV[4] to
+-- ARGV[6] its length, how long it outlives a lease, and now in Unix ms
 -- Returns {1, grant time in Unix ms ('' when not recorded)} when released
 -- (an exclusive holder), {2, grant time} when a shared lease was released,
 -- {0, ''} when nobody holds the lock, {-1, ''} when another token holds it
@@ -54,7 +56,7 @@ if not current then
       end
     end
   end
-  redis.pcall(ARGV[3], ARGV[2], message)
+  tell(ARGV[3], ARGV[2], message)
   return {2, granted}
 end
 if current ~= ARGV[1] then
@@ -66,11 +68,11 @@ if type(meta) ~= 'table' or meta.err then
 end
 local granted = meta[1] or ''
 redis.call('DEL', KEYS[1], KEYS[2])
--- pcall: a server without SPUBLISH (Redis 6) still releases. A lock that a
--- foreign client set has no fence: an empty message says only "changed".
+-- A lock that a foreign client set has no fence: an empty message says
+-- only "changed".
 local message = ''
 if meta[2] then
   message = 'released ' .. meta[2]
 end
-redis.pcall(ARGV[3], ARGV[2], message)
+tell(ARGV[3], ARGV[2], message)
 return {1, granted}

@@ -2,7 +2,9 @@
 -- nothing (a failure is never replayed). The run is pending again.
 -- KEYS as in run.lua.
 -- ARGV[1] token, ARGV[2] how long the record is kept now, in ms, ARGV[3]
--- change channel, ARGV[4] PUBLISH or SPUBLISH
+-- change channel, ARGV[4] PUBLISH or SPUBLISH,
+-- and the history tail (history.lua): KEYS[3] the history list, ARGV[5] to
+-- ARGV[7] its length, how long it outlives a lease, and now in Unix ms
 -- Returns {1} when abandoned; {0} when the run is unknown; {-1} when
 -- ARGV[1] does not hold its live attempt; {-2} when the run is done.
 -- Publishes `released FENCE`.
@@ -22,5 +24,5 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[2], 'state', 'abandoned')
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
-redis.pcall(ARGV[4], ARGV[3], 'released ' .. (rec[2] or '0'))
+tell(ARGV[4], ARGV[3], 'released ' .. (rec[2] or '0'))
 return {1}

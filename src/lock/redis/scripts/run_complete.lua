@@ -4,7 +4,9 @@
 -- KEYS as in run.lua.
 -- ARGV[1] token, ARGV[2] result (JSON text), ARGV[3] now in Unix ms,
 -- ARGV[4] retention in ms, ARGV[5] change channel, ARGV[6] PUBLISH or
--- SPUBLISH
+-- SPUBLISH,
+-- and the history tail (history.lua): KEYS[3] the history list, ARGV[7] to
+-- ARGV[9] its length, how long it outlives a lease, and now in Unix ms
 -- Returns {1, fence, attempt} when completed now; {2, fence, attempt,
 -- completed_at_ms, result} when ARGV[1] had completed it; {0} when the run
 -- is unknown; {-1} when ARGV[1] does not hold its live attempt; {-2} when
@@ -29,5 +31,5 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[2], 'completed_at_ms', ARGV[3],
   'done_by', redis.sha1hex(ARGV[1]))
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-redis.pcall(ARGV[6], ARGV[5], 'completed ' .. (rec[2] or '0'))
+tell(ARGV[6], ARGV[5], 'completed ' .. (rec[2] or '0'))
 return {1, rec[2] or '0', rec[3] or '0'}

@@ -6,7 +6,9 @@
 -- in Unix ms, ARGV[5] fence retention in ms, ARGV[6] change channel,
 -- ARGV[7] PUBLISH or SPUBLISH, ARGV[8] fingerprint ('' = none), ARGV[9]
 -- how long the record outlives its attempt's lease, in ms, ARGV[10] the
--- holder's metadata as compact JSON ('' = none)
+-- holder's metadata as compact JSON ('' = none),
+-- and the history tail (history.lua): KEYS[4] the history list, ARGV[11] to
+-- ARGV[13] its length, how long it outlives a lease, and now in Unix ms
 -- Returns {4} when the run was started with another fingerprint (nothing
 -- changed); {3, fence, attempt, completed_at_ms, result} when it is done;
 -- {0, pttl} when another token holds its attempt; {2, fence, attempt} when
@@ -41,7 +43,7 @@ if current then
     redis.call('HSET', KEYS[2], 'meta', ARGV[10])
   end
   redis.call('PEXPIRE', KEYS[2], keep)
-  redis.pcall(ARGV[7], ARGV[6], 'extended ' .. (rec[3] or '0') .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
+  tell(ARGV[7], ARGV[6], 'extended ' .. (rec[3] or '0') .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
   return {2, rec[3] or '0', rec[4] or '0'}
 end
 local fence, fence_err = next_fence(KEYS[3], ARGV[5])
@@ -60,6 +62,6 @@ if not fingerprint and ARGV[8] ~= '' then
   redis.call('HSET', KEYS[2], 'fingerprint', ARGV[8])
 end
 redis.call('PEXPIRE', KEYS[2], keep)
-redis.pcall(ARGV[7], ARGV[6], 'acquired ' .. ms(fence) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
+tell(ARGV[7], ARGV[6], 'acquired ' .. ms(fence) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
   .. meta_line(ARGV[10]))
 return {1, ms(fence), ms(attempt), took_over}

@@ -5,7 +5,9 @@
 -- ARGV[4] owner label ('' = none), ARGV[5] grant time in Unix ms,
 -- ARGV[6] fence retention in ms (>= 1000), ARGV[7] change channel,
 -- ARGV[8] PUBLISH or SPUBLISH, ARGV[9] the holder's metadata as compact
--- JSON ('' = none; a renewal keeps the last one given)
+-- JSON ('' = none; a renewal keeps the last one given),
+-- and the history tail (history.lua): KEYS[4] the history list, ARGV[10] to
+-- ARGV[12] its length, how long it outlives a lease, and now in Unix ms
 -- Returns
 --   {1, fence, limit}    a new permit;
 --   {2, fence, limit}    `token` held one: its lease is reset, same fence,
@@ -17,6 +19,7 @@
 -- Publishes the change (src/lock/change.rs): `acquired FENCE TTL GRANTED
 -- OWNER[\nMETA]` for a new permit, `extended FENCE TTL AT` for a renewal (AT:
 -- this request's grant time, ARGV[5]).
+history_mode = 'permit'
 local permits, holders = KEYS[1], KEYS[2]
 local token, limit, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_us()
@@ -35,7 +38,7 @@ if mine and redis.call('ZSCORE', permits, token) then
     record.meta = ARGV[9]
   end
   reset_lease(permits, holders, token, record, ttl, now)
-  redis.pcall(ARGV[8], ARGV[7], 'extended ' .. tostring(record.fence or '') .. ' ' .. ARGV[3]
+  tell(ARGV[8], ARGV[7], 'extended ' .. tostring(record.fence or '') .. ' ' .. ARGV[3]
     .. ' ' .. ARGV[5])
   return {2, record.fence, limit}
 end
@@ -53,6 +56,6 @@ local record = {fence = fence, owner = ARGV[4], granted_at_ms = tonumber(ARGV[5]
 redis.call('ZADD', permits, now + us(ttl), token)
 redis.call('HSET', holders, 'limit', limit, holder_field(token), cjson.encode(record))
 expire_with_last(permits, holders, now)
-redis.pcall(ARGV[8], ARGV[7], 'acquired ' .. fence .. ' ' .. ARGV[3] .. ' ' .. ARGV[5] .. ' ' .. ARGV[4]
+tell(ARGV[8], ARGV[7], 'acquired ' .. fence .. ' ' .. ARGV[3] .. ' ' .. ARGV[5] .. ' ' .. ARGV[4]
   .. meta_line(ARGV[9]))
 return {1, fence, limit}

@@ -8,6 +8,7 @@
 --            ttl_ms}
 --            (the fence as a string: 16 digits do not fit a Lua number's
 --            JSON encoding).
+-- Put after history.lua, whose `tell` publishes and records each change.
 -- Every script first forgets the permits that ran out (prune), so that an
 -- expired permit is free at once for every instance, with no cleanup job,
 -- and both keys expire a second after the last permit.
@@ -43,8 +44,7 @@ local function prune(permits, holders, now, channel, publish)
         if record then
           local ok, decoded = pcall(cjson.decode, record)
           if ok and type(decoded) == 'table' and decoded.fence then
-            -- pcall: a server without SPUBLISH (Redis 6) still prunes.
-            redis.pcall(publish, channel, 'expired ' .. tostring(decoded.fence))
+            tell(publish, channel, 'expired ' .. tostring(decoded.fence))
           end
         end
       end
@@ -86,4 +86,26 @@ local function reset_lease(permits, holders, token, record, ttl, now)
   redis.call('ZADD', permits, 'XX', now + us(ttl), token)
   redis.call('HSET', holders, holder_field(token), cjson.encode(record))
   expire_with_last(permits, holders, now)
+end
+
+-- An admin's break (DELETE ...?force=true): ends the live leases in
+-- `leases` (a permit set, or a lock's shared leases) whose fence is
+-- `fence` ('' = every one), whatever their token, publishing `broken
+-- FENCE BY` for each; appends {fence, mode, owner, meta} of each to
+-- `out`. Call prune first: what ran out is not broken but expired.
+local function break_leases(leases, records, fence, by, channel, publish, mode, out)
+  for _, token in ipairs(redis.call('ZRANGE', leases, 0, -1)) do
+    local field = holder_field(token)
+    local ok, record = pcall(cjson.decode, redis.call('HGET', records, field) or '')
+    if ok and type(record) == 'table' and record.fence then
+      local this = tostring(record.fence)
+      if fence == '' or this == fence then
+        redis.call('ZREM', leases, token)
+        redis.call('HDEL', records, field)
+        local n = #out
+        out[n + 1], out[n + 2], out[n + 3], out[n + 4] = this, mode, record.owner or '', record.meta or ''
+        tell(publish, channel, 'broken ' .. this .. ' ' .. by)
+      end
+    end
+  end
 end

@@ -1,8 +1,8 @@
 -- Take a shared lease on a lock, or renew the one `token` holds: one
 -- script, so that a shared lease is never granted beside an exclusive
 -- holder. Put after fence.lua, semaphore.lua and shared.lua.
--- KEYS and ARGV as for acquire.lua (ARGV[8] is not used: a shared request
--- that waits keeps no one out).
+-- KEYS and ARGV as for acquire.lua, history tail included (ARGV[8] is not
+-- used: a shared request that waits keeps no one out).
 -- Returns {1, fence} for a new shared lease, {2, fence} when `token` held
 -- one (its lease is reset, the fence unchanged, never a second lease),
 -- {0, retry_ms} when an exclusive holder is live (until its lease ends) or
@@ -36,7 +36,7 @@ if mine and redis.call('ZSCORE', shared, token) then
     record.meta = ARGV[10]
   end
   reset_lease(shared, readers, token, record, ttl, now)
-  redis.pcall(ARGV[7], ARGV[6], 'extended ' .. tostring(record.fence) .. ' ' .. ARGV[2]
+  tell(ARGV[7], ARGV[6], 'extended ' .. tostring(record.fence) .. ' ' .. ARGV[2]
     .. ' ' .. ARGV[4])
   return {2, tonumber(record.fence)}
 end
@@ -57,6 +57,6 @@ local record = {fence = text, owner = ARGV[3], granted_at_ms = tonumber(ARGV[4])
 redis.call('ZADD', shared, now + us(ttl), token)
 redis.call('HSET', readers, field, cjson.encode(record))
 expire_with_last(shared, readers, now)
-redis.pcall(ARGV[7], ARGV[6], 'shared ' .. text .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
+tell(ARGV[7], ARGV[6], 'shared ' .. text .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
   .. meta_line(ARGV[10]))
 return {1, fence}
