@@ -29,6 +29,9 @@
 #   alternated in each round; the waiters and handoff runs use the last.
 #   WAITERS (environment, default 10000) sets the waiters run's size;
 #   WAITERS=0 skips the waiters and handoff runs (for a quick A/B of CPU).
+#   HISTORY_OFF=1 also measures the last lockd with --history-length 0
+#   (column lockd-nohistory), alternated with the others, and prints what
+#   the history costs: lockd's CPU and Redis CPU over those without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -80,6 +83,15 @@ for i in "${!bins[@]}"; do
   pids+=($!); servers+=("http://127.0.0.1:$port"); server_pids+=($!)
   labels+=("lockd$([ ${#bins[@]} -gt 1 ] && echo "-$i" || true)")
 done
+lockd_count=${#bins[@]}
+if [ "${HISTORY_OFF:-0}" = 1 ]; then
+  port=$(free_port)
+  "${bins[$((${#bins[@]} - 1))]}" serve --listen "127.0.0.1:$port" --redis-url "$redis_url" \
+    --history-length 0 2>"$out/lockd-nohistory.log" &
+  pids+=($!); servers+=("http://127.0.0.1:$port"); server_pids+=($!)
+  labels+=(lockd-nohistory)
+  lockd_count=$((lockd_count + 1))
+fi
 if command -v etcd >/dev/null; then
   etcd_port=$(free_port); peer_port=$(free_port)
   etcd --name bench --data-dir "$work/etcd" \
@@ -93,7 +105,7 @@ else
   echo "note: etcd is not installed (Debian: apt-get install etcd-server); etcd's column is skipped"
 fi
 for url in "${servers[@]}"; do up "$url/"; done
-for url in "${servers[@]:1:${#bins[@]}}"; do
+for url in "${servers[@]:1:$lockd_count}"; do
   until curl -sf "$url/readyz" >/dev/null; do sleep 0.05; done
 done
 
@@ -171,6 +183,12 @@ for l in labels:
                (f"{l} Redis CPU / floor's", f"{redis:.2f}", "<= 2.5", redis <= 2.5)]
     if "etcd" in med:
         checks.append((f"  {l} CPU / etcd's", f"{med[l][0] / med['etcd'][0]:.2f}", "", None))
+if "lockd-nohistory" in med:
+    on = [l for l in labels if l.startswith("lockd") and l != "lockd-nohistory"][-1]
+    off = med["lockd-nohistory"]
+    cpu, redis = med[on][0] / off[0], med[on][1] / off[1]
+    checks += [(f"history on / off: {on} CPU", f"{cpu:.2f}", "<= 1.1", cpu <= 1.1),
+               ("history on / off: Redis CPU", f"{redis:.2f}", "<= 1.1", redis <= 1.1)]
 hand = h["server_wait_from_release_sent"] if h else None
 checks += [] if not w else [
     (f"{w['waiters']} waiters: RSS parked", f"{mb(w['parked_rss_bytes']):.1f} MB", "<= 150 MB",
