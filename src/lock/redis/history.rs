@@ -25,14 +25,16 @@ use crate::lock::{LockError, LockInfo, LockName, Meta, Mode, unix_millis};
 pub(super) const HISTORY_LUA: &str = include_str!("scripts/history.lua");
 
 /// A read of a history: the inspect script `inspect` (after `prefix`, the
-/// Lua it needs) wrapped in a function, then the history list (the last
-/// key) appended to its answer, in one atomic step.
+/// Lua it needs, `history.lua` included) wrapped in a function, then the newest entries of the
+/// history list (the last key; as many as `history.lua`'s
+/// `history_length`, from the tail of the arguments) appended to its
+/// answer, in one atomic step.
 pub(super) fn read_script(prefix: &str, inspect: &str) -> Script {
     Script::new(&format!(
         "{prefix}local function read_now()\n{inspect}\nend\n\
          local read = read_now()\n\
          if read.err then return read end\n\
-         local kept = redis.pcall('LRANGE', KEYS[#KEYS], 0, -1)\n\
+         local kept = redis.pcall('LRANGE', KEYS[#KEYS], 0, history_length - 1)\n\
          if type(kept) ~= 'table' or kept.err then kept = {{}} end\n\
          read[#read + 1] = kept\n\
          return read\n"
@@ -77,8 +79,8 @@ impl RedisBackend {
             .key(&keys.fence)
             .key(&keys.shared)
             .key(&keys.readers)
-            .key(&keys.writers)
-            .key(&keys.history);
+            .key(&keys.writers);
+        self.with_history(&mut call, &keys.history);
         let read_at = Instant::now();
         let (pttl, token, fence, owner, granted_at, writer, shared, meta, kept): (
             i64,

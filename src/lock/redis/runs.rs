@@ -46,7 +46,8 @@ const RUN_INSPECT_LUA: &str = include_str!("scripts/run_inspect.lua");
 static INSPECT: LazyLock<Script> = LazyLock::new(|| script(RUN_INSPECT_LUA, false));
 /// A run's history: the run as `run_inspect.lua` reads it, then its
 /// history list.
-static HISTORY: LazyLock<Script> = LazyLock::new(|| history::read_script(RUN_LUA, RUN_INSPECT_LUA));
+static HISTORY: LazyLock<Script> =
+    LazyLock::new(|| history::read_script(&format!("{HISTORY_LUA}{RUN_LUA}"), RUN_INSPECT_LUA));
 /// An admin's break of a run's attempt (`run_break.lua`).
 static BREAK: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("scripts/run_break.lua"), false));
@@ -423,7 +424,8 @@ impl RedisBackend {
     pub(super) async fn run_history(&self, key: &LockName) -> Result<Vec<HistoryEntry>, LockError> {
         let keys = RunKeys::new(&self.prefix, key);
         let mut call = HISTORY.prepare_invoke();
-        call.key(&keys.attempt).key(&keys.record).key(&keys.history);
+        call.key(&keys.attempt).key(&keys.record);
+        self.with_history(&mut call, &keys.history);
         let read_at = Instant::now();
         let mut values: Vec<Value> = self.run(&call).await?;
         let kept = history::kept_of(&mut values)?;

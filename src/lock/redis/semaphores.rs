@@ -334,9 +334,8 @@ impl RedisBackend {
     ) -> Result<Vec<HistoryEntry>, LockError> {
         let keys = SemKeys::new(&self.prefix, name);
         let mut call = HISTORY.prepare_invoke();
-        call.key(&keys.permits)
-            .key(&keys.holders)
-            .key(&keys.history);
+        call.key(&keys.permits).key(&keys.holders);
+        self.with_history(&mut call, &keys.history);
         let read_at = Instant::now();
         let mut answer: Vec<redis::Value> = self.run(&call).await?;
         let kept = history::kept_of(&mut answer)?;

@@ -2,8 +2,9 @@
 -- script that publishes a change: `tell` publishes a change message and
 -- folds it into the name's history list, in the same atomic step, by the
 -- rules of HistoryLog::apply, so that a history needs nobody to watch.
--- The list holds one entry per lease, newest first, at most
--- `history_length`:
+-- The list holds one entry per lease, newest first; the newest
+-- `history_length` are the history (it is trimmed to them once it holds
+-- twice as many):
 --   FENCE MODE GRANTED_MS EXPIRES_MS[ HOW AT_MS[ BY]]\nOWNER\nMETA
 -- MODE exclusive, shared, permit or attempt; GRANTED_MS and EXPIRES_MS
 -- (the lease end by its last grant, renewal or extend) in Unix ms; HOW,
@@ -31,22 +32,42 @@ local function history_ms(n)
   return string.format('%.0f', n)
 end
 
+-- An entry's parts when it is still open: its header up to its lease end,
+-- that end, and the rest of its text; nil when it ended.
+local function history_parts(item)
+  local header = string.match(item, '^[^\n]*')
+  local head, expires = string.match(header, '^(%d+ %a+ %d+) (%d+)$')
+  if head then
+    return head, expires, string.sub(item, #header + 1)
+  end
+  return nil
+end
+
 -- The entry of `fence` that is still open: its index, its header up to
 -- its lease end, that end, the rest of its text, and the latest lease end
--- of the other open entries ('0' when none). An exclusive lease's is the
--- newest; a shared lease's or a permit's may be further down.
+-- of the other open entries (0 when none). An exclusive lease (or a run's
+-- attempt) is the newest entry and alone: it is found with one LINDEX, and
+-- no other entry is open but for leases that ran out (so 0). A shared
+-- lease or a permit may be further down, beside others still held.
 local function history_open(fence)
   local prefix = fence .. ' '
+  local newest = redis.pcall('LINDEX', history_key, 0)
+  if type(newest) == 'string' and string.sub(newest, 1, #prefix) == prefix then
+    local head, expires, body = history_parts(newest)
+    local mode = head and string.match(head, '^%d+ (%a+)')
+    if mode == 'exclusive' or mode == 'attempt' then
+      return 0, head, expires, body, 0
+    end
+  end
   local items = redis.pcall('LRANGE', history_key, 0, history_length - 1)
   if type(items) ~= 'table' or items.err then
     return nil
   end
   local found, latest = nil, 0
   for i, item in ipairs(items) do
-    local header = string.match(item, '^[^\n]*')
-    local head, expires = string.match(header, '^(%d+ %a+ %d+) (%d+)$')
+    local head, expires, body = history_parts(item)
     if head and string.sub(item, 1, #prefix) == prefix then
-      found = {i - 1, head, expires, string.sub(item, #header + 1)}
+      found = {i - 1, head, expires, body}
     elseif head and tonumber(expires) > latest then
       latest = tonumber(expires)
     end
@@ -113,8 +134,11 @@ local function history_note(message)
     end
     local entry = fence .. ' ' .. mode .. ' ' .. granted .. ' '
       .. history_ms(tonumber(granted) + tonumber(ttl)) .. '\n' .. owner .. '\n' .. meta
+    -- Trimmed back to history_length once it holds twice that: one LTRIM
+    -- every history_length grants rather than one each (readers read the
+    -- newest history_length alone).
     local held = redis.pcall('LPUSH', history_key, entry)
-    if type(held) == 'number' and held > history_length then
+    if type(held) == 'number' and held > 2 * history_length then
       redis.pcall('LTRIM', history_key, 0, history_length - 1)
     end
     history_keep_until(tonumber(granted) + tonumber(ttl), mode)
