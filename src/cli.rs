@@ -193,14 +193,15 @@ pub enum Command {
     /// Break a lock (or a semaphore's permits, or a run's attempt): end its
     /// live lease whatever the token, with an API key that has the `admin`
     /// permission; print whose leases ended. The holder's next extend or
-    /// release gets 404 (`lockd exec` then stops its command), and the next
-    /// grant's fence is larger.
+    /// release is refused (`lockd exec` stops its command at its next
+    /// renewal, within a third of its TTL), and the next grant's fence is
+    /// larger.
     Break(BreakArgs),
     /// Print a lock's (or a semaphore's, a run's) last leases as JSON,
     /// newest first: fence, owner, meta, when granted, and how each ended.
     History(HistoryArgs),
     /// Print a lock's changes as JSON lines, as they happen (`state` first,
-    /// then `acquired`, `extended`, `released`, `expired`), reconnecting
+    /// then `acquired`, `extended`, `released`, `expired`, `broken`), reconnecting
     /// with backoff when the stream is lost.
     Watch(WatchArgs),
     /// Mint an API key: prints the secret (once) and adds the key's SHA-256

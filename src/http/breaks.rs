@@ -68,9 +68,13 @@ impl ForceQuery {
         let fence = self
             .fence
             .map(|f| {
-                f.parse::<u64>().map_err(|_| {
-                    ApiError::invalid("fence must be a whole number, as a grant gave it")
-                })
+                let digits = !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit());
+                digits
+                    .then(|| f.parse::<u64>().ok())
+                    .flatten()
+                    .ok_or_else(|| {
+                        ApiError::invalid("fence must be a whole number, as a grant gave it")
+                    })
             })
             .transpose()?;
         match (force, fence) {
@@ -205,6 +209,8 @@ mod tests {
         );
         assert!(query(Some("1"), None).is_err());
         assert!(query(Some("true"), Some("-1")).is_err());
+        assert!(query(Some("true"), Some("+5")).is_err());
+        assert!(query(Some("true"), Some("")).is_err());
         assert!(query(None, Some("17")).is_err());
     }
 }

@@ -295,9 +295,15 @@ pub(super) async fn keep_renewing(
                 return;
             }
             ClientError::NotOwner { .. } | ClientError::Held { .. } => {
-                let _ = lost.send(format!(
-                    "renewal answered 409: another holder has the lock{tried}"
-                ));
+                // The server's reason: another holder has a lock; a run's
+                // attempt may also have been abandoned or broken.
+                let why = failure
+                    .error
+                    .refusal()
+                    .map(|answer| answer.problem.detail.as_str())
+                    .filter(|detail| !detail.is_empty())
+                    .unwrap_or("another holder has the lock");
+                let _ = lost.send(format!("renewal answered 409: {why}{tried}"));
                 return;
             }
             ClientError::Refused { answer } => {

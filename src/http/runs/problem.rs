@@ -91,7 +91,7 @@ impl From<RunMiss> for ApiError {
             ),
             RunMiss::NotOwner { done: false } => ApiError::new(
                 Kind::Leased(&NOT_RUN_OWNER),
-                "this token does not hold the run's live attempt: another attempt holds it, or this one was abandoned or its lease ran out (and may have been taken over); nothing was changed",
+                "this token does not hold the run's live attempt: another attempt holds it, or this one was abandoned, broken by an admin or its lease ran out (and may have been taken over); nothing was changed",
             ),
         }
     }

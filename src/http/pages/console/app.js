@@ -524,7 +524,7 @@ async function loadState() {
 }
 
 function breakButton(target) {
-  if (notAdmin) return h('span', { class: 'muted', text: 'no admin key' });
+  if (notAdmin) return h('span', { class: 'muted', text: currentKey() ? 'no admin key' : 'breaks need an admin key' });
   const who = target.owner ? `${target.owner}` : 'the unnamed holder';
   return h('button', {
     type: 'button',
@@ -615,10 +615,9 @@ function renderState(body, received) {
 const HISTORY_COLUMNS = (kind) => [
   { label: 'Fence', class: 'num', cell: (e) => String(e.fence) },
   kind === 'locks' && { label: 'Mode', cell: (e) => e.mode || '—' },
-  kind === 'runs' && { label: 'Attempt', class: 'num', cell: (e) => (e.attempt ?? '—').toString() },
   { label: 'Owner', cell: (e) => owner(e.owner) },
   { label: 'Meta', cell: (e) => meta(e.meta) },
-  { label: 'Granted', cell: (e) => time(e.granted_at) },
+  { label: kind === 'runs' ? 'Started' : 'Granted', cell: (e) => time(e.granted_at) },
   { label: 'Held for', cell: (e) => formatDuration(e.held_ms) },
   { label: 'Ended', cell: (e) => (e.ended ? h('span', {}, h('span', { class: `ended ended-${e.ended}`, text: e.ended }), ' ', time(e.ended_at)) : h('span', { class: 'held', text: 'held now' })) },
   { label: 'Broken by', cell: (e) => (e.broken_by ? String(e.broken_by) : h('span', { class: 'muted', text: '—' })) },
@@ -638,9 +637,11 @@ async function loadHistory() {
     $('history').replaceChildren(entries.length ? table(`History of ${mine.name}`, HISTORY_COLUMNS(mine.kind), entries) : '');
   } catch (p) {
     if (p.name === 'AbortError' || mine !== detail) return;
-    // 404 or 405: no history route. 400: an older lockd, whose path check
-    // refuses the unknown sub-resource (the name itself came from lockd).
-    if (p.status === 404 || p.status === 405 || p.status === 400) {
+    // 404 or 405: no history route; an older lockd's path check refuses
+    // the sub-resource with a 400 that says a name is one path segment. Any
+    // other refusal (a bad name, a key without `read`) is shown as it is.
+    const older = p.status === 400 && /one path segment/.test(p.message || '');
+    if (p.status === 404 || p.status === 405 || older) {
       setStatus('history-status', 'This server keeps no history (it has no GET …/history).');
     } else {
       setStatus('history-status', problemText(p), 'error');
@@ -818,7 +819,12 @@ async function onBreakClosed() {
     announce(text);
   } catch (p) {
     if (p.name === 'AbortError') return;
-    if (p.status === 403) {
+    if (p.status === 403 && !currentKey()) {
+      // No key given: this lockd has none, and then breaks nothing (but in
+      // --dev). Its answer says so.
+      notAdmin = true;
+      setStatus('detail-status', `Not broken: ${problemText(p)}`, 'error');
+    } else if (p.status === 403) {
       notAdmin = true;
       setStatus('detail-status', `Your key has no admin permission: lockd refused to break the lease (${p.message}).`, 'error');
     } else {
