@@ -191,6 +191,16 @@ impl LockInfo {
         }
     }
 
+    /// The fences that hold the lock: the exclusive holder's (when
+    /// recorded), or each shared lease's.
+    pub fn fences(&self) -> Vec<u64> {
+        if self.shared.is_empty() {
+            self.fence.into_iter().collect()
+        } else {
+            self.shared.iter().map(|l| l.fence).collect()
+        }
+    }
+
     /// A shared lock's description from its live leases (in any order),
     /// or `None` when there are none.
     pub fn shared(mut leases: Vec<PermitInfo>, writer_waiting: bool) -> Option<Self> {

@@ -95,6 +95,38 @@ async fn send(
     app.send_json(method, path, &headers, body).await
 }
 
+/// A waiting acquire of `path` (30 s lease, 30 s wait) with `auth`, on its
+/// own task: its answer.
+fn spawn_waiter(
+    app: &TestApp,
+    path: &str,
+    auth: &str,
+) -> tokio::task::JoinHandle<Result<Reply, reqwest::Error>> {
+    let request = app
+        .client
+        .post(app.url(path))
+        .header("Authorization", auth)
+        .json(&json!({"ttl_ms": 30_000, "wait_ms": 30_000}))
+        .timeout(Duration::from_secs(40));
+    tokio::spawn(async move { Reply::read(request.send().await?).await })
+}
+
+/// Waits until a request waits for a lock on `app` (`lockd_waiters`, read
+/// with `auth`, a key with `metrics`), at most 20 s.
+async fn until_queued(app: &TestApp, auth: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = send(app, Method::GET, "/metrics", auth, &[], None)
+            .await
+            .text;
+        if metric(&text, "lockd_waiters", &[]).unwrap_or(0.0) >= 1.0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Each store, with the keys.
 async fn apps(keys: &Keys) -> Vec<TestApp> {
     vec![
@@ -217,27 +249,9 @@ async fn a_stuck_lock_is_broken(app: &TestApp, keys: &Keys) {
     .await;
     events.expect("state").await;
     // Someone waits for it, as a job's next run would.
-    let waiter = {
-        let client = app.client.clone();
-        let request = client
-            .post(app.url(&path))
-            .header("Authorization", &keys.worker)
-            .json(&json!({"ttl_ms": 30_000, "wait_ms": 30_000}))
-            .timeout(Duration::from_secs(40));
-        tokio::spawn(async move { Reply::read(request.send().await?).await })
-    };
+    let waiter = spawn_waiter(app, &path, &keys.worker);
     // The waiter is queued when the lock's contention is counted.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = send(app, Method::GET, "/metrics", &keys.ops, &[], None)
-            .await
-            .text;
-        if metric(&text, "lockd_waiters", &[]).unwrap_or(0.0) >= 1.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_queued(app, &keys.ops).await;
 
     let broken_at = Instant::now();
     let broken = send(
@@ -688,27 +702,9 @@ async fn c13_breaks_and_histories_stay_in_the_names_slot_on_a_cluster() {
     )
     .await;
     stuck.expect_status(201);
-    let waiter = {
-        let request = app
-            .client
-            .post(app.url(&path))
-            .header("Authorization", &keys.worker)
-            .json(&json!({"ttl_ms": 30_000, "wait_ms": 30_000}))
-            .timeout(Duration::from_secs(40));
-        tokio::spawn(async move { Reply::read(request.send().await?).await })
-    };
+    let waiter = spawn_waiter(&app, &path, &keys.worker);
     // Once it waits (its first try found the lock held), break the lock.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = send(&app, Method::GET, "/metrics", &keys.ops, &[], None)
-            .await
-            .text;
-        if metric(&text, "lockd_waiters", &[]).unwrap_or(0.0) >= 1.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_queued(&app, &keys.ops).await;
     let broken_at = Instant::now();
     send(
         &app,

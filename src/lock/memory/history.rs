@@ -87,13 +87,7 @@ impl MemoryBackend {
         let live: Vec<u64> = match subject.kind() {
             Kind::Lock => self
                 .holder_in(&mut state, name, now)
-                .map(|(_, info)| {
-                    if info.shared.is_empty() {
-                        info.fence.into_iter().collect()
-                    } else {
-                        info.shared.iter().map(|l| l.fence).collect()
-                    }
-                })
+                .map(|(_, info)| info.fences())
                 .unwrap_or_default(),
             Kind::Semaphore => self
                 .inspect_in(&mut state, name)

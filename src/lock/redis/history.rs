@@ -16,9 +16,9 @@ use std::time::SystemTime;
 use redis::{Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
-use super::{INSPECT_LUA, InspectAnswer, Keys, RedisBackend, SHARED_LUA, holder_of};
+use super::{INSPECT_LUA, Keys, RedisBackend, SHARED_LUA, holder_of, inspect_and};
 use crate::lock::history::{self, BrokenLease, Ended, Ending, HistoryEntry, from_unix_ms};
-use crate::lock::{LockError, LockInfo, LockName, Meta, Mode, unix_millis};
+use crate::lock::{LockError, LockName, Meta, Mode, unix_millis};
 
 /// The history's Lua (`tell`, `history_note`, ...): put in front of every
 /// script that publishes a change.
@@ -82,20 +82,9 @@ impl RedisBackend {
             .key(&keys.writers);
         self.with_history(&mut call, &keys.history);
         let read_at = Instant::now();
-        let (pttl, token, fence, owner, granted_at, writer, shared, meta, kept): (
-            i64,
-            String,
-            String,
-            String,
-            String,
-            i64,
-            Vec<String>,
-            String,
-            Vec<String>,
-        ) = self.run(&call).await?;
-        let answer: InspectAnswer = (pttl, token, fence, owner, granted_at, writer, shared, meta);
+        let (answer, kept) = inspect_and::<Vec<String>>(self.run(&call).await?);
         let live = holder_of(answer, read_at)
-            .map(|(_, info)| lock_fences(&info))
+            .map(|(_, info)| info.fences())
             .unwrap_or_default();
         Ok(settled(&kept, &live))
     }
@@ -125,16 +114,6 @@ impl RedisBackend {
         self.with_history(&mut call, &keys.history);
         let answer: Vec<String> = self.run(&call).await?;
         Ok(broken_of(&answer))
-    }
-}
-
-/// The fences that hold a lock: its exclusive holder's, or each shared
-/// lease's.
-pub(super) fn lock_fences(info: &LockInfo) -> Vec<u64> {
-    if info.shared.is_empty() {
-        info.fence.into_iter().collect()
-    } else {
-        info.shared.iter().map(|l| l.fence).collect()
     }
 }
 

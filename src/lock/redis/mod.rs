@@ -1210,18 +1210,7 @@ impl LockNode for RedisBackend {
             .arg(self.events.publish())
             .arg(marker);
         let read_at = Instant::now();
-        let (pttl, token, fence, owner, granted_at, writer, shared, meta, counter): (
-            i64,
-            String,
-            String,
-            String,
-            String,
-            i64,
-            Vec<String>,
-            String,
-            String,
-        ) = self.run(&call).await?;
-        let answer = (pttl, token, fence, owner, granted_at, writer, shared, meta);
+        let (answer, counter) = inspect_and::<String>(self.run(&call).await?);
         Ok(ProbedLock {
             holder: holder_of(answer, read_at).map(|(_, info)| info),
             counter: counter.parse().ok(),
@@ -1405,6 +1394,30 @@ type InspectAnswer = (
     Vec<String>,
     String,
 );
+
+/// An `inspect.lua` answer with one more value after it (a probe's fence
+/// counter, a history read's list), as Redis gives it.
+type InspectAnd<T> = (
+    i64,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    Vec<String>,
+    String,
+    T,
+);
+
+/// An [`InspectAnd`] answer split into the inspect's part and the value
+/// after it.
+fn inspect_and<T>(answer: InspectAnd<T>) -> (InspectAnswer, T) {
+    let (pttl, token, fence, owner, granted_at, writer, shared, meta, more) = answer;
+    (
+        (pttl, token, fence, owner, granted_at, writer, shared, meta),
+        more,
+    )
+}
 
 /// The holder an `inspect.lua` answer tells of, read from a request sent at
 /// `read_at`; `None` when the lock is free. A shared lock has no token
