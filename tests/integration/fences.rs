@@ -384,8 +384,9 @@ async fn a_stalled_grant_whose_connection_dies_before_its_delete_is_deleted_all_
     })
     .await;
     app.acquire_ttl("cut:warm", 1000).await.expect_status(201);
-    // The acquire script's answer: {1, fence}, a fresh grant.
-    proxy.freeze_on_answer(b"*2\r\n:1\r\n:");
+    // The acquire script's answer: {1, fence}, a fresh grant (the fence
+    // as a decimal string).
+    proxy.freeze_on_answer(b"*2\r\n:1\r\n$");
     app.acquire_ttl("cut:k", 10_000)
         .await
         .expect_problem(503, "backend-unavailable");

@@ -24,17 +24,22 @@ use crate::lock::{LockError, LockName, Meta, Mode, unix_millis};
 /// script that publishes a change.
 pub(super) const HISTORY_LUA: &str = include_str!("scripts/history.lua");
 
+/// `tell` (`scripts/tell.lua`): a change message published and folded
+/// into the history; put after [`HISTORY_LUA`] in front of the scripts
+/// that publish their changes as messages alone.
+pub(super) const TELL_LUA: &str = include_str!("scripts/tell.lua");
+
 /// A read of a history: the inspect script `inspect` (after `prefix`, the
 /// Lua it needs, `history.lua` included) wrapped in a function, then the newest entries of the
 /// history list (the last key; as many as `history.lua`'s
-/// `history_length`, from the tail of the arguments) appended to its
+/// `history_size()`, from the tail of the arguments) appended to its
 /// answer, in one atomic step.
 pub(super) fn read_script(prefix: &str, inspect: &str) -> Script {
     Script::new(&format!(
         "{prefix}local function read_now()\n{inspect}\nend\n\
          local read = read_now()\n\
          if read.err then return read end\n\
-         local kept = redis.pcall('LRANGE', KEYS[#KEYS], 0, history_length - 1)\n\
+         local kept = redis.pcall('LRANGE', KEYS[#KEYS], 0, history_size() - 1)\n\
          if type(kept) ~= 'table' or kept.err then kept = {{}} end\n\
          read[#read + 1] = kept\n\
          return read\n"

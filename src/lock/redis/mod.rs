@@ -123,8 +123,9 @@ pub mod topology;
 const FENCE_LUA: &str = include_str!("scripts/fence.lua");
 
 /// The shared-lease helpers (`scripts/shared.lua`) after the permit ones
-/// they use (`scripts/semaphore.lua`): put in front of every lock script,
-/// since every one of them must see the shared leases.
+/// they use (`scripts/semaphore.lua`, with the history and `tell` before
+/// them): put in front of every lock script but the exclusive lease's
+/// own, since every one of them must see the shared leases.
 static SHARED_LUA: LazyLock<String> = LazyLock::new(|| {
     format!(
         "{}{}",
@@ -133,13 +134,38 @@ static SHARED_LUA: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{FENCE_LUA}{}{}",
-        *SHARED_LUA,
-        include_str!("scripts/acquire.lua")
-    ))
-});
+/// The line of `acquire.lua`, `release.lua` and `extend.lua` that the
+/// shared-lease rules take the place of: `tell.lua`, `semaphore.lua` and
+/// `shared.lua`, after the path of a lock that was never shared (or of
+/// its exclusive holder), so that path does not pay for defining them
+/// (each Lua function is made anew at every call of a script).
+const SHARED_RULES_AT: &str = "-- @shared-rules\n";
+
+/// An exclusive lease's script: `fence.lua` (when it gives fences), the
+/// history, and `body` with the shared-lease rules in place of its
+/// [`SHARED_RULES_AT`] line.
+fn exclusive_script(fence: bool, body: &str) -> Script {
+    Script::new(&exclusive_source(fence, body))
+}
+
+/// The Lua of [`exclusive_script`].
+fn exclusive_source(fence: bool, body: &str) -> String {
+    let rules = format!(
+        "{}{}{}",
+        history::TELL_LUA,
+        include_str!("scripts/semaphore.lua"),
+        include_str!("scripts/shared.lua")
+    );
+    format!(
+        "{}{}{}",
+        if fence { FENCE_LUA } else { "" },
+        history::HISTORY_LUA,
+        body.replacen(SHARED_RULES_AT, &rules, 1)
+    )
+}
+
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| exclusive_script(true, include_str!("scripts/acquire.lua")));
 static ACQUIRE_SHARED: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{FENCE_LUA}{}{}",
@@ -147,20 +173,10 @@ static ACQUIRE_SHARED: LazyLock<Script> = LazyLock::new(|| {
         include_str!("scripts/shared_acquire.lua")
     ))
 });
-static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{}{}",
-        *SHARED_LUA,
-        include_str!("scripts/release.lua")
-    ))
-});
-static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{FENCE_LUA}{}{}",
-        *SHARED_LUA,
-        include_str!("scripts/extend.lua")
-    ))
-});
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| exclusive_script(false, include_str!("scripts/release.lua")));
+static EXTEND: LazyLock<Script> =
+    LazyLock::new(|| exclusive_script(true, include_str!("scripts/extend.lua")));
 static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{}{}",
@@ -1491,6 +1507,25 @@ fn parse_unix_millis(stored: &str) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each exclusive lease's script has the shared-lease rules once, in
+    /// place of its marker, after the path that needs none of them.
+    #[test]
+    fn the_shared_rules_take_the_place_of_the_marker() {
+        for body in [
+            include_str!("scripts/acquire.lua"),
+            include_str!("scripts/release.lua"),
+            include_str!("scripts/extend.lua"),
+        ] {
+            assert_eq!(body.matches(SHARED_RULES_AT).count(), 1);
+            let lua = exclusive_source(true, body);
+            assert!(!lua.contains(SHARED_RULES_AT));
+            assert_eq!(lua.matches("local function live_shared(").count(), 1);
+            assert_eq!(lua.matches("local function tell(").count(), 1);
+            let fast = &lua[..lua.find("local function tell(").expect("the rules")];
+            assert!(!fast.contains("live_shared("), "{fast}");
+        }
+    }
 
     #[test]
     fn keys_use_the_name_as_a_hash_tag() {

@@ -11,7 +11,7 @@ use redis::{Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use super::events;
-use super::history::{self, HISTORY_LUA};
+use super::history::{self, HISTORY_LUA, TELL_LUA};
 use super::{FENCE_LUA, Grant, GrantKind, PROBE_LUA, RedisBackend};
 use crate::lock::history::{BrokenLease, HistoryEntry};
 use crate::lock::run::{
@@ -30,7 +30,7 @@ const RUN_LUA: &str = include_str!("scripts/run.lua");
 fn script(body: &str, with_fence: bool) -> Script {
     let fence = if with_fence { FENCE_LUA } else { "" };
     Script::new(&format!(
-        "{fence}{HISTORY_LUA}history_mode = 'attempt'\n{RUN_LUA}{body}"
+        "{fence}{HISTORY_LUA}{TELL_LUA}history_mode = 'attempt'\n{RUN_LUA}{body}"
     ))
 }
 

@@ -27,6 +27,7 @@ use crate::lock::{
 /// after the history's (`tell`, which `prune` calls).
 pub(super) const SEMAPHORE_LUA: &str = concat!(
     include_str!("scripts/history.lua"),
+    include_str!("scripts/tell.lua"),
     include_str!("scripts/semaphore.lua")
 );
 

@@ -1,6 +1,8 @@
 -- Acquire a lock exclusively: SET NX PX and the next fence in one script,
--- so a grant and its fence can never be separated. Put after fence.lua,
--- semaphore.lua (prune, expire_with_last) and shared.lua.
+-- so a grant and its fence can never be separated. Put after fence.lua and
+-- history.lua; the shared-lease rules (tell.lua, semaphore.lua, shared.lua)
+-- take the place of the `-- @shared-rules` line, so that a lock that was
+-- never shared does not pay for defining them (docs/performance.md).
 -- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] holder metadata hash,
 -- KEYS[4] shared leases, KEYS[5] their records, KEYS[6] waiting writers
 -- (see shared.lua)
@@ -13,7 +15,8 @@
 -- ARGV[10] the holder's metadata as compact JSON ('' = none),
 -- and the history tail (history.lua): KEYS[7] the history list, ARGV[11] to
 -- ARGV[13] its length, how long it outlives a lease, and now in Unix ms
--- Returns {1, fence} for a new grant, {2, fence} when this token already
+-- Returns {1, fence} (the fence as a decimal string) for a new grant,
+-- {2, fence} when this token already
 -- held the lock (its lease is reset to the TTL, the fence is unchanged, the
 -- owner label and metadata replaced when given), {0, pttl} when another token
 -- holds it or shared leases are live (pttl: until the last of them ends),
@@ -39,6 +42,76 @@
 -- Redis does not roll a script back, so when the counter or the hash cannot
 -- be written (a foreign client left a key of another type there), the lock
 -- is deleted again before the error is returned: no half-written grant.
+-- The exclusive rules, once no shared lease is live: a grant, a renewal
+-- of this token's lease, or a refusal. `shared_kept`: whether the shared
+-- leases' or the waiting writers' key exists (a grant forgets this
+-- token's wait).
+local function exclusive(shared_kept)
+  if ARGV[9] ~= '1' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    if shared_kept then
+      redis.call('ZREM', KEYS[6], ARGV[1])
+    end
+    local fence, err = next_fence(KEYS[2], ARGV[5])
+    if not fence then
+      redis.call('DEL', KEYS[1])
+      return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
+    end
+    -- Every field is written (owner '' when none), so a hash left by an
+    -- earlier lease needs no DEL first: only a key of another type does.
+    local function write_holder()
+      return redis.pcall('HSET', KEYS[3], 'fence', fence, 'owner', ARGV[3],
+        'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'meta', ARGV[10])
+    end
+    local meta = write_holder()
+    if type(meta) == 'table' and meta.err then
+      redis.pcall('DEL', KEYS[3])
+      meta = write_holder()
+    end
+    if type(meta) == 'table' and meta.err then
+      redis.call('DEL', KEYS[1])
+      return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. meta.err)
+    end
+    redis.call('PEXPIRE', KEYS[3], ARGV[2])
+    publish_change(ARGV[7], ARGV[6], 'acquired ' .. fence .. ' ' .. ARGV[2] .. ' ' .. ARGV[4]
+      .. ' ' .. ARGV[3] .. meta_line(ARGV[10]))
+    history_granted(fence, history_mode, ARGV[4], ARGV[2], ARGV[3], ARGV[10])
+    return {1, fence}
+  end
+  if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    local fence = redis.pcall('HGET', KEYS[3], 'fence')
+    if type(fence) == 'table' and fence.err then
+      return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. fence.err)
+    end
+    if not (fence and string.find(fence, '^%d+$')) then
+      local err
+      fence, err = next_fence(KEYS[2], ARGV[5])
+      if not fence then
+        return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
+      end
+      redis.call('HSET', KEYS[3], 'fence', fence, 'granted_at_ms', ARGV[4])
+    end
+    if ARGV[3] ~= '' then
+      redis.call('HSET', KEYS[3], 'owner', ARGV[3])
+    end
+    if ARGV[10] ~= '' then
+      redis.call('HSET', KEYS[3], 'meta', ARGV[10])
+    end
+    redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2])
+    redis.call('PEXPIRE', KEYS[3], ARGV[2])
+    publish_change(ARGV[7], ARGV[6], 'extended ' .. fence .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
+    history_extended(fence, ARGV[2], ARGV[4])
+    return {2, fence}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+
+-- One EXISTS tells a lock that was never shared (and has no waiting
+-- writer) from one that needs the shared-lease rules.
+if redis.call('EXISTS', KEYS[4], KEYS[6]) == 0 then
+  return exclusive(false)
+end
+-- @shared-rules
 local readers = live_shared(KEYS[4], KEYS[5], ARGV[6], ARGV[7])
 if readers > 0 then
   if redis.call('ZSCORE', KEYS[4], ARGV[1]) then
@@ -47,58 +120,4 @@ if readers > 0 then
   note_writer(KEYS[6], ARGV[1], ARGV[8], KEYS[4])
   return {0, last_shared_ms(KEYS[4])}
 end
-if ARGV[9] ~= '1' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('ZREM', KEYS[6], ARGV[1])
-  local fence, err = next_fence(KEYS[2], ARGV[5])
-  if not fence then
-    redis.call('DEL', KEYS[1])
-    return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
-  end
-  -- Every field is written (owner '' when none), so a hash left by an
-  -- earlier lease needs no DEL first: only a key of another type does.
-  local fields = {'fence', string.format('%.0f', fence), 'owner', ARGV[3],
-    'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'meta', ARGV[10]}
-  local meta = redis.pcall('HSET', KEYS[3], unpack(fields))
-  if type(meta) == 'table' and meta.err then
-    redis.pcall('DEL', KEYS[3])
-    meta = redis.pcall('HSET', KEYS[3], unpack(fields))
-  end
-  if type(meta) == 'table' and meta.err then
-    redis.call('DEL', KEYS[1])
-    return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. meta.err)
-  end
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  tell(ARGV[7], ARGV[6], 'acquired ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2]
-    .. ' ' .. ARGV[4] .. ' ' .. ARGV[3] .. meta_line(ARGV[10]))
-  return {1, fence}
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local fence = redis.pcall('HGET', KEYS[3], 'fence')
-  if type(fence) == 'table' and fence.err then
-    return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. fence.err)
-  end
-  if fence then
-    fence = tonumber(fence)
-  end
-  if not fence then
-    local err
-    fence, err = next_fence(KEYS[2], ARGV[5])
-    if not fence then
-      return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
-    end
-    redis.call('HSET', KEYS[3], 'fence', string.format('%.0f', fence), 'granted_at_ms', ARGV[4])
-  end
-  if ARGV[3] ~= '' then
-    redis.call('HSET', KEYS[3], 'owner', ARGV[3])
-  end
-  if ARGV[10] ~= '' then
-    redis.call('HSET', KEYS[3], 'meta', ARGV[10])
-  end
-  redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  tell(ARGV[7], ARGV[6], 'extended ' .. string.format('%.0f', fence) .. ' ' .. ARGV[2]
-    .. ' ' .. ARGV[4])
-  return {2, fence}
-end
-return {0, redis.call('PTTL', KEYS[1])}
+return exclusive(true)

@@ -1,7 +1,8 @@
 -- The history of a name (src/lock/history.rs), put in front of every
--- script that publishes a change: `tell` publishes a change message and
--- folds it into the name's history list, in the same atomic step, by the
--- rules of HistoryLog::apply, so that a history needs nobody to watch.
+-- script that publishes a change: history_granted, history_extended and
+-- history_ended record a change in the name's history list, in the same
+-- atomic step as the change, by the rules of HistoryLog::apply, so that a
+-- history needs nobody to watch (tell.lua folds a change message into it).
 -- The list holds one entry per lease, newest first; the newest
 -- `history_length` are the history (it is trimmed to them once it holds
 -- twice as many):
@@ -21,26 +22,39 @@
 -- Every history write is a pcall: a key of another type (a foreign
 -- client's) loses the history, never the change.
 local history_key = KEYS[#KEYS]
-local history_length = tonumber(ARGV[#ARGV - 2]) or 0
-local history_keep = tonumber(ARGV[#ARGV - 1]) or 0
+-- The length as given ('0': no history): read as a number only where a
+-- number is needed (history_size), since each conversion costs Redis more
+-- than a command does (docs/performance.md).
+local history_on = ARGV[#ARGV - 2] ~= '0' and ARGV[#ARGV - 2] ~= ''
 local history_now = ARGV[#ARGV]
 -- The MODE of a lease an `acquired` message grants: set by the script
 -- (a semaphore's 'permit', a run's 'attempt').
 local history_mode = 'exclusive'
 
+-- How many entries the history keeps (0: none).
+local function history_size()
+  return tonumber(ARGV[#ARGV - 2]) or 0
+end
+
+-- A whole number of ms as Redis and the entries write it.
 local function history_ms(n)
-  return string.format('%.0f', n)
+  return string.format('%d', n)
+end
+
+-- Keeps the list `ms` from now plus the fence retention (the retention
+-- alone, as given, when `ms` is not positive).
+local function history_keep_for(ms)
+  if ms <= 0 then
+    redis.pcall('PEXPIRE', history_key, ARGV[#ARGV - 1])
+  else
+    redis.pcall('PEXPIRE', history_key, history_ms(ms + (tonumber(ARGV[#ARGV - 1]) or 0)))
+  end
 end
 
 -- An entry's parts when it is still open: its header up to its lease end,
 -- that end, and the rest of its text; nil when it ended.
 local function history_parts(item)
-  local header = string.match(item, '^[^\n]*')
-  local head, expires = string.match(header, '^(%d+ %a+ %d+) (%d+)$')
-  if head then
-    return head, expires, string.sub(item, #header + 1)
-  end
-  return nil
+  return string.match(item, '^(%d+ %a+ %d+) (%d+)(\n.*)$')
 end
 
 -- The entry of `fence` that is still open: its index, its header up to
@@ -54,12 +68,12 @@ local function history_open(fence)
   local newest = redis.pcall('LINDEX', history_key, 0)
   if type(newest) == 'string' and string.sub(newest, 1, #prefix) == prefix then
     local head, expires, body = history_parts(newest)
-    local mode = head and string.match(head, '^%d+ (%a+)')
-    if mode == 'exclusive' or mode == 'attempt' then
+    local mode = head and string.sub(head, #prefix + 1, #prefix + 7)
+    if mode == 'exclusi' or mode == 'attempt' then
       return 0, head, expires, body, 0
     end
   end
-  local items = redis.pcall('LRANGE', history_key, 0, history_length - 1)
+  local items = redis.pcall('LRANGE', history_key, 0, history_size() - 1)
   if type(items) ~= 'table' or items.err then
     return nil
   end
@@ -78,28 +92,64 @@ local function history_open(fence)
   return found[1], found[2], found[3], found[4], latest
 end
 
--- Keeps the list until `keep_ms` past `ends` (Unix ms), and never less
--- than the fence retention past now; a lease of a mode that is alone
+-- Keeps the list until the fence retention past `ends` (Unix ms), and
+-- never less than the retention past now; a lease of a mode that is alone
 -- (exclusive, attempt) sets it, a shared lease or a permit only lengthens
 -- it (the others' leases may last longer).
 local function history_keep_until(ends, mode)
-  local ms = math.max(tonumber(ends) - tonumber(history_now), 0) + history_keep
   if mode == 'shared' or mode == 'permit' then
+    local ms = math.max(ends - history_now, 0) + (tonumber(ARGV[#ARGV - 1]) or 0)
     local left = redis.pcall('PTTL', history_key)
     if type(left) == 'number' and left >= ms then
       return
     end
   end
-  redis.pcall('PEXPIRE', history_key, history_ms(ms))
+  history_keep_for(ends - history_now)
 end
 
--- Ends the open entry of `fence` as `how`, at `at` (Unix ms), by `by`,
--- and keeps the list the fence retention past the last lease still open.
-local function history_end(fence, how, at, by)
+-- A lease granted: its entry, newest first. `fence`, `granted` (Unix ms)
+-- and `ttl` (ms) as decimal strings, `owner` and `meta` ('' when none).
+local function history_granted(fence, mode, granted, ttl, owner, meta)
+  if not history_on then
+    return
+  end
+  local ends = granted + ttl
+  -- Trimmed back to the length once it holds twice that: one LTRIM every
+  -- length grants rather than one each (readers read the newest alone).
+  local held = redis.pcall('LPUSH', history_key,
+    fence .. ' ' .. mode .. ' ' .. granted .. ' ' .. history_ms(ends) .. '\n' .. owner .. '\n' .. meta)
+  if type(held) == 'number' and held > 2 and held > 2 * history_size() then
+    redis.pcall('LTRIM', history_key, 0, history_size() - 1)
+  end
+  history_keep_until(ends, mode)
+end
+
+-- A lease renewed or extended at `at` (Unix ms) for `ttl` ms: its entry's
+-- lease end moves.
+local function history_extended(fence, ttl, at)
+  if not history_on then
+    return
+  end
+  local index, head, _, body = history_open(fence)
+  if index then
+    local ends = at + ttl
+    redis.pcall('LSET', history_key, index, head .. ' ' .. history_ms(ends) .. body)
+    history_keep_until(ends, string.match(head, '^%d+ (%a+)'))
+  end
+end
+
+-- Ends the open entry of `fence` as `how`, now, by `by` (a key id, or
+-- nil), and keeps the list the fence retention past the last lease still
+-- open.
+local function history_ended(fence, how, by)
+  if not history_on then
+    return
+  end
   local index, head, expires, body, latest = history_open(fence)
   if not index then
     return
   end
+  local at = history_now
   if how == 'expired' and tonumber(expires) < tonumber(at) then
     at = expires
   end
@@ -109,85 +159,18 @@ local function history_end(fence, how, at, by)
   end
   redis.pcall('LSET', history_key, index,
     head .. ' ' .. expires .. ' ' .. how .. ' ' .. at .. tail .. body)
-  redis.pcall('PEXPIRE', history_key, history_ms(math.max(latest - tonumber(history_now), 0) + history_keep))
-end
-
--- Folds one change message into the history.
-local function history_note(message)
-  if history_length <= 0 then
-    return
-  end
-  local kind, rest = string.match(message, '^(%a+) (.*)$')
-  if kind == 'acquired' or kind == 'shared' then
-    local fence, ttl, granted, tail = string.match(rest, '^(%d+) (%d+) (%d+) (.*)$')
-    if not fence then
-      return
-    end
-    local owner, meta = tail, ''
-    local newline = string.find(tail, '\n', 1, true)
-    if newline then
-      owner, meta = string.sub(tail, 1, newline - 1), string.sub(tail, newline + 1)
-    end
-    local mode = history_mode
-    if kind == 'shared' then
-      mode = 'shared'
-    end
-    local entry = fence .. ' ' .. mode .. ' ' .. granted .. ' '
-      .. history_ms(tonumber(granted) + tonumber(ttl)) .. '\n' .. owner .. '\n' .. meta
-    -- Trimmed back to history_length once it holds twice that: one LTRIM
-    -- every history_length grants rather than one each (readers read the
-    -- newest history_length alone).
-    local held = redis.pcall('LPUSH', history_key, entry)
-    if type(held) == 'number' and held > 2 * history_length then
-      redis.pcall('LTRIM', history_key, 0, history_length - 1)
-    end
-    history_keep_until(tonumber(granted) + tonumber(ttl), mode)
-  elseif kind == 'extended' then
-    local fence, ttl, at = string.match(rest, '^(%d+) (%d+) (%d+)$')
-    if not fence then
-      return
-    end
-    local index, head, _, body = history_open(fence)
-    if index then
-      local ends = tonumber(at) + tonumber(ttl)
-      redis.pcall('LSET', history_key, index, head .. ' ' .. history_ms(ends) .. body)
-      history_keep_until(ends, string.match(head, '^%d+ (%a+)'))
-    end
-  elseif kind == 'released' then
-    local how = 'released'
-    if history_mode == 'attempt' then
-      how = 'abandoned'
-    end
-    history_end(rest, how, history_now)
-  elseif kind == 'completed' then
-    history_end(rest, 'completed', history_now)
-  elseif kind == 'broken' then
-    local fence, by = string.match(rest, '^(%d+) ?(.*)$')
-    if fence then
-      history_end(fence, 'broken', history_now, by)
-    end
-  elseif kind == 'expired' then
-    history_end(rest, 'expired', history_now)
+  if latest > 0 then
+    history_keep_for(latest - history_now)
+  else
+    history_keep_for(0)
   end
 end
 
 -- Publishes `message` on `channel` with `publish` (PUBLISH, or SPUBLISH
--- on a Redis Cluster) and folds it into the history. pcall: a server
--- without SPUBLISH (Redis 6) still makes the change.
-local function tell(publish, channel, message)
+-- on a Redis Cluster). pcall: a server without SPUBLISH (Redis 6) still
+-- makes the change. A script that has the change's fields at hand
+-- publishes with this and calls history_granted, history_extended or
+-- history_ended itself, rather than have `tell` parse the message.
+local function publish_change(publish, channel, message)
   redis.pcall(publish, channel, message)
-  history_note(message)
-end
-
--- Renames the open entry of fence `old` to `new`: Redlock raised the
--- fence of a grant whose nodes disagreed (raise_fence.lua).
-local function history_refence(old, new)
-  if history_length <= 0 then
-    return
-  end
-  local index, head, expires, body = history_open(old)
-  if index then
-    local rest = string.match(head, '^%d+( .*)$')
-    redis.pcall('LSET', history_key, index, new .. rest .. ' ' .. expires .. body)
-  end
 end

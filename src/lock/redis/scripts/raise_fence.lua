@@ -9,6 +9,18 @@
 -- (the holder's history entry takes the new fence)
 -- Returns 1 when the token holds the lock here, else 0 (the counter is
 -- raised either way).
+-- Renames the open entry of fence `old` to `new`: Redlock raised the
+-- fence of a grant whose nodes disagreed (raise_fence.lua).
+local function history_refence(old, new)
+  if not history_on then
+    return
+  end
+  local index, head, expires, body = history_open(old)
+  if index then
+    local rest = string.match(head, '^%d+( .*)$')
+    redis.pcall('LSET', history_key, index, new .. rest .. ' ' .. expires .. body)
+  end
+end
 local current = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
 if current < tonumber(ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])

@@ -1,6 +1,8 @@
 -- Release a lock: compare the token, then delete. Never a plain DEL.
--- Put after semaphore.lua and shared.lua: a token that holds a shared
--- lease releases that lease alone.
+-- Put after history.lua; the shared-lease rules (tell.lua, semaphore.lua,
+-- shared.lua) take the place of the `-- @shared-rules` line (as in
+-- acquire.lua): a token that holds a shared lease releases that lease
+-- alone.
 -- Publishes `released FENCE` on the change channel (src/lock/change.rs),
 -- so that waiters wake at once and watchers hear it.
 -- KEYS[1] lock key, KEYS[2] holder metadata hash, KEYS[3] shared leases,
@@ -13,9 +15,29 @@
 -- Returns {1, grant time in Unix ms ('' when not recorded)} when released
 -- (an exclusive holder), {2, grant time} when a shared lease was released,
 -- {0, ''} when nobody holds the lock, {-1, ''} when another token holds it
--- (nothing is changed then). Either way a wait of `token` for the lock is
--- forgotten (a caller that hung up, say): shared requests that it kept out
--- are woken with an empty message ("changed").
+-- (nothing is changed then). Unless `token` holds the lock, a wait of
+-- `token` for it is forgotten (a caller that hung up, say): shared
+-- requests that it kept out are woken with an empty message ("changed").
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+  -- The exclusive holder: a grant forgot its wait, so there is none to
+  -- withdraw.
+  local meta = redis.pcall('HMGET', KEYS[2], 'granted_at_ms', 'fence')
+  if type(meta) ~= 'table' or meta.err then
+    meta = {}
+  end
+  redis.call('DEL', KEYS[1], KEYS[2])
+  -- A lock that a foreign client set has no fence: an empty message says
+  -- only "changed".
+  if meta[2] then
+    publish_change(ARGV[3], ARGV[2], 'released ' .. meta[2])
+    history_ended(meta[2], 'released')
+  else
+    publish_change(ARGV[3], ARGV[2], '')
+  end
+  return {1, meta[1] or ''}
+end
+-- @shared-rules
 local withdrawn = redis.call('ZREM', KEYS[5], ARGV[1])
 local function refused(verdict)
   if withdrawn == 1 then
@@ -23,56 +45,39 @@ local function refused(verdict)
   end
   return {verdict, ''}
 end
-local current = redis.call('GET', KEYS[1])
-if not current then
-  if live_shared(KEYS[3], KEYS[4], ARGV[2], ARGV[3]) == 0 then
-    return refused(0)
-  end
-  local field = holder_field(ARGV[1])
-  local mine = redis.call('HGET', KEYS[4], field)
-  -- A token with no shared lease: not held (as a permit), though other
-  -- shared leases hold the lock, so that a release retried after a
-  -- lagging one hears that it is gone.
-  if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then
-    return refused(0)
-  end
-  redis.call('HDEL', KEYS[4], field)
-  if redis.call('ZCARD', KEYS[3]) == 0 then
-    -- The last shared lease: the lock is free, and the waiting writers
-    -- are forgotten with it. One still there takes the lock at this
-    -- release's message (SET NX needs no record); one that is gone
-    -- without a word keeps no reader out of a free lock.
-    redis.call('DEL', KEYS[4], KEYS[5])
-  end
-  local granted, message = '', ''
-  if mine then
-    local ok, record = pcall(cjson.decode, mine)
-    if ok and type(record) == 'table' then
-      if tonumber(record.granted_at_ms) then
-        granted = string.format('%.0f', tonumber(record.granted_at_ms))
-      end
-      if record.fence then
-        message = 'released ' .. tostring(record.fence)
-      end
-    end
-  end
-  tell(ARGV[3], ARGV[2], message)
-  return {2, granted}
-end
-if current ~= ARGV[1] then
+if current then
   return refused(-1)
 end
-local meta = redis.pcall('HMGET', KEYS[2], 'granted_at_ms', 'fence')
-if type(meta) ~= 'table' or meta.err then
-  meta = {}
+if live_shared(KEYS[3], KEYS[4], ARGV[2], ARGV[3]) == 0 then
+  return refused(0)
 end
-local granted = meta[1] or ''
-redis.call('DEL', KEYS[1], KEYS[2])
--- A lock that a foreign client set has no fence: an empty message says
--- only "changed".
-local message = ''
-if meta[2] then
-  message = 'released ' .. meta[2]
+local field = holder_field(ARGV[1])
+local mine = redis.call('HGET', KEYS[4], field)
+-- A token with no shared lease: not held (as a permit), though other
+-- shared leases hold the lock, so that a release retried after a
+-- lagging one hears that it is gone.
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then
+  return refused(0)
+end
+redis.call('HDEL', KEYS[4], field)
+if redis.call('ZCARD', KEYS[3]) == 0 then
+  -- The last shared lease: the lock is free, and the waiting writers
+  -- are forgotten with it. One still there takes the lock at this
+  -- release's message (SET NX needs no record); one that is gone
+  -- without a word keeps no reader out of a free lock.
+  redis.call('DEL', KEYS[4], KEYS[5])
+end
+local granted, message = '', ''
+if mine then
+  local ok, record = pcall(cjson.decode, mine)
+  if ok and type(record) == 'table' then
+    if tonumber(record.granted_at_ms) then
+      granted = string.format('%.0f', tonumber(record.granted_at_ms))
+    end
+    if record.fence then
+      message = 'released ' .. tostring(record.fence)
+    end
+  end
 end
 tell(ARGV[3], ARGV[2], message)
-return {1, granted}
+return {2, granted}

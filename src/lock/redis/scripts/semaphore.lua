@@ -8,7 +8,8 @@
 --            ttl_ms}
 --            (the fence as a string: 16 digits do not fit a Lua number's
 --            JSON encoding).
--- Put after history.lua, whose `tell` publishes and records each change.
+-- Put after history.lua and tell.lua, whose `tell` publishes and records
+-- each change.
 -- Every script first forgets the permits that ran out (prune), so that an
 -- expired permit is free at once for every instance, with no cleanup job,
 -- and both keys expire a second after the last permit.
