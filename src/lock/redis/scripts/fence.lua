@@ -12,28 +12,35 @@
 -- (docs/performance.md). The clock's 16 digits (until the year 2286) and a
 -- counter of as many digits compare as strings as they do as numbers.
 local function next_fence(counter_key, retention_ms)
-  local stored = redis.pcall('GET', counter_key)
+  local now = redis.call('TIME')
+  local fence = now[1] .. string.rep('0', 6 - #now[2]) .. now[2]
+  -- The clock is stored at once (SET ... GET answers the counter it
+  -- replaced): the common case, a counter behind the clock, takes one
+  -- command. Otherwise the counter is put right below, in this same
+  -- atomic step.
+  local stored = redis.pcall('SET', counter_key, fence, 'PX', retention_ms, 'GET')
   if type(stored) == 'table' and stored.err then
     return nil, stored.err
   end
-  local now = redis.call('TIME')
-  local fence = now[1] .. string.rep('0', 6 - #now[2]) .. now[2]
-  if stored and not (#stored == #fence and stored < fence and not string.find(stored, '%D')) then
-    local counter = tonumber(stored)
-    if not counter or counter ~= math.floor(counter) then
-      return nil, 'not an integer'
+  if not stored or (#stored == #fence and stored < fence and not string.find(stored, '%D')) then
+    return fence
+  end
+  local counter = tonumber(stored)
+  local err
+  if not counter or counter ~= math.floor(counter) then
+    err = 'not an integer'
+  elseif counter + 1 > tonumber(fence) then
+    fence = string.format('%.0f', counter + 1)
+    if #fence > 16 or (#fence == 16 and fence > '9007199254740991') then
+      err = 'at or above 2^53 - 1'
     end
-    if counter + 1 > tonumber(fence) then
-      fence = string.format('%.0f', counter + 1)
-    end
   end
-  if #fence > 16 or (#fence == 16 and fence > '9007199254740991') then
-    return nil, 'at or above 2^53 - 1'
+  if err then
+    -- The counter as it was, never lower.
+    redis.call('SET', counter_key, stored, 'PX', retention_ms)
+    return nil, err
   end
-  local stored_ok = redis.pcall('SET', counter_key, fence, 'PX', retention_ms)
-  if type(stored_ok) == 'table' and stored_ok.err then
-    return nil, stored_ok.err
-  end
+  redis.call('SET', counter_key, fence, 'PX', retention_ms)
   return fence
 end
 
