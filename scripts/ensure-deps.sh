@@ -6,7 +6,7 @@
 # the console's browser tests drive headless); for the packages
 # (scripts/package.sh, scripts/package-tests.sh): dpkg-deb and dpkg,
 # musl-gcc, systemd-analyze and systemd-sysusers, groff, file, strip,
-# /bin/kill;
+# /bin/kill; valgrind (bench/redis-instructions.sh);
 # and python3-venv, which stands for `python3 -m venv` working (Debian's
 # python3 needs the python3-venv package for it; name python3 before it).
 # Example: scripts/ensure-deps.sh redis-server redis-cli

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# What a lock cycle costs Redis, in instructions: a figure that does not
+# move with the machine's load, for comparing two versions of the Lua
+# scripts (CPU time on this 2-core shared machine moves by a third from one
+# round to the next; an instruction count by well under 1%).
+#
+# Starts one redis-server under valgrind's callgrind (which counts the
+# instructions Redis runs, in user space: the kernel's share of a socket
+# read or write is not in it) and, against it, in turn:
+#   - raw: `lockd-bench raw-cycle`, SET NX PX then a compare-and-delete
+#     script straight on Redis: the floor's Redis commands;
+#   - each lockd binary given (release build, default settings), and the
+#     last one again with --history-length 0 (lockd-nohistory);
+# each driven by `lockd-bench cycle` (CLIENTS clients, each reusing its own
+# name, SECONDS long). The counters are zeroed before each and read after
+# (callgrind_control): instructions per acquire+release cycle.
+# Redis runs some 50 times slower under callgrind, so a few hundred cycles
+# a second is expected; the count per cycle does not depend on the rate.
+# Usage: bench/redis-instructions.sh [SECONDS] [CLIENTS] [LOCKD...]
+#   (defaults 5, 4, target/release/lockd)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-5}
+clients=${2:-4}
+shift $(($# < 2 ? $# : 2))
+scripts/ensure-deps.sh redis-server redis-cli curl python3 valgrind
+if [ $# -eq 0 ]; then
+  cargo build --release --locked --bin lockd --bin lockd-bench >&2
+  set -- target/release/lockd
+else
+  cargo build --release --locked --bin lockd-bench >&2
+fi
+bench=target/release/lockd-bench
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+redis_port=$(free_port)
+valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.%p" \
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+  --dir "$work" >"$work/valgrind.log" 2>&1 &
+redis_pid=$!
+pids+=("$redis_pid")
+until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.2; done
+redis_url="redis://127.0.0.1:$redis_port"
+
+# Instructions Redis ran since the last zeroing: the newest dump's total.
+instructions() {
+  callgrind_control -d "$redis_pid" >/dev/null 2>&1
+  awk '/^(summary|totals):/ { n = $2 } END { print n }' \
+    "$(ls -t "$work"/callgrind."$redis_pid".* | head -1)"
+}
+
+# measure LABEL COMMAND...: COMMAND writes the run's JSON to $work/run.json.
+results=()
+measure() {
+  local label=$1
+  shift
+  callgrind_control -z "$redis_pid" >/dev/null 2>&1
+  "$@" >/dev/null
+  local total
+  total=$(instructions)
+  results+=("$label $total $(python3 -c 'import json,sys; r = json.load(open(sys.argv[1])); print(r["cycles_per_second"] * r["seconds"])' "$work/run.json")")
+}
+
+measure raw "$bench" --json "$work/run.json" raw-cycle --redis-url "$redis_url" \
+  --clients "$clients" --seconds "$seconds"
+lockd_run() {
+  local label=$1 bin=$2
+  shift 2
+  local port
+  port=$(free_port)
+  "$bin" serve --listen "127.0.0.1:$port" --redis-url "$redis_url" "$@" \
+    2>"$work/$label.log" &
+  local pid=$!
+  pids+=("$pid")
+  until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.1; done
+  measure "$label" "$bench" --server "http://127.0.0.1:$port" --json "$work/run.json" \
+    cycle --clients "$clients" --seconds "$seconds"
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+}
+for i in $(seq 1 $#); do
+  label=lockd$([ $# -gt 1 ] && echo "-$((i - 1))" || true)
+  lockd_run "$label" "${!i}"
+done
+lockd_run lockd-nohistory "${!#}" --history-length 0
+
+echo
+printf '%-18s %14s %10s %22s\n' target instructions cycles "Redis instr. per cycle"
+for row in "${results[@]}"; do
+  set -- $row
+  printf '%-18s %14s %10.0f %22.0f\n' "$1" "$2" "$3" "$(python3 -c "print($2 / max($3, 1))")"
+done
