@@ -662,15 +662,34 @@ impl LockClient {
         result: &serde_json::Value,
         timeout: Duration,
     ) -> Result<Reply<()>, ClientError> {
+        self.complete_run_keeping(key, token, result, None, timeout)
+            .await
+    }
+
+    /// [`Self::complete_run`], keeping the result `retention_ms` (the
+    /// server's `--run-retention-ms` when `None`) rather than the longest
+    /// the server allows.
+    ///
+    /// # Errors
+    /// As for [`Self::complete_run`]; 400 when `retention_ms` is 0 or over
+    /// the server's `--run-retention-ms`.
+    pub async fn complete_run_keeping(
+        &self,
+        key: &str,
+        token: &str,
+        result: &serde_json::Value,
+        retention_ms: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Reply<()>, ClientError> {
         let mut url = self.lock_url(Target::Run(key));
         if let Ok(mut path) = url.path_segments_mut() {
             path.push("result");
         }
-        let request = self
-            .http
-            .put(url)
-            .header("Lock-Token", token)
-            .json(&json!({ "result": result }));
+        let body = match retention_ms {
+            Some(ms) => json!({ "result": result, "retention_ms": ms }),
+            None => json!({ "result": result }),
+        };
+        let request = self.http.put(url).header("Lock-Token", token).json(&body);
         let (status, body) = self.send(request, timeout).await?;
         Ok(Reply {
             value: (),

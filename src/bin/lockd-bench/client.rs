@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lockd::client::api::{AcquireParams, ClientError, LockClient, Target};
+use lockd::client::api::{AcquireParams, ClientError, LockClient, RunStart, Target};
 use tokio::time::Instant;
 
 /// How long one request may take (a waiting acquire included).
@@ -17,6 +17,8 @@ pub struct Lockd {
     /// With a limit, names are semaphores of that limit: an acquire takes
     /// a permit and a release gives it back.
     semaphore_limit: Option<u32>,
+    /// Locks are taken shared (`mode: "shared"`) rather than exclusive.
+    shared: bool,
 }
 
 /// A grant: the token and fence, and when the 201 arrived.
@@ -38,6 +40,8 @@ pub struct Attempt {
     pub status: Option<u16>,
     /// The grant, on 201 or 200.
     pub grant: Option<Grant>,
+    /// A run's start found the run done (200 with its result): no attempt.
+    pub done: bool,
 }
 
 impl Lockd {
@@ -46,6 +50,7 @@ impl Lockd {
         Ok(Self {
             client: LockClient::new(base, None, None)?,
             semaphore_limit: None,
+            shared: false,
         })
     }
 
@@ -54,6 +59,14 @@ impl Lockd {
     #[must_use]
     pub fn with_semaphores(mut self, limit: Option<u32>) -> Self {
         self.semaphore_limit = limit;
+        self
+    }
+
+    /// The same server, with every lock taken shared (`mode: "shared"`)
+    /// when `shared`, exclusive otherwise.
+    #[must_use]
+    pub fn with_shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
         self
     }
 
@@ -74,6 +87,7 @@ impl Lockd {
             ttl_ms: Some(ttl_ms),
             wait_ms,
             limit: self.semaphore_limit,
+            shared: self.shared,
             ..AcquireParams::default()
         };
         let reply = self
@@ -117,11 +131,69 @@ impl Lockd {
             Ok((status, grant)) => Attempt {
                 status: Some(status),
                 grant: Some(grant),
+                done: false,
             },
             Err(e) => Attempt {
                 status: e.status().map(|s| s.as_u16()),
                 grant: None,
+                done: false,
             },
+        }
+    }
+
+    /// `POST /runs/{key}`, whatever the answer: a grant for a new attempt
+    /// (201), `done` when the run's result is still kept (200).
+    pub async fn try_start_run(&self, key: &str, ttl_ms: u64) -> Attempt {
+        let params = AcquireParams {
+            ttl_ms: Some(ttl_ms),
+            ..AcquireParams::default()
+        };
+        match self.client.start_run(key, &params, REQUEST_TIMEOUT).await {
+            Ok(reply) => {
+                let status = Some(reply.status.as_u16());
+                match reply.value {
+                    RunStart::Attempt(lease) => Attempt {
+                        status,
+                        grant: Some(Grant {
+                            token: lease.token,
+                            // An attempt always has a fence; no cycle reads it.
+                            fence: lease.fence.unwrap_or_default(),
+                            at: Instant::now(),
+                        }),
+                        done: false,
+                    },
+                    RunStart::Done { .. } => Attempt {
+                        status,
+                        grant: None,
+                        done: true,
+                    },
+                }
+            }
+            Err(e) => Attempt {
+                status: e.status().map(|s| s.as_u16()),
+                grant: None,
+                done: false,
+            },
+        }
+    }
+
+    /// `PUT /runs/{key}/result` with a small result, kept `retention_ms`
+    /// (the server's longest when `None`): the status, `None` when no
+    /// answer came.
+    pub async fn try_complete_run(
+        &self,
+        key: &str,
+        token: &str,
+        retention_ms: Option<u64>,
+    ) -> Option<u16> {
+        let result = serde_json::json!({ "ok": true });
+        match self
+            .client
+            .complete_run_keeping(key, token, &result, retention_ms, REQUEST_TIMEOUT)
+            .await
+        {
+            Ok(reply) => Some(reply.status.as_u16()),
+            Err(e) => e.status().map(|s| s.as_u16()),
         }
     }
 

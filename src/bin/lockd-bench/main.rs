@@ -4,7 +4,10 @@
 //! - `cycle`: `--clients` workers take and release locks of their own
 //!   (no contention) for `--seconds`, as fast as they go or at `--rate`
 //!   cycles/s in all; reports cycles/s, latency and answers by status.
-//!   With `--semaphore-limit N`, permits of semaphores of limit N instead.
+//!   `--names reused` (each client one name, every cycle) or `distinct` (a
+//!   new name every cycle); `--kind lock`, `shared` (shared locks) or
+//!   `run` (a run's start and complete). With `--semaphore-limit N`,
+//!   permits of semaphores of limit N instead of locks.
 //! - `raw-cycle`: the same commands straight on Redis (`SET NX PX` and a
 //!   compare-and-delete script), the baseline for `cycle`.
 //! - `contended`: `--clients` clients on `--names` locks, holding each for
@@ -71,7 +74,7 @@ struct Cli {
 enum Scenario {
     /// Uncontended acquire and release cycles.
     Cycle {
-        /// Concurrent clients, each on its own name.
+        /// Concurrent clients, each on names of its own.
         #[arg(long, default_value_t = 16)]
         clients: usize,
         /// How long to run, in seconds.
@@ -82,9 +85,18 @@ enum Scenario {
         #[arg(long)]
         rate: Option<f64>,
         /// Take and give back permits of semaphores of this limit (one
-        /// semaphore per client) instead of locks.
+        /// semaphore per name) instead of locks; only with `--kind lock`.
         #[arg(long)]
         semaphore_limit: Option<u32>,
+        /// Each client's one name at every cycle (`reused`; 8 keys in
+        /// turn for runs, each result kept 1 ms), or a name never used
+        /// before at every cycle (`distinct`).
+        #[arg(long, value_enum, default_value_t = cycle::Names::Reused)]
+        names: cycle::Names,
+        /// What a cycle takes and gives back: an exclusive lock, a shared
+        /// lock, or a run's attempt (start, then complete).
+        #[arg(long, value_enum, default_value_t = cycle::Kind::Lock)]
+        kind: cycle::Kind,
     },
     /// Uncontended SET NX PX + release-script cycles straight on Redis.
     RawCycle {
@@ -206,9 +218,22 @@ async fn main() -> std::process::ExitCode {
             seconds,
             rate,
             semaphore_limit,
+            names,
+            kind,
         } => {
+            if semaphore_limit.is_some() && kind != cycle::Kind::Lock {
+                eprintln!("lockd-bench: --semaphore-limit takes permits: only with --kind lock");
+                return std::process::ExitCode::FAILURE;
+            }
             let lockd = lockd.clone().with_semaphores(semaphore_limit);
-            cycle::run(&lockd, clients, Duration::from_secs(seconds), rate).await
+            let load = cycle::Load {
+                clients,
+                duration: Duration::from_secs(seconds),
+                rate,
+                names,
+                kind,
+            };
+            cycle::run(&lockd, load).await
         }
         Scenario::RawCycle {
             redis_url,
