@@ -11,8 +11,11 @@
 #     script straight on Redis: the floor's Redis commands;
 #   - each lockd binary given (release build, default settings), and the
 #     last one again with --history-length 0 (lockd-nohistory);
-# each driven by `lockd-bench cycle` (CLIENTS clients, each reusing its own
-# name, SECONDS long). The counters are zeroed before each and read after
+# each driven by `lockd-bench cycle` (CLIENTS clients, SECONDS long; NAMES,
+# in the environment, `reused` (the default: each client its own name) or
+# `distinct` (a new name every cycle); KIND `lock` (the default), `shared`
+# or `run`: a shared lock's cycle, a run's start and complete; raw is
+# measured for locks alone). The counters are zeroed before each and read after
 # (callgrind_control): instructions per acquire+release cycle.
 # Redis runs some 50 times slower under callgrind, so a few hundred cycles
 # a second is expected; the count per cycle does not depend on the rate.
@@ -69,8 +72,12 @@ measure() {
   results+=("$label $total $(python3 -c 'import json,sys; r = json.load(open(sys.argv[1])); print(r["cycles_per_second"] * r["seconds"])' "$work/run.json")")
 }
 
-measure raw "$bench" --json "$work/run.json" raw-cycle --redis-url "$redis_url" \
-  --clients "$clients" --seconds "$seconds"
+names=${NAMES:-reused}
+kind=${KIND:-lock}
+if [ "$kind" = lock ]; then
+  measure raw "$bench" --json "$work/run.json" raw-cycle --redis-url "$redis_url" \
+    --clients "$clients" --seconds "$seconds"
+fi
 lockd_run() {
   local label=$1 bin=$2
   shift 2
@@ -82,7 +89,7 @@ lockd_run() {
   pids+=("$pid")
   until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.1; done
   measure "$label" "$bench" --server "http://127.0.0.1:$port" --json "$work/run.json" \
-    cycle --clients "$clients" --seconds "$seconds"
+    cycle --clients "$clients" --seconds "$seconds" --names "$names" --kind "$kind"
   kill "$pid"
   wait "$pid" 2>/dev/null || true
 }
@@ -93,6 +100,7 @@ done
 lockd_run lockd-nohistory "${!#}" --history-length 0
 
 echo
+echo "$kind cycles, $names names, $clients clients"
 printf '%-18s %14s %10s %22s\n' target instructions cycles "Redis instr. per cycle"
 for row in "${results[@]}"; do
   set -- $row

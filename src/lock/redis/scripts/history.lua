@@ -61,15 +61,18 @@ end
 -- its lease end, that end, the rest of its text, and the latest lease end
 -- of the other open entries (0 when none). An exclusive lease (or a run's
 -- attempt) is the newest entry and alone: it is found with one LINDEX, and
--- no other entry is open but for leases that ran out (so 0). A shared
--- lease or a permit may be further down, beside others still held.
-local function history_open(fence)
+-- no other entry is open but for leases that ran out (so 0); so is a
+-- shared lease that the caller knows is `alone` (no other is held) when
+-- it is the newest. A shared lease or a permit may else be further down,
+-- beside others still held.
+local function history_open(fence, alone)
   local prefix = fence .. ' '
   local newest = redis.pcall('LINDEX', history_key, 0)
   if type(newest) == 'string' and string.sub(newest, 1, #prefix) == prefix then
     local head, expires, body = history_parts(newest)
+    -- The mode's first seven letters.
     local mode = head and string.sub(head, #prefix + 1, #prefix + 7)
-    if mode == 'exclusi' or mode == 'attempt' then
+    if mode == 'exclusi' or mode == 'attempt' or (head and alone) then
       return 0, head, expires, body, 0
     end
   end
@@ -94,10 +97,11 @@ end
 
 -- Keeps the list until the fence retention past `ends` (Unix ms), and
 -- never less than the retention past now; a lease of a mode that is alone
--- (exclusive, attempt) sets it, a shared lease or a permit only lengthens
--- it (the others' leases may last longer).
-local function history_keep_until(ends, mode)
-  if mode == 'shared' or mode == 'permit' then
+-- (exclusive, attempt), or that the caller knows is `alone`, sets it, a
+-- shared lease or a permit only lengthens it (the others' leases may last
+-- longer).
+local function history_keep_until(ends, mode, alone)
+  if not alone and (mode == 'shared' or mode == 'permit') then
     local ms = math.max(ends - history_now, 0) + (tonumber(ARGV[#ARGV - 1]) or 0)
     local left = redis.pcall('PTTL', history_key)
     if type(left) == 'number' and left >= ms then
@@ -108,8 +112,9 @@ local function history_keep_until(ends, mode)
 end
 
 -- A lease granted: its entry, newest first. `fence`, `granted` (Unix ms)
--- and `ttl` (ms) as decimal strings, `owner` and `meta` ('' when none).
-local function history_granted(fence, mode, granted, ttl, owner, meta)
+-- and `ttl` (ms) as decimal strings, `owner` and `meta` ('' when none);
+-- `alone` when the caller knows no other lease of the name is held.
+local function history_granted(fence, mode, granted, ttl, owner, meta, alone)
   if not history_on then
     return
   end
@@ -121,7 +126,7 @@ local function history_granted(fence, mode, granted, ttl, owner, meta)
   if type(held) == 'number' and held > 2 and held > 2 * history_size() then
     redis.pcall('LTRIM', history_key, 0, history_size() - 1)
   end
-  history_keep_until(ends, mode)
+  history_keep_until(ends, mode, alone)
 end
 
 -- A lease renewed or extended at `at` (Unix ms) for `ttl` ms: its entry's
@@ -140,12 +145,12 @@ end
 
 -- Ends the open entry of `fence` as `how`, now, by `by` (a key id, or
 -- nil), and keeps the list the fence retention past the last lease still
--- open.
-local function history_ended(fence, how, by)
+-- open; `alone` when the caller knows no other lease of the name is held.
+local function history_ended(fence, how, by, alone)
   if not history_on then
     return
   end
-  local index, head, expires, body, latest = history_open(fence)
+  local index, head, expires, body, latest = history_open(fence, alone)
   if not index then
     return
   end

@@ -60,24 +60,30 @@ if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then
   return refused(0)
 end
 redis.call('HDEL', KEYS[4], field)
-if redis.call('ZCARD', KEYS[3]) == 0 then
+local alone = redis.call('ZCARD', KEYS[3]) == 0
+if alone then
   -- The last shared lease: the lock is free, and the waiting writers
   -- are forgotten with it. One still there takes the lock at this
   -- release's message (SET NX needs no record); one that is gone
   -- without a word keeps no reader out of a free lock.
   redis.call('DEL', KEYS[4], KEYS[5])
 end
-local granted, message = '', ''
+local granted, fence = '', nil
 if mine then
   local ok, record = pcall(cjson.decode, mine)
   if ok and type(record) == 'table' then
     if tonumber(record.granted_at_ms) then
-      granted = string.format('%.0f', tonumber(record.granted_at_ms))
+      granted = string.format('%d', tonumber(record.granted_at_ms))
     end
     if record.fence then
-      message = 'released ' .. tostring(record.fence)
+      fence = tostring(record.fence)
     end
   end
 end
-tell(ARGV[3], ARGV[2], message)
+if fence then
+  publish_change(ARGV[3], ARGV[2], 'released ' .. fence)
+  history_ended(fence, 'released', nil, alone)
+else
+  publish_change(ARGV[3], ARGV[2], '')
+end
 return {2, granted}

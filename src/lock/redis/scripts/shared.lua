@@ -58,9 +58,9 @@ local function note_writer(writers, token, wait_ms, shared)
 end
 
 -- Milliseconds until the last waiting writer stops waiting, or nil when
--- none waits.
-local function writer_waits_ms(writers)
-  local now = now_us()
+-- none waits; `now` in µs of this server's clock (read here when nil).
+local function writer_waits_ms(writers, now)
+  now = now or now_us()
   local last = redis.call('ZRANGE', writers, -1, -1, 'WITHSCORES')
   if #last < 2 or tonumber(last[2]) <= now then
     return nil

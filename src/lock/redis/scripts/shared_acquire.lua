@@ -24,7 +24,7 @@ if holder then
   return {0, math.max(1, pttl)}
 end
 local now = now_us()
-prune(shared, readers, now, ARGV[6], ARGV[7])
+local held = prune(shared, readers, now, ARGV[6], ARGV[7])
 local field = holder_field(token)
 local mine = redis.call('HGET', readers, field)
 if mine and redis.call('ZSCORE', shared, token) then
@@ -43,7 +43,7 @@ end
 if ARGV[9] == '1' then
   return {0, -2}
 end
-local waits = writer_waits_ms(writers)
+local waits = writer_waits_ms(writers, now)
 if waits then
   return {0, waits}
 end
@@ -51,12 +51,13 @@ local fence, err = next_fence(KEYS[2], ARGV[5])
 if not fence then
   return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
 end
-local text = string.format('%.0f', fence)
+local text = fence
 local record = {fence = text, owner = ARGV[3], granted_at_ms = tonumber(ARGV[4]), ttl_ms = ttl,
   meta = ARGV[10]}
 redis.call('ZADD', shared, now + us(ttl), token)
 redis.call('HSET', readers, field, cjson.encode(record))
 expire_with_last(shared, readers, now)
-tell(ARGV[7], ARGV[6], 'shared ' .. text .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
-  .. meta_line(ARGV[10]))
+publish_change(ARGV[7], ARGV[6], 'shared ' .. text .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' '
+  .. ARGV[3] .. meta_line(ARGV[10]))
+history_granted(text, 'shared', ARGV[4], ARGV[2], ARGV[3], ARGV[10], held == 0)
 return {1, fence}
