@@ -122,17 +122,21 @@ pub mod topology;
 /// fences.
 const FENCE_LUA: &str = include_str!("scripts/fence.lua");
 
-/// The shared-lease helpers (`scripts/shared.lua`) after the permit ones
-/// they use (`scripts/semaphore.lua`, with the history and `tell` before
-/// them): put in front of every lock script but the exclusive lease's
-/// own, since every one of them must see the shared leases.
-static SHARED_LUA: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "{}{}",
-        semaphores::SEMAPHORE_LUA,
-        include_str!("scripts/shared.lua")
-    )
-});
+/// The shared-lease rules: `tell` (`scripts/tell.lua`), the permit
+/// helpers (`scripts/semaphore.lua`) and the shared-lease ones they serve
+/// (`scripts/shared.lua`).
+const SHARED_RULES: &str = concat!(
+    include_str!("scripts/tell.lua"),
+    include_str!("scripts/semaphore.lua"),
+    include_str!("scripts/shared.lua")
+);
+
+/// The history and the shared-lease rules: put in front of every lock
+/// script but the exclusive lease's own (which has the rules after its
+/// own path, see [`exclusive_source`]), since every one of them must see
+/// the shared leases.
+static SHARED_LUA: LazyLock<String> =
+    LazyLock::new(|| format!("{}{SHARED_RULES}", history::HISTORY_LUA));
 
 /// The line of `acquire.lua`, `release.lua` and `extend.lua` that the
 /// shared-lease rules take the place of: `tell.lua`, `semaphore.lua` and
@@ -150,17 +154,11 @@ fn exclusive_script(fence: bool, body: &str) -> Script {
 
 /// The Lua of [`exclusive_script`].
 fn exclusive_source(fence: bool, body: &str) -> String {
-    let rules = format!(
-        "{}{}{}",
-        history::TELL_LUA,
-        include_str!("scripts/semaphore.lua"),
-        include_str!("scripts/shared.lua")
-    );
     format!(
         "{}{}{}",
         if fence { FENCE_LUA } else { "" },
         history::HISTORY_LUA,
-        body.replacen(SHARED_RULES_AT, &rules, 1)
+        body.replacen(SHARED_RULES_AT, SHARED_RULES, 1)
     )
 }
 
