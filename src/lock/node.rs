@@ -98,10 +98,10 @@ pub trait Node: Send + Sync + 'static {
 
     /// Starts telling `listener` about releases and extends of locks, by
     /// any client of the same node, until `stop` is cancelled. A node that
-    /// hears every release at once (one pattern subscription) returns
-    /// `None`; one that subscribes lock by lock (sharded pub/sub on a Redis
-    /// Cluster) returns the [`WaitInterest`] to tell which locks are waited
-    /// for, and hears releases of those only. The default does nothing and
+    /// hears every change at once returns `None`; one that subscribes
+    /// subject by subject (Redis: `SUBSCRIBE`, or sharded pub/sub on a
+    /// Cluster) returns the [`WaitInterest`] to tell which subjects are
+    /// waited for, and hears the changes of those only. The default does nothing and
     /// returns `None`: waiters then wake only when the holder's lease runs
     /// out.
     fn watch_releases(

@@ -129,20 +129,6 @@ fn spawn_request(request: reqwest::RequestBuilder) -> Pending {
     })
 }
 
-/// Waits until lockd's release-event subscription is in place (it makes
-/// every waiter retry once when it starts, which would race with a frozen
-/// Redis).
-async fn until_subscribed(redis: &RedisServer) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while redis.pattern_subscribers().await < 1 {
-        assert!(
-            Instant::now() < deadline,
-            "lockd did not subscribe to release events"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Takes each lock of `names` for a long lease (so that no waiter retries
 /// on its own for the rest of the test), then parks `per_lock` waiters on
 /// each, with `wait_ms` 30 s and a token of their own; returns the holders'
@@ -150,9 +136,12 @@ async fn until_subscribed(redis: &RedisServer) {
 /// counts them all, and every first try is over: per lock, the holder's
 /// acquire, the head's, and one renew-only acquire of each waiter queued
 /// behind it (its token, chosen by the client, might hold the lock already:
-/// it is renewed at once if so, and takes nothing otherwise).
+/// it is renewed at once if so, and takes nothing otherwise); and per lock,
+/// lockd's subscription to its changes is in place and the head's one look
+/// that follows it is over (so that nothing more reaches Redis).
 async fn hold_and_park(
     lockd: &Lockd,
+    redis: &RedisServer,
     http: &reqwest::Client,
     metrics_url: &str,
     names: &[&str],
@@ -195,6 +184,20 @@ async fn hold_and_park(
         "lockd_backend_duration_seconds_count",
         &[("op", "acquire")],
         acquires,
+        within,
+    )
+    .await;
+    for name in names {
+        redis.until_lock_channel_subscribers(name, 1).await;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let looks = names.len() as f64;
+    until_metric(
+        http,
+        metrics_url,
+        "lockd_backend_duration_seconds_count",
+        &[("op", "inspect")],
+        looks,
         within,
     )
     .await;
@@ -270,11 +273,10 @@ async fn sigterm_with_waiters_present() {
     let metrics_url = format!("http://{metrics_addr}/metrics");
     let readyz_url = format!("http://{metrics_addr}/readyz");
     let http = http_client(Duration::from_secs(40));
-    until_subscribed(&redis).await;
 
     // The holder, and three waiters, each with a token of its own.
     let (holders, waiter_tokens, waiters) =
-        hold_and_park(&lockd, &http, &metrics_url, &["jobs:a"], 3).await;
+        hold_and_park(&lockd, &redis, &http, &metrics_url, &["jobs:a"], 3).await;
     let waiters_in_jobs = metric(
         &scrape(&http, &metrics_url).await,
         "lockd_waiters",
@@ -416,9 +418,9 @@ async fn sigterm_ends_every_wait_even_when_redis_hangs() {
         .await;
         let metrics_url = lockd.url("/metrics");
         let http = http_client(Duration::from_secs(40));
-        until_subscribed(&redis).await;
         let names = ["queue:k"];
-        let (holders, _, waiters) = hold_and_park(&lockd, &http, &metrics_url, &names, 40).await;
+        let (holders, _, waiters) =
+            hold_and_park(&lockd, &redis, &http, &metrics_url, &names, 40).await;
 
         // (On failure, the guard thaws Redis.)
         let frozen = Frozen::freeze(&redis);

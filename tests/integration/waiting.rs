@@ -883,7 +883,6 @@ async fn a_release_event_costs_one_try_per_instance_not_one_per_waiter() {
     let one = TestApp::redis().await;
     let two = one.sibling(|_| {}).await;
     let redis = one.redis_server();
-    until_pattern_subscribers(&one, 2).await;
     let name = "herd";
     let a = one.acquire_ttl(name, 10_000).await;
     a.expect_status(201);
@@ -895,6 +894,11 @@ async fn a_release_event_costs_one_try_per_instance_not_one_per_waiter() {
     let holder_side = async {
         until_waiters(&one, 4).await;
         until_waiters(&two, 4).await;
+        // Each instance subscribes to the lock's changes, then its head
+        // looks once (a release may have come before the subscription).
+        redis.until_lock_channel_subscribers(name, 2).await;
+        until_looked(&one, 1).await;
+        until_looked(&two, 1).await;
         sleep(Duration::from_millis(100)).await;
         let (one_before, two_before) = (acquire_tries(&one).await, acquire_tries(&two).await);
         redis.reset_stats().await;
@@ -990,16 +994,24 @@ async fn a_fail_fast_request_may_take_a_free_lock_ahead_of_the_queue_but_a_waite
 // Several instances on one Redis
 // ---------------------------------------------------------------------------
 
-/// Waits until `n` clients of the app's Redis have a pattern subscription.
-async fn until_pattern_subscribers(app: &TestApp, n: usize) {
-    let redis = app.redis_server();
+/// Waits, for at most 10 s, until `app` has looked whether a lock is held
+/// (`inspect`) at least `n` times: a waiter's head looks once after its
+/// instance subscribed to the lock's changes.
+async fn until_looked(app: &TestApp, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while redis.pattern_subscribers().await != n {
-        assert!(
-            Instant::now() < deadline,
-            "{} release-event subscribers, expected {n}",
-            redis.pattern_subscribers().await
-        );
+    loop {
+        let text = app.metrics().await;
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let looked = metric(
+            &text,
+            "lockd_backend_duration_seconds_count",
+            &[("op", "inspect")],
+        )
+        .unwrap_or(0.0) as u64;
+        if looked >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{looked} looks, expected {n}");
         sleep(Duration::from_millis(10)).await;
     }
 }
@@ -1016,6 +1028,11 @@ async fn release_on_one_wakes_waiter_on_other(holder: &TestApp, waiter: &TestApp
         },
         async {
             until_waiters(waiter, 1).await;
+            // The waiter's instance hears the release as it happens.
+            waiter
+                .redis_server()
+                .until_lock_channel_subscribers(name, 1)
+                .await;
             sleep(Duration::from_millis(50)).await;
             let at = Instant::now();
             holder.release(name, &a.token()).await.expect_status(204);
@@ -1037,7 +1054,6 @@ async fn release_on_one_wakes_waiter_on_other(holder: &TestApp, waiter: &TestApp
 async fn a_release_on_one_instance_wakes_a_waiter_on_another() {
     let one = TestApp::redis().await;
     let two = one.sibling(|_| {}).await;
-    until_pattern_subscribers(&one, 2).await;
     release_on_one_wakes_waiter_on_other(&one, &two, "shared").await;
     release_on_one_wakes_waiter_on_other(&two, &one, "shared").await;
     assert_eq!(one.lock_key_count().await, 0);
@@ -1052,7 +1068,6 @@ async fn waiters_get_the_lock_after_a_redis_restart_and_release_events_resume() 
     let one = TestApp::redis().await;
     let two = one.sibling(|_| {}).await;
     let redis = one.redis_server();
-    until_pattern_subscribers(&one, 2).await;
     let name = "restart";
     let a = one.acquire_ttl(name, 10_000).await;
     a.expect_status(201);
@@ -1071,6 +1086,9 @@ async fn waiters_get_the_lock_after_a_redis_restart_and_release_events_resume() 
                 assert!(Instant::now() < deadline, "B's first try never ended");
                 sleep(Duration::from_millis(5)).await;
             }
+            // B's instance is subscribed to the lock's changes, so it is the
+            // subscription's return that wakes B.
+            redis.until_lock_channel_subscribers(name, 1).await;
             redis.stop();
             sleep(Duration::from_millis(300)).await;
             redis.start().await;
@@ -1087,7 +1105,6 @@ async fn waiters_get_the_lock_after_a_redis_restart_and_release_events_resume() 
     assert_eq!(one.holder_token(name).await, Some(b.token()));
     two.release(name, &b.token()).await.expect_status(204);
 
-    until_pattern_subscribers(&one, 2).await;
     release_on_one_wakes_waiter_on_other(&one, &two, "after-restart").await;
     release_on_one_wakes_waiter_on_other(&two, &one, "after-restart").await;
     assert_eq!(one.lock_key_count().await, 0);

@@ -7,27 +7,28 @@
 //! lock `N`, `Psem:{N}:released` for semaphore `N` and `Prun:{N}:released`
 //! for run `N` (built by
 //! [`channel`], the one place channel names are made). Two ways to hear
-//! them:
-//! - [`PatternEvents`], on one Redis server (single mode, or the master of
-//!   a Sentinel set, moving with it): one connection with three patterns
-//!   (`PSUBSCRIBE P{*}:released Psem:{*}:released Prun:{*}:released`)
-//!   hears every change,
-//!   whether or not anyone waits.
+//! them, each subscribing subject by subject while one of the instance's
+//! waiters found the subject held or one of its watches follows it, and
+//! unsubscribing when the last of them leaves
+//! ([`crate::lock::WaitInterest`]), so that an instance is sent only the
+//! messages of what it waits for:
+//! - [`ChannelEvents`], on one Redis server (single mode, or the master of
+//!   a Sentinel set, moving with it): one connection per instance, with
+//!   `SUBSCRIBE P{N}:released` for each subject waited for. The scripts
+//!   `PUBLISH`; a message nobody subscribed to costs Redis a lookup and
+//!   no delivery.
 //! - [`ShardedEvents`], on a Redis Cluster: the scripts publish with
 //!   `SPUBLISH` (sharded pub/sub, Redis 7), which travels only within the
 //!   shard that owns the lock's slot, where `PUBLISH` would be copied to
-//!   every node of the cluster. Sharded channels have no patterns, so the
-//!   instance subscribes subject by subject (`SSUBSCRIBE P{N}:released`)
-//!   while one of its waiters found it held or one of its watches follows
-//!   it, and unsubscribes when the last of them leaves
-//!   ([`crate::lock::WaitInterest`]). Each subscription is sent to the
-//!   master of the channel's slot, and made again there when the cluster's
-//!   masters change.
+//!   every node of the cluster. Each `SSUBSCRIBE P{N}:released` is sent
+//!   to the master of the channel's slot, and made again there when the
+//!   cluster's masters change.
 //!
 //! Either way, events may be missed while a subscription is being made or
-//! remade (a new connection, a failover, a slot that moved): after every
-//! (re)subscription, the waiters that retry retry once, and until then
-//! they fall back to the holder's lease end.
+//! remade (a first waiter, a new connection, a failover, a slot that
+//! moved): after every subscription the subject's waiters look once, after
+//! every new connection all waiters retry once, and until then they fall
+//! back to the holder's lease end.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -86,43 +87,80 @@ fn subject_of(prefix: &str, channel: &str) -> Option<Subject> {
         .map(|name| Subject::new(kind, name))
 }
 
-/// The release-event subscriber of one Redis server: one `PSUBSCRIBE`
-/// connection per lockd instance, to the server, or in Sentinel mode to
-/// the master of the moment.
-pub struct PatternEvents {
+/// The release-event subscriber of one Redis server (single mode, or the
+/// master of a Sentinel set, moving with it): one connection per lockd
+/// instance, subscribed (`SUBSCRIBE`) to the channel of each subject one
+/// of its waiters found held or one of its watches follows, and
+/// unsubscribed when the last of them leaves. A lock nobody here waits for
+/// costs the instance nothing: its change messages are not sent to it.
+pub struct ChannelEvents {
     /// The server (one client; several are tried in turn).
-    pub clients: Arc<[Client]>,
+    clients: Arc<[Client]>,
     /// In Sentinel mode: the subscription goes to the master now, and moves
     /// when it changes.
-    pub sentinels: Option<Arc<Sentinels>>,
+    sentinels: Option<Arc<Sentinels>>,
     /// TLS failures to subscribe are reported with the pool's.
-    pub report: Arc<ConnectReport>,
+    report: Arc<ConnectReport>,
     /// The key prefix `P`.
-    pub prefix: String,
-    /// How long subscribing may take.
-    pub timeout: Duration,
-    pub listener: Arc<dyn ChangeListener>,
+    prefix: String,
+    /// How long connecting, and each (un)subscription, may take.
+    timeout: Duration,
+    listener: Arc<dyn ChangeListener>,
+    /// What the wait queues and watches want, in the order they said it.
+    changes: mpsc::UnboundedReceiver<Want>,
+    /// The subjects wanted now, subscribed or to be on the next connection.
+    wanted: HashSet<Subject>,
 }
 
-impl PatternEvents {
-    /// Subscribes and dispatches events for ever, reconnecting with capped
-    /// exponential backoff when the connection is lost. After every
-    /// (re)subscription all waiters retry once, since releases may have been
-    /// missed meanwhile.
-    pub async fn run(self) {
-        // Locks' channels, and semaphores'.
-        let prefix = glob_escape(&self.prefix);
-        let patterns = [
-            format!("{prefix}{{*}}:released"),
-            format!("{prefix}sem:{{*}}:released"),
-            format!("{prefix}run:{{*}}:released"),
-        ];
+/// Why [`ChannelEvents::follow`] returned.
+enum Heard {
+    /// The wait queues are gone.
+    Stop,
+    /// The connection was lost or failed a command, or the master changed.
+    Lost,
+}
+
+impl ChannelEvents {
+    /// The subscriber of `clients` (tried in turn) or, with `sentinels`, of
+    /// the master they name, telling `listener` of the changes of subjects
+    /// under key prefix `prefix`; and the [`WaitInterest`] to tell it which
+    /// subjects are waited for. Nothing is opened until
+    /// [`ChannelEvents::run`].
+    pub fn new(
+        clients: Arc<[Client]>,
+        sentinels: Option<Arc<Sentinels>>,
+        report: Arc<ConnectReport>,
+        prefix: &str,
+        timeout: Duration,
+        listener: Arc<dyn ChangeListener>,
+    ) -> (Self, Arc<dyn WaitInterest>) {
+        let (tx, changes) = mpsc::unbounded_channel();
+        let events = Self {
+            clients,
+            sentinels,
+            report,
+            prefix: prefix.to_owned(),
+            timeout,
+            listener,
+            changes,
+            wanted: HashSet::new(),
+        };
+        (events, Arc::new(Interest(tx)))
+    }
+
+    /// Connects, subscribes to what is wanted, and follows the changes of
+    /// what is wanted and the messages, for ever; reconnects with capped
+    /// exponential backoff when the connection is lost or the master
+    /// changes. After every (re)connection all waiters retry once, since
+    /// changes may have been missed meanwhile.
+    pub async fn run(mut self) {
         let mut backoff = EVENTS_BACKOFF.pauses();
-        let mut fixed = self.clients.iter().cycle();
+        // Without Sentinels, the clients are tried in turn.
+        let mut next = 0usize;
         // Whether a subscription was lost, so that its return is logged.
         let mut lost = false;
         loop {
-            let mut changes = self.sentinels.as_ref().map(|s| s.changes());
+            let mut masters = self.sentinels.as_ref().map(|s| s.changes());
             let client = match &self.sentinels {
                 Some(sentinels) => match sentinels.master().await {
                     Ok((client, _)) => client,
@@ -132,35 +170,30 @@ impl PatternEvents {
                         continue;
                     }
                 },
-                None => match fixed.next() {
-                    Some(client) => client.clone(),
-                    None => return,
-                },
+                None => {
+                    let Some(client) = self.clients.get(next % self.clients.len().max(1)) else {
+                        return;
+                    };
+                    next = next.wrapping_add(1);
+                    client.clone()
+                }
             };
-            match self.subscribe(&client, &patterns).await {
-                Ok(mut stream) => {
+            // What was said while there was no connection.
+            while let Ok(want) = self.changes.try_recv() {
+                self.want(want);
+            }
+            match self.connect(&client).await {
+                Ok((sink, stream)) => {
                     backoff.reset();
                     if std::mem::take(&mut lost) {
                         tracing::info!(
                             node = %client.connection_info().addr(),
-                            "release-event connection to Redis is back; waiters retry and watches read their locks again"
+                            "release-event connection to Redis is back; waiters retry and watches read their subjects again"
                         );
                     }
                     self.listener.resync();
-                    loop {
-                        let msg = match &mut changes {
-                            Some(changes) => tokio::select! {
-                                msg = stream.next() => msg,
-                                // A new master: subscribe there.
-                                _ = changes.changed() => None,
-                            },
-                            None => stream.next().await,
-                        };
-                        let Some(msg) = msg else { break };
-                        if let Some(subject) = subject_of(&self.prefix, msg.get_channel_name()) {
-                            let change = Change::parse(msg.get_payload_bytes());
-                            self.listener.changed(&subject, &change);
-                        }
+                    if let Heard::Stop = self.follow(sink, stream, masters.as_mut()).await {
+                        return;
                     }
                     lost = true;
                     tracing::warn!(
@@ -174,26 +207,107 @@ impl PatternEvents {
         }
     }
 
-    async fn subscribe(
+    /// Records one change of what is wanted; whether it asks for a
+    /// (un)subscription: `Some(true)` subscribe, `Some(false)`
+    /// unsubscribe.
+    fn want(&mut self, want: Want) -> Option<(bool, Subject)> {
+        match want {
+            Want::Waiting(subject) => self
+                .wanted
+                .insert(subject.clone())
+                .then_some((true, subject)),
+            Want::Idle(subject) => self.wanted.remove(&subject).then_some((false, subject)),
+        }
+    }
+
+    /// Opens a connection to `client` and subscribes it to every channel
+    /// wanted, within the timeout.
+    async fn connect(
         &self,
         client: &Client,
-        patterns: &[String],
-    ) -> Result<redis::aio::PubSubStream, String> {
+    ) -> Result<(redis::aio::PubSubSink, redis::aio::PubSubStream), String> {
+        let channels: Vec<String> = self
+            .wanted
+            .iter()
+            .map(|s| channel(&self.prefix, s.kind(), s.name()))
+            .collect();
         let connect = async {
-            let mut pubsub = client.pubsub().await?;
-            pubsub.psubscribe(patterns).await?;
-            Ok::<_, redis::RedisError>(pubsub.into_on_message())
+            let (mut sink, stream) = client.pubsub().await?.split();
+            if !channels.is_empty() {
+                sink.subscribe(&channels).await?;
+            }
+            Ok::<_, redis::RedisError>((sink, stream))
         };
         match tokio::time::timeout(self.timeout, connect).await {
-            Ok(Ok(stream)) => {
+            Ok(Ok(pair)) => {
                 self.report.connected();
-                Ok(stream)
+                Ok(pair)
             }
             Ok(Err(e)) => {
                 self.report.failed(&e);
                 Err(e.to_string())
             }
             Err(_) => Err("timed out".into()),
+        }
+    }
+
+    /// Hears messages and follows what is wanted on one connection, until
+    /// the wait queues are gone or the connection must be replaced.
+    async fn follow(
+        &mut self,
+        mut sink: redis::aio::PubSubSink,
+        mut stream: redis::aio::PubSubStream,
+        mut masters: Option<&mut watch::Receiver<u64>>,
+    ) -> Heard {
+        loop {
+            let master_changed = async {
+                match masters.as_mut() {
+                    Some(masters) => {
+                        let _ = masters.changed().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                msg = stream.next() => {
+                    let Some(msg) = msg else { return Heard::Lost };
+                    if let Some(subject) = subject_of(&self.prefix, msg.get_channel_name()) {
+                        let change = Change::parse(msg.get_payload_bytes());
+                        self.listener.changed(&subject, &change);
+                    }
+                }
+                want = self.changes.recv() => {
+                    let Some(want) = want else { return Heard::Stop };
+                    let Some((subscribe, subject)) = self.want(want) else { continue };
+                    let name = channel(&self.prefix, subject.kind(), subject.name());
+                    let sent = async {
+                        if subscribe {
+                            sink.subscribe(&name).await
+                        } else {
+                            sink.unsubscribe(&name).await
+                        }
+                    };
+                    match tokio::time::timeout(self.timeout, sent).await {
+                        Ok(Ok(())) => {
+                            tracing::trace!(%subject, subscribe, "change events (un)subscribed");
+                            // A change may have come before the subscription:
+                            // the subject's waiters look once.
+                            if subscribe {
+                                self.listener.subscribed(&subject);
+                            }
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, subscribe, "a release-event subscription failed");
+                            return Heard::Lost;
+                        }
+                        Err(_) => {
+                            tracing::debug!(subscribe, "a release-event subscription timed out");
+                            return Heard::Lost;
+                        }
+                    }
+                }
+                () = master_changed => return Heard::Lost,
+            }
         }
     }
 }

@@ -80,7 +80,7 @@ use deadpool::Runtime;
 use redis::{FromRedisValue, Script, ScriptInvocation};
 
 use self::connect::{ConnectReport, RedisTls};
-use self::events::{PatternEvents, ShardedEvents};
+use self::events::{ChannelEvents, ShardedEvents};
 use self::pool::{
     ClusterTarget, Conn, Connection, Connector, KnownNodes, Pool, PoolError, Target, cluster_nodes,
 };
@@ -305,9 +305,9 @@ impl Keys {
 /// Where a backend hears release events (see [`self::events`]).
 #[derive(Clone)]
 enum EventSource {
-    /// `PSUBSCRIBE` on the server (or the Sentinels' master); the scripts
-    /// `PUBLISH`.
-    Pattern(Arc<[connect::Client]>),
+    /// `SUBSCRIBE` on the server (or the Sentinels' master), subject by
+    /// subject; the scripts `PUBLISH`.
+    Channel(Arc<[connect::Client]>),
     /// Sharded pub/sub on a cluster, lock by lock; the scripts `SPUBLISH`.
     Sharded {
         seeds: Vec<String>,
@@ -321,7 +321,7 @@ impl EventSource {
     /// The command the scripts publish releases with.
     fn publish(&self) -> &'static str {
         match self {
-            Self::Pattern(_) => "PUBLISH",
+            Self::Channel(_) => "PUBLISH",
             Self::Sharded { .. } => "SPUBLISH",
         }
     }
@@ -404,7 +404,7 @@ impl RedisBackend {
                 tls: config.tls.clone(),
                 known: known_nodes,
             },
-            _ => EventSource::Pattern(clients.into()),
+            _ => EventSource::Channel(clients.into()),
         };
         let pool = Pool::builder(Connector::new(target, config.timeout, restarts.clone()))
             .max_size(config.pool_size)
@@ -453,7 +453,7 @@ impl RedisBackend {
     pub fn cluster_view(&self) -> Option<KnownNodes> {
         match &self.events {
             EventSource::Sharded { known, .. } => Some(known.clone()),
-            EventSource::Pattern(_) => None,
+            EventSource::Channel(_) => None,
         }
     }
 
@@ -995,16 +995,16 @@ impl Node for RedisBackend {
             });
         }
         let (run, interest): (BoxFuture<'static, ()>, _) = match &self.events {
-            EventSource::Pattern(clients) => {
-                let events = PatternEvents {
-                    clients: clients.clone(),
-                    sentinels: self.sentinels.clone(),
-                    report: self.report.clone(),
-                    prefix: self.prefix.clone(),
-                    timeout: self.timeout,
+            EventSource::Channel(clients) => {
+                let (events, interest) = ChannelEvents::new(
+                    clients.clone(),
+                    self.sentinels.clone(),
+                    self.report.clone(),
+                    &self.prefix,
+                    self.timeout,
                     listener,
-                };
-                (Box::pin(events.run()), None)
+                );
+                (Box::pin(events.run()), Some(interest))
             }
             EventSource::Sharded { seeds, tls, known } => {
                 let made = ShardedEvents::new(

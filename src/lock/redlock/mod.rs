@@ -429,11 +429,34 @@ impl Store for Redlock {
         listener: Arc<dyn ChangeListener>,
         stop: CancellationToken,
     ) -> Option<Arc<dyn WaitInterest>> {
-        for node in self.nodes.iter() {
-            let interest = node.watch_releases(listener.clone(), stop.clone());
-            debug_assert!(interest.is_none(), "a Redlock node subscribes lock by lock");
+        let interests: Vec<Arc<dyn WaitInterest>> = self
+            .nodes
+            .iter()
+            .filter_map(|node| node.watch_releases(listener.clone(), stop.clone()))
+            .collect();
+        if interests.is_empty() {
+            None
+        } else {
+            Some(Arc::new(EveryNode(interests)))
         }
-        None
+    }
+}
+
+/// The [`WaitInterest`] of a Redlock: every node that subscribes subject
+/// by subject is told (each node's own change messages wake the waiters).
+struct EveryNode(Vec<Arc<dyn WaitInterest>>);
+
+impl WaitInterest for EveryNode {
+    fn waiting(&self, subject: &Subject) {
+        for node in &self.0 {
+            node.waiting(subject);
+        }
+    }
+
+    fn idle(&self, subject: &Subject) {
+        for node in &self.0 {
+            node.idle(subject);
+        }
     }
 }
 

@@ -235,16 +235,33 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("redis command failed: {e}"))
     }
 
-    /// How many clients have a pattern subscription (`psub` > 0 in `CLIENT
-    /// LIST`): each lockd instance keeps one for its release events.
-    pub async fn pattern_subscribers(&self) -> usize {
-        let list: String = self.cmd(redis::cmd("CLIENT").arg("LIST")).await;
-        list.lines()
-            .filter(|l| {
-                l.split(' ')
-                    .any(|f| f.strip_prefix("psub=").is_some_and(|n| n != "0"))
-            })
-            .count()
+    /// How many clients are subscribed to the change channel of lock
+    /// `name` (`PUBSUB NUMSUB`): a lockd instance subscribes while one of
+    /// its waiters or watches follows the lock.
+    pub async fn lock_channel_subscribers(&self, name: &str) -> usize {
+        let channel = format!("{}:released", lock_key(name));
+        let (_, count): (String, usize) = self
+            .cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg(&channel))
+            .await;
+        count
+    }
+
+    /// Waits, for at most 10 s, until `n` clients are subscribed to the
+    /// change channel of lock `name` (see
+    /// [`RedisServer::lock_channel_subscribers`]).
+    pub async fn until_lock_channel_subscribers(&self, name: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = self.lock_channel_subscribers(name).await;
+            if now == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{now} subscribers to the changes of {name}, expected {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Every key in the database, sorted.
