@@ -44,6 +44,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
+mod chain;
 mod client;
 mod contended;
 mod cycle;
@@ -97,6 +98,17 @@ enum Scenario {
         /// lock, or a run's attempt (start, then complete).
         #[arg(long, value_enum, default_value_t = cycle::Kind::Lock)]
         kind: cycle::Kind,
+    },
+    /// lockd's acquire and release scripts run back to back on one Redis
+    /// by one client (through lockd's lock core, in this process): the
+    /// chain a drain of parked waiters is measured against.
+    ScriptChain {
+        /// The Redis to run them on.
+        #[arg(long, default_value = "redis://127.0.0.1:6379")]
+        redis_url: String,
+        /// Grants (each followed by its release).
+        #[arg(long, default_value_t = 10_000)]
+        count: usize,
     },
     /// Uncontended SET NX PX + release-script cycles straight on Redis.
     RawCycle {
@@ -235,6 +247,7 @@ async fn main() -> std::process::ExitCode {
             };
             cycle::run(&lockd, load).await
         }
+        Scenario::ScriptChain { redis_url, count } => chain::run(&redis_url, count).await,
         Scenario::RawCycle {
             redis_url,
             clients,
