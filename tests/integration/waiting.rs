@@ -1049,6 +1049,47 @@ async fn release_on_one_wakes_waiter_on_other(holder: &TestApp, waiter: &TestApp
     waiter.release(name, &b.token()).await.expect_status(204);
 }
 
+/// Two instances on one Redis. A lock nobody waits for is heard by no
+/// instance: no pattern subscription, no subscriber to its channel, so its
+/// grants and releases are delivered nowhere. While B waits on instance
+/// two, two alone subscribes to the lock's channel, and A's release on one
+/// reaches it; once B is served and gone, nobody is subscribed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_hears_a_lock_only_while_it_waits_for_it() {
+    let one = TestApp::redis().await;
+    let two = one.sibling(|_| {}).await;
+    let redis = one.redis_server();
+    let name = "quiet";
+    let a = one.acquire_ttl(name, 10_000).await;
+    a.expect_status(201);
+    let patterns: i64 = redis.cmd(::redis::cmd("PUBSUB").arg("NUMPAT")).await;
+    assert_eq!(patterns, 0, "a pattern subscription hears every lock");
+    assert_eq!(redis.lock_channel_subscribers(name).await, 0);
+    let (b, ()) = tokio::join!(acquire_waiting(&two, name, 10_000, 5000), async {
+        until_waiters(&two, 1).await;
+        redis.until_lock_channel_subscribers(name, 1).await;
+        one.release(name, &a.token()).await.expect_status(204);
+    });
+    b.expect_status(201);
+    two.release(name, &b.token()).await.expect_status(204);
+    redis.until_lock_channel_subscribers(name, 0).await;
+    // A cycle nobody waits for: its two messages find no subscriber.
+    let c = one.acquire_ttl(name, 10_000).await;
+    c.expect_status(201);
+    one.release(name, &c.token()).await.expect_status(204);
+    let listeners: i64 = redis
+        .cmd(
+            ::redis::cmd("PUBLISH")
+                .arg(format!("{}:released", lock_key(name)))
+                .arg(""),
+        )
+        .await;
+    assert_eq!(
+        listeners, 0,
+        "an instance still hears a lock nobody waits for"
+    );
+}
+
 /// A release on one instance wakes a waiter on another at once, both ways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_on_one_instance_wakes_a_waiter_on_another() {
