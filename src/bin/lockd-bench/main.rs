@@ -10,6 +10,9 @@
 //!   permits of semaphores of limit N instead of locks.
 //! - `raw-cycle`: the same commands straight on Redis (`SET NX PX` and a
 //!   compare-and-delete script), the baseline for `cycle`.
+//! - `script-chain` (`chain`): lockd's own acquire and release scripts run
+//!   back to back on one Redis by one client, through lockd's lock core in
+//!   this process: the chain a drain of waiters is compared with.
 //! - `contended`: `--clients` clients on `--names` locks, holding each for
 //!   `--hold-ms` and waiting with `--wait-ms`; checks that grants of one
 //!   name never overlap and fences grow in grant order.
