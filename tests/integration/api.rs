@@ -777,10 +777,12 @@ async fn healthz_and_readyz_answer_while_the_store_is_up(app: &TestApp) {
     assert_eq!(ready.str("status"), "ready");
 }
 
-/// The Redis keys of a lock are exactly the documented four, with the
-/// documented values and TTLs, and only the fence counter and the history
-/// outlive the lock, for the fence retention after the last grant (the
-/// history: after the last lease's end).
+/// The Redis keys of a lock are exactly the documented ones, with the
+/// documented values and TTLs: the lock key, its fence counter (kept the
+/// fence retention after the last grant), its holder hash (kept the fence
+/// retention past the lease's end while the history is on: the lease's
+/// record until its entry is written) and the history list, which gets an
+/// exclusive lease's entry at its end (kept the retention after it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_keys_follow_the_documented_data_model() {
     let app = TestApp::redis().await;
@@ -792,42 +794,28 @@ async fn redis_keys_follow_the_documented_data_model() {
         format!("{}:meta", lock_key(name)),
         format!("{}:history", lock_key(name)),
     );
+    let sorted = |mut keys: Vec<String>| {
+        keys.sort();
+        keys
+    };
     let grant = app
         .acquire(name, Some(json!({ "ttl_ms": 5000, "owner": "w-1" })))
         .await;
     grant.expect_status(201);
     let token = grant.token();
-    let mut all = vec![lock.clone(), fence.clone(), meta.clone(), history.clone()];
-    all.sort();
-    assert_eq!(redis.keys().await, all);
-    // The history: one entry, `FENCE MODE GRANTED_MS EXPIRES_MS`, the owner
-    // and the (empty) meta, kept the retention past the lease's end.
-    let entries: Vec<String> = redis
-        .cmd(::redis::cmd("LRANGE").arg(&history).arg(0).arg(-1))
-        .await;
-    assert_eq!(entries.len(), 1, "{entries:?}");
-    let fields: Vec<&str> = entries[0].split('\n').collect();
-    assert_eq!(&fields[1..], ["w-1", ""], "{entries:?}");
-    let header: Vec<&str> = fields[0].split(' ').collect();
+    // No history list yet: the lease's record is its holder hash.
     assert_eq!(
-        header[..2],
-        [grant.fence().to_string().as_str(), "exclusive"]
+        redis.keys().await,
+        sorted(vec![lock.clone(), fence.clone(), meta.clone()])
     );
-    let (granted, ends): (u64, u64) = (header[2].parse().unwrap(), header[3].parse().unwrap());
-    assert_eq!(ends - granted, 5000, "{entries:?}");
     let (value, _) = redis.get_with_pttl(&lock).await.expect("lock key");
     assert_eq!(value, token);
+    let retention = i64::try_from(app.settings.store.fence_retention.as_millis()).unwrap();
     let (pttl, meta_pttl) = pttls_at_once(redis, &lock, &meta).await;
     assert!(pttl > 4900 && pttl <= 5000, "lock PTTL {pttl}");
     assert!(
-        (meta_pttl - pttl).abs() <= 2,
+        (meta_pttl - pttl - retention).abs() <= 2,
         "meta PTTL {meta_pttl}, lock {pttl}"
-    );
-    let retention = i64::try_from(app.settings.store.fence_retention.as_millis()).unwrap();
-    let history_pttl = redis.pttl(&history).await;
-    assert!(
-        history_pttl > retention + 4000 && history_pttl <= retention + 5000,
-        "history PTTL {history_pttl}"
     );
     let counter_pttl = redis.pttl(&fence).await;
     assert!(
@@ -841,7 +829,10 @@ async fn redis_keys_follow_the_documented_data_model() {
         redis.cmd(::redis::cmd("HGETALL").arg(&meta)).await;
     assert_eq!(hash.get("fence"), Some(&grant.fence().to_string()));
     assert_eq!(hash.get("owner").map(String::as_str), Some("w-1"));
+    assert_eq!(hash.get("meta").map(String::as_str), Some(""));
     let granted_ms: u64 = hash["granted_at_ms"].parse().expect("ms since epoch");
+    let ends_ms: u64 = hash["ends_ms"].parse().expect("ms since epoch");
+    assert_eq!(ends_ms - granted_ms, 5000, "{hash:?}");
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("after 1970")
@@ -851,42 +842,89 @@ async fn redis_keys_follow_the_documented_data_model() {
         "granted_at_ms {granted_ms}"
     );
 
-    // An extend moves both TTLs.
+    // An extend moves both TTLs, and the lease's end.
     app.extend_ttl(name, &token, 9000).await.expect_status(200);
     let (lock_pttl, meta_pttl) = pttls_at_once(redis, &lock, &meta).await;
     assert!(
         lock_pttl > 8900 && lock_pttl <= 9000,
         "lock PTTL {lock_pttl}"
     );
-    assert!((meta_pttl - lock_pttl).abs() <= 2, "meta PTTL {meta_pttl}");
-
+    assert!(
+        (meta_pttl - lock_pttl - retention).abs() <= 2,
+        "meta PTTL {meta_pttl}"
+    );
     assert_eq!(
         hash_ttl_ms(redis, &meta).await,
         Some(9000),
         "the lock's own TTL"
     );
+    let extended_ends: u64 = redis
+        .cmd(::redis::cmd("HGET").arg(&meta).arg("ends_ms"))
+        .await;
+    assert!(extended_ends >= ends_ms + 4000, "ends_ms {extended_ends}");
 
-    // A release leaves the fence counter and the history only, which run
-    // out on their own: the history the retention after the release.
+    // A release writes the lease's entry, `FENCE MODE GRANTED_MS
+    // EXPIRES_MS HOW AT_MS`, the owner and the (empty) meta, and leaves
+    // the fence counter and the history only, which run out on their own:
+    // the history the retention after the release.
     app.release(name, &token).await.expect_status(204);
-    let mut left = vec![fence.clone(), history.clone()];
-    left.sort();
-    assert_eq!(redis.keys().await, left);
+    assert_eq!(
+        redis.keys().await,
+        sorted(vec![fence.clone(), history.clone()])
+    );
     assert!(redis.pttl(&fence).await > 0);
+    let entries: Vec<String> = redis
+        .cmd(::redis::cmd("LRANGE").arg(&history).arg(0).arg(-1))
+        .await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let fields: Vec<&str> = entries[0].split('\n').collect();
+    assert_eq!(&fields[1..], ["w-1", ""], "{entries:?}");
+    let header: Vec<&str> = fields[0].split(' ').collect();
+    assert_eq!(
+        header[..2],
+        [grant.fence().to_string().as_str(), "exclusive"]
+    );
+    assert_eq!(header[2], granted_ms.to_string(), "{entries:?}");
+    assert_eq!(header[3], extended_ends.to_string(), "{entries:?}");
+    assert_eq!(header[4], "released", "{entries:?}");
     let history_pttl = redis.pttl(&history).await;
     assert!(
         history_pttl > retention - 1000 && history_pttl <= retention,
         "history PTTL {history_pttl} after the release"
     );
 
-    // An expiry too: the meta hash expires with the lock.
+    // An expiry leaves the holder hash, the fence retention past the
+    // lease's end: the next grant writes its entry, as expired then.
     let short = app.acquire_ttl(name, 50).await;
     short.expect_status(201);
     assert!(short.fence() > grant.fence());
     tokio::time::sleep(Duration::from_millis(120)).await;
-    assert_eq!(redis.keys().await, left);
+    assert_eq!(
+        redis.keys().await,
+        sorted(vec![fence.clone(), meta.clone(), history.clone()])
+    );
+    let meta_pttl = redis.pttl(&meta).await;
+    assert!(
+        meta_pttl > retention - 1000 && meta_pttl <= retention,
+        "meta PTTL {meta_pttl} after the expiry"
+    );
     let counter: u64 = redis.cmd(::redis::cmd("GET").arg(&fence)).await;
     assert_eq!(counter, short.fence());
+    let short_ends: String = redis
+        .cmd(::redis::cmd("HGET").arg(&meta).arg("ends_ms"))
+        .await;
+    let next = app.acquire_ttl(name, 5000).await;
+    next.expect_status(201);
+    let entries: Vec<String> = redis
+        .cmd(::redis::cmd("LRANGE").arg(&history).arg(0).arg(-1))
+        .await;
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    let header: Vec<&str> = entries[0].split('\n').next().unwrap().split(' ').collect();
+    assert_eq!(header[0], short.fence().to_string(), "{entries:?}");
+    assert_eq!(
+        &header[3..],
+        [short_ends.as_str(), "expired", short_ends.as_str()]
+    );
 }
 
 /// The `ttl_ms` field of a lock's metadata hash.

@@ -34,6 +34,7 @@ mod kinds {
         a_semaphores_history_tells_each_permit,
         a_runs_history_tells_each_attempt,
         shared_leases_each_have_an_entry,
+        leases_of_both_modes_read_in_grant_order_once_each,
     );
 }
 
@@ -328,4 +329,61 @@ async fn shared_leases_each_have_an_entry(app: &TestApp) {
     assert_eq!(entries[0]["ended"], Value::Null, "{body}");
     assert_eq!(entries[1]["fence"].as_u64(), Some(readers[0].fence()));
     assert_eq!(entries[1]["ended"], "released", "{body}");
+}
+
+/// An exclusive lease's entry is written at its end (for one that ran out,
+/// by the next exclusive grant), a shared lease's at its grant: the
+/// history still reads newest grant first, each lease once, however the
+/// two modes take turns.
+async fn leases_of_both_modes_read_in_grant_order_once_each(app: &TestApp) {
+    let name = "hist:turns";
+    let path = format!("/locks/{name}");
+    let lapsed = app
+        .acquire(name, Some(json!({"ttl_ms": 200, "owner": "x-1"})))
+        .await;
+    lapsed.expect_status(201);
+    until_free(app, &path).await;
+    let reader = app
+        .acquire(
+            name,
+            Some(json!({"mode": "shared", "ttl_ms": 30_000, "owner": "r"})),
+        )
+        .await;
+    reader.expect_status(201);
+    app.release(name, &reader.token()).await.expect_status(204);
+    let released = app
+        .acquire(name, Some(json!({"ttl_ms": 30_000, "owner": "x-2"})))
+        .await;
+    released.expect_status(201);
+    app.release(name, &released.token())
+        .await
+        .expect_status(204);
+    let held = app
+        .acquire(name, Some(json!({"ttl_ms": 30_000, "owner": "x-3"})))
+        .await;
+    held.expect_status(201);
+
+    let body = history(app, &path).await;
+    let seen: Vec<(u64, Value, Value)> = body["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            (
+                e["fence"].as_u64().expect("fence"),
+                e["owner"].clone(),
+                e["ended"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (held.fence(), json!("x-3"), Value::Null),
+            (released.fence(), json!("x-2"), json!("released")),
+            (reader.fence(), json!("r"), json!("released")),
+            (lapsed.fence(), json!("x-1"), json!("expired")),
+        ],
+        "{body}"
+    );
 }

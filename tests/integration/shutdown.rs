@@ -376,7 +376,6 @@ async fn sigterm_with_waiters_present() {
         lock_key("jobs:a"),
         format!("{}:fence", lock_key("jobs:a")),
         format!("{}:meta", lock_key("jobs:a")),
-        format!("{}:history", lock_key("jobs:a")),
     ]
     .into();
     let keys: BTreeSet<String> = redis.keys().await.into_iter().collect();

@@ -435,15 +435,30 @@ fn locks_lost_early(holds: &[Hold]) -> Vec<Hold> {
         .collect()
 }
 
-/// Keys other than fence counters (`lockd:{NAME}:fence`).
-fn leftover_keys(keys: &[String]) -> Vec<String> {
+/// The keys, each with its PTTL, other than those that outlive the leases
+/// by design, for the fence retention (`retention_ms`): fence counters
+/// (`lockd:{NAME}:fence`), histories (`lockd:{NAME}:history`), and the
+/// holder hash of a lease that ran out (`lockd:{NAME}:meta` without its
+/// lock key, with a TTL of at most the retention: the lease's history
+/// record until the next grant).
+fn leftover_keys(keys: &[(String, i64)], retention_ms: i64) -> Vec<String> {
+    let present = |k: &str| keys.iter().any(|(key, _)| key == k);
     keys.iter()
-        .filter(|k| {
-            // The fence counters and the histories outlive the leases, by
-            // design, for the fence retention.
-            !(k.starts_with("lockd:{") && (k.ends_with("}:fence") || k.ends_with("}:history")))
+        .filter(|(k, pttl)| {
+            if !k.starts_with("lockd:{") {
+                return true;
+            }
+            if k.ends_with("}:fence") || k.ends_with("}:history") {
+                return false;
+            }
+            match k.strip_suffix(":meta") {
+                Some(lock) if lock.ends_with('}') => {
+                    present(lock) || *pttl <= 0 || *pttl > retention_ms
+                }
+                _ => true,
+            }
         })
-        .cloned()
+        .map(|(k, _)| k.clone())
         .collect()
 }
 
@@ -821,7 +836,13 @@ async fn torture_mutual_exclusion_and_fencing_survive_pauses_and_a_redis_restart
     // client stopped; lockd's own cleanups (of grants whose answer was lost)
     // stop by then too.
     tokio::time::sleep(ms(*TTL_MS.end()) + Duration::from_millis(250)).await;
-    let leftovers = leftover_keys(&redis.keys().await);
+    let mut kept = Vec::new();
+    for key in redis.keys().await {
+        let pttl = redis.pttl(&key).await;
+        kept.push((key, pttl));
+    }
+    let retention_ms = i64::try_from(app.settings.store.fence_retention.as_millis()).unwrap();
+    let leftovers = leftover_keys(&kept, retention_ms);
 
     // Checks.
     let fence_disorder = fence_order_violations(&holds);
@@ -1178,14 +1199,27 @@ mod checker {
     }
 
     #[test]
-    fn leftover_keys_are_everything_but_fence_counters_and_histories() {
+    fn leftover_keys_are_everything_but_fence_counters_histories_and_lapsed_holders() {
+        let key = |k: &str, pttl: i64| (k.to_owned(), pttl);
         let keys = [
-            "lockd:{a}:fence".to_owned(),
-            "lockd:{a}:history".to_owned(),
-            "lockd:{a}".to_owned(),
-            "lockd:{a}:meta".to_owned(),
-            "other".to_owned(),
+            key("lockd:{a}:fence", 3_000),
+            key("lockd:{a}:history", 3_000),
+            key("lockd:{b}:meta", 2_000),
+            key("lockd:{a}", 1_000),
+            key("lockd:{a}:meta", 2_000),
+            key("lockd:{c}:meta", -1),
+            key("lockd:{d}:meta", 5_000),
+            key("other", -1),
         ];
-        assert_eq!(leftover_keys(&keys), &keys[2..]);
+        assert_eq!(
+            leftover_keys(&keys, 3_000),
+            [
+                "lockd:{a}",
+                "lockd:{a}:meta",
+                "lockd:{c}:meta",
+                "lockd:{d}:meta",
+                "other"
+            ]
+        );
     }
 }

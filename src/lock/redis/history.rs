@@ -30,24 +30,33 @@ pub(super) const HISTORY_LUA: &str = include_str!("scripts/history.lua");
 pub(super) const TELL_LUA: &str = include_str!("scripts/tell.lua");
 
 /// A read of a history: the inspect script `inspect` (after `prefix`, the
-/// Lua it needs, `history.lua` included) wrapped in a function, then the newest entries of the
-/// history list (the last key; as many as `history.lua`'s
-/// `history_size()`, from the tail of the arguments) appended to its
-/// answer, in one atomic step.
-pub(super) fn read_script(prefix: &str, inspect: &str) -> Script {
+/// Lua it needs, `history.lua` included) wrapped in a function, then
+/// `last` appended to its answer, in one atomic step: a Lua expression of
+/// `kept`, the newest entries of the history list (the last key; as many
+/// as `history.lua`'s `history_size()`, from the tail of the arguments).
+pub(super) fn read_script(prefix: &str, inspect: &str, last: &str) -> Script {
     Script::new(&format!(
         "{prefix}local function read_now()\n{inspect}\nend\n\
          local read = read_now()\n\
          if read.err then return read end\n\
          local kept = redis.pcall('LRANGE', KEYS[#KEYS], 0, history_size() - 1)\n\
          if type(kept) ~= 'table' or kept.err then kept = {{}} end\n\
-         read[#read + 1] = kept\n\
+         read[#read + 1] = {last}\n\
          return read\n"
     ))
 }
 
-/// A lock's history: its holder as `inspect.lua` reads it, then the list.
-static LOCK_HISTORY: LazyLock<Script> = LazyLock::new(|| read_script(&SHARED_LUA, INSPECT_LUA));
+/// A lock's history: its holder as `inspect.lua` reads it, then `{kept,
+/// record}`: the list, and the entry its holder hash keeps (see
+/// `history.lua`: an exclusive lease's entry is written to the list at its
+/// end), `{}` when the history is off.
+static LOCK_HISTORY: LazyLock<Script> = LazyLock::new(|| {
+    read_script(
+        &SHARED_LUA,
+        INSPECT_LUA,
+        "{kept, history_on and history_record(KEYS[2]) or {}}",
+    )
+});
 
 /// A lock's break (`break.lua`).
 static LOCK_BREAK: LazyLock<Script> = LazyLock::new(|| {
@@ -69,6 +78,18 @@ impl RedisBackend {
             .arg(unix_millis(SystemTime::now()));
     }
 
+    /// How long an exclusive lease's holder hash is kept, in ms, for a
+    /// lease of `ttl_ms`: the lease, and while the history is on, the
+    /// fence retention after it, so that a lease that ran out is still in
+    /// the history (`history.lua`'s `holder_keep_ms`).
+    pub(super) fn holder_keep_ms(&self, ttl_ms: u64) -> u64 {
+        if self.history_length.is_off() {
+            ttl_ms
+        } else {
+            ttl_ms.saturating_add(self.fence_retention_ms)
+        }
+    }
+
     /// The history of lock `name` (see [`crate::lock::Node::history`]).
     ///
     /// # Errors
@@ -87,11 +108,18 @@ impl RedisBackend {
             .key(&keys.writers);
         self.with_history(&mut call, &keys.history);
         let read_at = Instant::now();
-        let (answer, kept) = inspect_and::<Vec<String>>(self.run(&call).await?);
+        let (answer, (kept, record)) =
+            inspect_and::<(Vec<String>, Vec<Option<String>>)>(self.run(&call).await?);
         let live = holder_of(answer, read_at)
             .map(|(_, info)| info.fences())
             .unwrap_or_default();
-        Ok(settled(&kept, &live))
+        let mut entries: Vec<HistoryEntry> = kept.iter().filter_map(|e| parse_entry(e)).collect();
+        entries.extend(held_entry(&record));
+        Ok(history::settle(
+            newest_per_fence(entries, self.history_length.get()),
+            &live,
+            SystemTime::now(),
+        ))
     }
 
     /// Breaks the live lease (or shared leases) of lock `name` (see
@@ -127,6 +155,39 @@ impl RedisBackend {
 pub(super) fn settled(kept: &[String], live: &[u64]) -> Vec<HistoryEntry> {
     let entries = kept.iter().filter_map(|e| parse_entry(e)).collect();
     history::settle(entries, live, SystemTime::now())
+}
+
+/// The open entry of the exclusive lease an `HMGET` of its holder hash
+/// reads (`history.lua`'s `history_record`: fence, granted_at_ms,
+/// ends_ms, owner, meta); `None` when a field it needs is missing (no
+/// hash, or one an earlier lockd wrote, whose entry is in the list).
+fn held_entry(record: &[Option<String>]) -> Option<HistoryEntry> {
+    let field = |i: usize| record.get(i).cloned().flatten();
+    let number = |i: usize| field(i)?.parse::<u64>().ok();
+    Some(HistoryEntry {
+        fence: number(0)?,
+        mode: Some(Mode::Exclusive),
+        granted_at: from_unix_ms(number(1)?),
+        expires_at: from_unix_ms(number(2)?),
+        owner: field(3).filter(|o| !o.is_empty()),
+        meta: field(4).as_deref().and_then(Meta::from_stored),
+        ended: None,
+    })
+}
+
+/// `entries` newest first (by fence: a fence grows with every grant of a
+/// name, and an exclusive lease's entry is pushed at its end, a shared
+/// lease's at its grant), one per fence (an ended one before an open one:
+/// an earlier lockd wrote the entry at the grant), at most `length`.
+fn newest_per_fence(mut entries: Vec<HistoryEntry>, length: usize) -> Vec<HistoryEntry> {
+    entries.sort_by(|a, b| {
+        b.fence
+            .cmp(&a.fence)
+            .then_with(|| b.ended.is_some().cmp(&a.ended.is_some()))
+    });
+    entries.dedup_by_key(|e| e.fence);
+    entries.truncate(length);
+    entries
 }
 
 /// The history list, the last value of a read script's answer.
@@ -231,6 +292,46 @@ mod tests {
         ] {
             assert_eq!(parse_entry(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_holder_hash_reads_as_its_open_entry() {
+        let some = |s: &str| Some(s.to_owned());
+        let held = held_entry(&[some("9"), some("1000"), some("2500"), some("w"), some("")])
+            .expect("complete");
+        assert_eq!(
+            (held.fence, held.mode, held.owner.as_deref(), held.meta),
+            (9, Some(Mode::Exclusive), Some("w"), None)
+        );
+        assert_eq!(
+            (held.granted_at, held.expires_at),
+            (from_unix_ms(1000), from_unix_ms(2500))
+        );
+        assert!(held.ended.is_none());
+        // An earlier lockd's hash (no `ends_ms`), none, or not numbers.
+        for bad in [
+            vec![some("9"), some("1000"), None, some("w"), None],
+            vec![],
+            vec![some("x"), some("1000"), some("2500"), None, None],
+        ] {
+            assert_eq!(held_entry(&bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn entries_are_newest_fence_first_one_each_ended_before_open() {
+        let entry = |text: &str| parse_entry(text).expect("valid");
+        let entries = vec![
+            entry("5 exclusive 10 20 released 15\n\n"),
+            entry("7 shared 30 40\n\n"),
+            entry("6 exclusive 20 30\n\n"),
+            entry("6 exclusive 20 30 released 25\n\n"),
+            entry("8 exclusive 40 50\n\n"),
+        ];
+        let kept = newest_per_fence(entries, 3);
+        let fences: Vec<u64> = kept.iter().map(|e| e.fence).collect();
+        assert_eq!(fences, [8, 7, 6]);
+        assert!(kept[2].ended.is_some(), "the ended entry of fence 6 wins");
     }
 
     proptest! {

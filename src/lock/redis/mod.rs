@@ -38,12 +38,15 @@
 //!   sets it to max(counter + 1, Redis's clock in µs) and gives it a TTL of
 //!   `fence_retention_ms`, so a lock name used once leaves nothing behind
 //!   once that time has passed (see [`super::fence`]).
-//! - `P{N}:meta`: a hash with `fence`, `owner`, `granted_at_ms` and
-//!   `ttl_ms` (the lock's own TTL, used by an extend that names none),
-//!   written with the lock, with the same TTL, and deleted with it.
-//! - `P{N}:history`: a list of the lock's last leases, newest first,
-//!   kept the fence retention past the last one's end (see
-//!   `scripts/history.lua`).
+//! - `P{N}:meta`: a hash with `fence`, `owner`, `meta`, `granted_at_ms`,
+//!   `ttl_ms` (the lock's own TTL, used by an extend that names none) and
+//!   `ends_ms` (the lease's end), written with the lock and deleted with
+//!   it by a release or a break; kept the lock's TTL, plus the fence
+//!   retention while the history is on (a lease that ran out is read from
+//!   it until the next grant writes its history entry).
+//! - `P{N}:history`: a list of the lock's last leases, kept the fence
+//!   retention past its last write (see `scripts/history.lua`): a shared
+//!   lease's entry from its grant, an exclusive lease's from its end.
 //! - `P{N}:shared`, `P{N}:readers` and `P{N}:writers`: the lock's shared
 //!   leases (a sorted set of tokens by expiry, and their records), and the
 //!   exclusive requests waiting for them to end (see
@@ -175,13 +178,8 @@ static RELEASE: LazyLock<Script> =
     LazyLock::new(|| exclusive_script(false, include_str!("scripts/release.lua")));
 static EXTEND: LazyLock<Script> =
     LazyLock::new(|| exclusive_script(true, include_str!("scripts/extend.lua")));
-static RAISE_FENCE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{}{}",
-        history::HISTORY_LUA,
-        include_str!("scripts/raise_fence.lua")
-    ))
-});
+static RAISE_FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/raise_fence.lua")));
 const INSPECT_LUA: &str = include_str!("scripts/inspect.lua");
 /// A watcher's marker (`probe.lua`), put in front of an inspect script.
 const PROBE_LUA: &str = include_str!("scripts/probe.lua");
@@ -1056,6 +1054,7 @@ impl LockNode for RedisBackend {
                     .to_string()
             })
             .unwrap_or_default();
+        let ttl_ms = req.ttl.as_millis();
         let mut call = script.prepare_invoke();
         call.key(&keys.lock)
             .key(&keys.fence)
@@ -1064,7 +1063,7 @@ impl LockNode for RedisBackend {
             .key(&keys.readers)
             .key(&keys.writers)
             .arg(req.token.expose())
-            .arg(req.ttl.as_millis())
+            .arg(ttl_ms)
             .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
             .arg(unix_millis(sent_wall))
             .arg(self.fence_retention_ms)
@@ -1072,7 +1071,9 @@ impl LockNode for RedisBackend {
             .arg(self.events.publish())
             .arg(waits_ms)
             .arg(if req.renew_only { "1" } else { "" })
-            .arg(req.meta.as_ref().map_or("", |m| m.as_str()));
+            .arg(req.meta.as_ref().map_or("", |m| m.as_str()))
+            .arg(unix_millis(sent_wall).saturating_add(ttl_ms))
+            .arg(self.holder_keep_ms(ttl_ms));
         self.with_history(&mut call, &keys.history);
         let mut sent_on = None;
         let (status, value): (i64, i64) = match self.run_on(&call, &mut sent_on).await {
@@ -1245,7 +1246,6 @@ impl LockNode for RedisBackend {
             .arg(token.expose())
             .arg(fence)
             .arg(self.fence_retention_ms);
-        self.with_history(&mut call, &keys.history);
         Ok(self.run::<i64>(&call).await? == 1)
     }
 

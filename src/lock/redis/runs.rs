@@ -46,8 +46,9 @@ const RUN_INSPECT_LUA: &str = include_str!("scripts/run_inspect.lua");
 static INSPECT: LazyLock<Script> = LazyLock::new(|| script(RUN_INSPECT_LUA, false));
 /// A run's history: the run as `run_inspect.lua` reads it, then its
 /// history list.
-static HISTORY: LazyLock<Script> =
-    LazyLock::new(|| history::read_script(&format!("{HISTORY_LUA}{RUN_LUA}"), RUN_INSPECT_LUA));
+static HISTORY: LazyLock<Script> = LazyLock::new(|| {
+    history::read_script(&format!("{HISTORY_LUA}{RUN_LUA}"), RUN_INSPECT_LUA, "kept")
+});
 /// An admin's break of a run's attempt (`run_break.lua`).
 static BREAK: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("scripts/run_break.lua"), false));

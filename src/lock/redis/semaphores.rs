@@ -55,7 +55,7 @@ static INSPECT: LazyLock<Script> =
 /// A semaphore's history: its permits as `sem_inspect.lua` reads them,
 /// then its history list.
 static HISTORY: LazyLock<Script> =
-    LazyLock::new(|| history::read_script(SEMAPHORE_LUA, SEM_INSPECT_LUA));
+    LazyLock::new(|| history::read_script(SEMAPHORE_LUA, SEM_INSPECT_LUA, "kept"));
 /// An admin's break of permits (`sem_break.lua`).
 static BREAK: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(

@@ -12,9 +12,12 @@
 -- publish with: PUBLISH, or SPUBLISH on a Redis Cluster, ARGV[8] how much
 -- longer the request waits, in ms ('' or 0: it does not wait), ARGV[9] '1'
 -- to renew only (a free lock is not granted: answered {0, -2}),
--- ARGV[10] the holder's metadata as compact JSON ('' = none),
--- and the history tail (history.lua): KEYS[7] the history list, ARGV[11] to
--- ARGV[13] its length, how long it outlives a lease, and now in Unix ms
+-- ARGV[10] the holder's metadata as compact JSON ('' = none), ARGV[11]
+-- the lease's end by this grant or renewal (ARGV[4] + ARGV[2]), in Unix ms,
+-- ARGV[12] how long the holder hash is kept, in ms: the TTL, and while the
+-- history is on the fence retention after it (holder_keep_ms, history.lua),
+-- and the history tail (history.lua): KEYS[7] the history list, ARGV[13] to
+-- ARGV[15] its length, how long it outlives a lease, and now in Unix ms
 -- Returns {1, fence} (the fence as a decimal string) for a new grant,
 -- {2, fence} when this token already
 -- held the lock (its lease is reset to the TTL, the fence is unchanged, the
@@ -45,11 +48,16 @@
 -- The exclusive rules, once no shared lease is live: a grant, a renewal
 -- of this token's lease, or a refusal. `shared_kept`: whether the shared
 -- leases' or the waiting writers' key exists (a grant forgets this
--- token's wait).
-local function exclusive(shared_kept)
+-- token's wait); `holder_kept`: whether the holder hash may exist (a
+-- grant first writes the entry of the lease it held, which ran out:
+-- history_lapsed).
+local function exclusive(shared_kept, holder_kept)
   if ARGV[9] ~= '1' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if shared_kept then
       redis.call('ZREM', KEYS[6], ARGV[1])
+    end
+    if holder_kept then
+      history_lapsed(KEYS[3])
     end
     local fence, err = next_fence(KEYS[2], ARGV[5])
     if not fence then
@@ -60,7 +68,7 @@ local function exclusive(shared_kept)
     -- earlier lease needs no DEL first: only a key of another type does.
     local function write_holder()
       return redis.pcall('HSET', KEYS[3], 'fence', fence, 'owner', ARGV[3],
-        'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'meta', ARGV[10])
+        'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'ends_ms', ARGV[11], 'meta', ARGV[10])
     end
     local meta = write_holder()
     if type(meta) == 'table' and meta.err then
@@ -71,10 +79,9 @@ local function exclusive(shared_kept)
       redis.call('DEL', KEYS[1])
       return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. meta.err)
     end
-    redis.call('PEXPIRE', KEYS[3], ARGV[2])
+    redis.call('PEXPIRE', KEYS[3], ARGV[12])
     publish_change(ARGV[7], ARGV[6], 'acquired ' .. fence .. ' ' .. ARGV[2] .. ' ' .. ARGV[4]
       .. ' ' .. ARGV[3] .. meta_line(ARGV[10]))
-    history_granted(fence, history_mode, ARGV[4], ARGV[2], ARGV[3], ARGV[10])
     return {1, fence}
   end
   if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -97,19 +104,22 @@ local function exclusive(shared_kept)
     if ARGV[10] ~= '' then
       redis.call('HSET', KEYS[3], 'meta', ARGV[10])
     end
-    redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2])
-    redis.call('PEXPIRE', KEYS[3], ARGV[2])
+    redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2], 'ends_ms', ARGV[11])
+    redis.call('PEXPIRE', KEYS[3], ARGV[12])
     publish_change(ARGV[7], ARGV[6], 'extended ' .. fence .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
-    history_extended(fence, ARGV[2], ARGV[4])
     return {2, fence}
   end
   return {0, redis.call('PTTL', KEYS[1])}
 end
 
 -- One EXISTS tells a lock that was never shared (and has no waiting
--- writer) from one that needs the shared-lease rules.
+-- writer), and whose holder hash is gone (the lease was released, or
+-- never granted), from one that needs a closer look.
+if redis.call('EXISTS', KEYS[4], KEYS[6], KEYS[3]) == 0 then
+  return exclusive(false, false)
+end
 if redis.call('EXISTS', KEYS[4], KEYS[6]) == 0 then
-  return exclusive(false)
+  return exclusive(false, true)
 end
 -- @shared-rules
 local readers = live_shared(KEYS[4], KEYS[5], ARGV[6], ARGV[7])
@@ -120,4 +130,4 @@ if readers > 0 then
   note_writer(KEYS[6], ARGV[1], ARGV[8], KEYS[4])
   return {0, last_shared_ms(KEYS[4])}
 end
-return exclusive(true)
+return exclusive(true, true)

@@ -42,11 +42,11 @@ if current == ARGV[1] then
     end
     redis.call('HSET', KEYS[2], 'fence', fence)
   end
-  redis.call('HSET', KEYS[2], 'ttl_ms', ttl)
+  redis.call('HSET', KEYS[2], 'ttl_ms', ttl,
+    'ends_ms', string.format('%d', tonumber(ARGV[7]) + tonumber(ttl)))
   redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('PEXPIRE', KEYS[2], holder_keep_ms(ttl))
   publish_change(ARGV[6], ARGV[3], 'extended ' .. fence .. ' ' .. ttl .. ' ' .. ARGV[7])
-  history_extended(fence, ttl, ARGV[7])
   return {1, fence, ttl}
 end
 if current then

@@ -1,11 +1,18 @@
 -- The history of a name (src/lock/history.rs), put in front of every
--- script that publishes a change: history_granted, history_extended and
--- history_ended record a change in the name's history list, in the same
--- atomic step as the change, by the rules of HistoryLog::apply, so that a
--- history needs nobody to watch (tell.lua folds a change message into it).
+-- script that publishes a change: history_closed here (and
+-- history_granted, history_extended and history_ended in tell.lua) record
+-- a change in the name's history list, in the same atomic step as the
+-- change, by the rules of HistoryLog::apply, so that a history needs
+-- nobody to watch (tell.lua folds a change message into it).
 -- The list holds one entry per lease, newest first; the newest
 -- `history_length` are the history (it is trimmed to them once it holds
--- twice as many):
+-- twice as many). A shared lease, a permit or an attempt has its entry
+-- from its grant on; an exclusive lease has its entry from its end on
+-- (history_closed), and until then its record is the holder hash, kept
+-- the fence retention past the lease's end while the history is on, so
+-- that a lease that ran out is still read, and is written to the list by
+-- the next grant (history_lapsed): one write a lease, not two
+-- (docs/performance.md). Entries:
 --   FENCE MODE GRANTED_MS EXPIRES_MS[ HOW AT_MS[ BY]]\nOWNER\nMETA
 -- MODE exclusive, shared, permit or attempt; GRANTED_MS and EXPIRES_MS
 -- (the lease end by its last grant, renewal or extend) in Unix ms; HOW,
@@ -13,6 +20,10 @@
 -- AT_MS, BY the id of the key that broke it. A lease whose key just ran
 -- out stays open here: its reader, which sees that its fence holds
 -- nothing, says it expired at EXPIRES_MS.
+-- The functions that find and rewrite an open entry (history_granted,
+-- history_extended, history_ended) are in tell.lua, defined only in the
+-- scripts that may need them: each Lua function is made anew at every
+-- call of a script.
 -- The caller passes, after its own keys and arguments (the tail):
 -- KEYS[#KEYS] the history list; ARGV[#ARGV - 2] its length ('0': no
 -- history), ARGV[#ARGV - 1] how long it outlives a lease's end, in ms
@@ -51,124 +62,66 @@ local function history_keep_for(ms)
   end
 end
 
--- An entry's parts when it is still open: its header up to its lease end,
--- that end, and the rest of its text; nil when it ended.
-local function history_parts(item)
-  return string.match(item, '^(%d+ %a+ %d+) (%d+)(\n.*)$')
-end
-
--- The entry of `fence` that is still open: its index, its header up to
--- its lease end, that end, the rest of its text, and the latest lease end
--- of the other open entries (0 when none). An exclusive lease (or a run's
--- attempt) is the newest entry and alone: it is found with one LINDEX, and
--- no other entry is open but for leases that ran out (so 0); so is a
--- shared lease that the caller knows is `alone` (no other is held) when
--- it is the newest. A shared lease or a permit may else be further down,
--- beside others still held.
-local function history_open(fence, alone)
-  local prefix = fence .. ' '
-  local newest = redis.pcall('LINDEX', history_key, 0)
-  if type(newest) == 'string' and string.sub(newest, 1, #prefix) == prefix then
-    local head, expires, body = history_parts(newest)
-    -- The mode's first seven letters.
-    local mode = head and string.sub(head, #prefix + 1, #prefix + 7)
-    if mode == 'exclusi' or mode == 'attempt' or (head and alone) then
-      return 0, head, expires, body, 0
-    end
-  end
-  local items = redis.pcall('LRANGE', history_key, 0, history_size() - 1)
-  if type(items) ~= 'table' or items.err then
-    return nil
-  end
-  local found, latest = nil, 0
-  for i, item in ipairs(items) do
-    local head, expires, body = history_parts(item)
-    if head and string.sub(item, 1, #prefix) == prefix then
-      found = {i - 1, head, expires, body}
-    elseif head and tonumber(expires) > latest then
-      latest = tonumber(expires)
-    end
-  end
-  if not found then
-    return nil
-  end
-  return found[1], found[2], found[3], found[4], latest
-end
-
--- Keeps the list until the fence retention past `ends` (Unix ms), and
--- never less than the retention past now; a lease of a mode that is alone
--- (exclusive, attempt), or that the caller knows is `alone`, sets it, a
--- shared lease or a permit only lengthens it (the others' leases may last
--- longer).
-local function history_keep_until(ends, mode, alone)
-  if not alone and (mode == 'shared' or mode == 'permit') then
-    local ms = math.max(ends - history_now, 0) + (tonumber(ARGV[#ARGV - 1]) or 0)
-    local left = redis.pcall('PTTL', history_key)
-    if type(left) == 'number' and left >= ms then
-      return
-    end
-  end
-  history_keep_for(ends - history_now)
-end
-
--- A lease granted: its entry, newest first. `fence`, `granted` (Unix ms)
--- and `ttl` (ms) as decimal strings, `owner` and `meta` ('' when none);
--- `alone` when the caller knows no other lease of the name is held.
-local function history_granted(fence, mode, granted, ttl, owner, meta, alone)
-  if not history_on then
+-- Adds an ended entry, newest first, and keeps the list the fence
+-- retention from now: an exclusive lease's whole entry, written once at
+-- its end. `fence`, `granted` and `ends` (Unix ms) as decimal strings
+-- (`ends` false when not recorded: `at` stands for it), `owner` and `meta`
+-- (false or '' when none), `how` it ended, `at` (Unix ms), `by` (a key id,
+-- or nil). Nothing without a fence and a grant time (a foreign client's
+-- lock).
+local function history_closed(fence, granted, ends, owner, meta, how, at, by)
+  if not history_on or not fence or not granted then
     return
-  end
-  local ends = granted + ttl
-  -- Trimmed back to the length once it holds twice that: one LTRIM every
-  -- length grants rather than one each (readers read the newest alone).
-  local held = redis.pcall('LPUSH', history_key,
-    fence .. ' ' .. mode .. ' ' .. granted .. ' ' .. history_ms(ends) .. '\n' .. owner .. '\n' .. meta)
-  if type(held) == 'number' and held > 2 and held > 2 * history_size() then
-    redis.pcall('LTRIM', history_key, 0, history_size() - 1)
-  end
-  history_keep_until(ends, mode, alone)
-end
-
--- A lease renewed or extended at `at` (Unix ms) for `ttl` ms: its entry's
--- lease end moves.
-local function history_extended(fence, ttl, at)
-  if not history_on then
-    return
-  end
-  local index, head, _, body = history_open(fence)
-  if index then
-    local ends = at + ttl
-    redis.pcall('LSET', history_key, index, head .. ' ' .. history_ms(ends) .. body)
-    history_keep_until(ends, string.match(head, '^%d+ (%a+)'))
-  end
-end
-
--- Ends the open entry of `fence` as `how`, now, by `by` (a key id, or
--- nil), and keeps the list the fence retention past the last lease still
--- open; `alone` when the caller knows no other lease of the name is held.
-local function history_ended(fence, how, by, alone)
-  if not history_on then
-    return
-  end
-  local index, head, expires, body, latest = history_open(fence, alone)
-  if not index then
-    return
-  end
-  local at = history_now
-  if how == 'expired' and tonumber(expires) < tonumber(at) then
-    at = expires
   end
   local tail = ''
   if by and by ~= '' then
     tail = ' ' .. by
   end
-  redis.pcall('LSET', history_key, index,
-    head .. ' ' .. expires .. ' ' .. how .. ' ' .. at .. tail .. body)
-  if latest > 0 then
-    history_keep_for(latest - history_now)
-  else
-    history_keep_for(0)
+  local held = redis.pcall('LPUSH', history_key, fence .. ' exclusive ' .. granted .. ' '
+    .. (ends or at) .. ' ' .. how .. ' ' .. at .. tail .. '\n' .. (owner or '') .. '\n' .. (meta or ''))
+  if type(held) == 'number' and held > 2 and held > 2 * history_size() then
+    redis.pcall('LTRIM', history_key, 0, history_size() - 1)
   end
+  history_keep_for(0)
+end
+
+-- The fields of the entry that the holder hash `meta_key` of an exclusive
+-- lease keeps: {fence, granted_at_ms, ends_ms, owner, meta}, false where
+-- missing; {} when it is not a hash (a foreign client's key).
+local function history_record(meta_key)
+  local r = redis.pcall('HMGET', meta_key, 'fence', 'granted_at_ms', 'ends_ms', 'owner', 'meta')
+  if type(r) ~= 'table' or r.err then
+    return {}
+  end
+  return r
+end
+
+-- The holder hash `meta_key` of an exclusive lease whose key is gone
+-- while the hash stayed (the history is on): its entry, ended as expired
+-- at its lease end (now, if that is still to come: the key was deleted by
+-- a foreign client). Called by a grant before it writes the hash over.
+local function history_lapsed(meta_key)
+  if not history_on then
+    return
+  end
+  local r = history_record(meta_key)
+  if r[3] then
+    local at = r[3]
+    if tonumber(at) > tonumber(history_now) then
+      at = history_now
+    end
+    history_closed(r[1], r[2], r[3], r[4], r[5], 'expired', at)
+  end
+end
+
+-- How long the holder hash of an exclusive lease of `ttl` ms (a decimal
+-- string) is kept: the lease, and while the history is on, the fence
+-- retention after it (see history_closed).
+local function holder_keep_ms(ttl)
+  if not history_on then
+    return ttl
+  end
+  return string.format('%d', tonumber(ttl) + (tonumber(ARGV[#ARGV - 1]) or 0))
 end
 
 -- Publishes `message` on `channel` with `publish` (PUBLISH, or SPUBLISH

@@ -22,7 +22,14 @@ local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   -- The exclusive holder: a grant forgot its wait, so there is none to
   -- withdraw.
-  local meta = redis.pcall('HMGET', KEYS[2], 'granted_at_ms', 'fence')
+  -- The fields of its history entry too, while the history is on: the
+  -- entry is written now, whole (history_closed).
+  local meta
+  if history_on then
+    meta = redis.pcall('HMGET', KEYS[2], 'granted_at_ms', 'fence', 'ends_ms', 'owner', 'meta')
+  else
+    meta = redis.pcall('HMGET', KEYS[2], 'granted_at_ms', 'fence')
+  end
   if type(meta) ~= 'table' or meta.err then
     meta = {}
   end
@@ -31,7 +38,7 @@ if current == ARGV[1] then
   -- only "changed".
   if meta[2] then
     publish_change(ARGV[3], ARGV[2], 'released ' .. meta[2])
-    history_ended(meta[2], 'released')
+    history_closed(meta[2], meta[1], meta[3], meta[4], meta[5], 'released', history_now)
   else
     publish_change(ARGV[3], ARGV[2], '')
   end
