@@ -627,8 +627,10 @@ struct Follower {
     /// A probe to make once the store answers again.
     retry: Option<(Instant, Purpose)>,
     backoff: Backoff,
-    /// Whether the first read was made.
-    read_once: bool,
+    /// Whether the first `state` was told: once the first read's marker
+    /// came back (the read came after the subscription to the subject's
+    /// changes, so every change after it is heard), or was given up on.
+    told_once: bool,
     /// A run's state (`None` for a lock or a semaphore).
     run: Option<RunStage>,
     /// A lock's fence counter as this follower knows it: from its last read,
@@ -650,7 +652,7 @@ impl Follower {
             pending: None,
             retry: None,
             backoff: PROBE_BACKOFF.pauses(),
-            read_once: false,
+            told_once: false,
             run: None,
             counter: None,
         }
@@ -723,6 +725,10 @@ impl Follower {
                     .as_ref()
                     .is_some_and(|p| matches!(p.purpose, Purpose::First | Purpose::Resync)) => {}
             Input::Change(change) => self.apply(change).await,
+            // Before the first `state` is told, a subscription made (or a
+            // connection back) makes the first read again: its marker will
+            // be heard, and nothing between the read and the subscription
+            // goes unheard.
             Input::Resync | Input::Subscribed => self.probe(Purpose::Resync).await,
         }
     }
@@ -730,8 +736,8 @@ impl Follower {
     /// Reads the subject with a marker. A failed read is tried again after
     /// a pause.
     async fn probe(&mut self, purpose: Purpose) {
-        // Before the first read, every probe is the first.
-        let purpose = if self.read_once {
+        // Before the first `state` is told, every probe is the first.
+        let purpose = if self.told_once {
             purpose
         } else {
             Purpose::First
@@ -770,13 +776,10 @@ impl Follower {
         self.backoff.reset();
         self.retry = None;
         if purpose == Purpose::First {
-            self.read_once = true;
             self.limit = read.limit;
             self.counter = read.counter;
             self.run = read.run;
             self.leases = read.leases.clone();
-            let snapshot = self.snapshot();
-            self.emit(WatchEvent::State(snapshot));
         }
         self.pending = Some(Pending {
             marker,
@@ -791,7 +794,16 @@ impl Follower {
     fn settle(&mut self, pending: Pending, heard: bool) {
         let read = pending.read;
         match pending.purpose {
-            Purpose::First => {}
+            // Told now, not at the read: a read made before the
+            // subscription was confirmed, and told at once, would have a
+            // change made in between come later as a `state` of its own,
+            // not as the change (a read again after the subscription
+            // cannot tell it from a change it missed).
+            Purpose::First => {
+                self.told_once = true;
+                let snapshot = self.snapshot();
+                self.emit(WatchEvent::State(snapshot));
+            }
             Purpose::Limit => {
                 if !self.leases.is_empty() && read.limit.is_some() {
                     self.limit = read.limit;
