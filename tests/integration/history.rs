@@ -35,6 +35,7 @@ mod kinds {
         a_runs_history_tells_each_attempt,
         shared_leases_each_have_an_entry,
         leases_of_both_modes_read_in_grant_order_once_each,
+        a_renewal_shows_its_owner_in_get_and_the_grants_in_the_history,
     );
 }
 
@@ -386,4 +387,33 @@ async fn leases_of_both_modes_read_in_grant_order_once_each(app: &TestApp) {
         ],
         "{body}"
     );
+}
+
+/// A renewal that gives another owner and metadata replaces them in `GET`;
+/// the lease's history entry keeps those of its grant, while the lease
+/// holds and once it ended (docs/api.md, History).
+async fn a_renewal_shows_its_owner_in_get_and_the_grants_in_the_history(app: &TestApp) {
+    let name = "hist:renewed";
+    let token = "renewal-token-0123456789abcdef";
+    let body = |owner: &str, v: &str| json!({"token": token, "ttl_ms": 30_000, "owner": owner, "meta": {"v": v}});
+    app.acquire(name, Some(body("grant-owner", "grant")))
+        .await
+        .expect_status(201);
+    app.acquire(name, Some(body("renewal-owner", "renewal")))
+        .await
+        .expect_status(200);
+    let get = app.inspect(name).await.json();
+    assert_eq!(get["owner"], "renewal-owner", "{get}");
+    assert_eq!(get["meta"], json!({"v": "renewal"}), "{get}");
+    let path = format!("/locks/{name}");
+    for ended in [Value::Null, json!("released")] {
+        if ended == "released" {
+            app.release(name, token).await.expect_status(204);
+        }
+        let body = history(app, &path).await;
+        let entry = &body["entries"][0];
+        assert_eq!(entry["owner"], "grant-owner", "{body}");
+        assert_eq!(entry["meta"], json!({"v": "grant"}), "{body}");
+        assert_eq!(entry["ended"], ended, "{body}");
+    }
 }

@@ -40,8 +40,9 @@
 //!   once that time has passed (see [`super::fence`]).
 //! - `P{N}:meta`: a hash with `fence`, `owner`, `meta`, `granted_at_ms`,
 //!   `ttl_ms` (the lock's own TTL, used by an extend that names none) and
-//!   `ends_ms` (the lease's end), written with the lock and deleted with
-//!   it by a release or a break; kept the lock's TTL, plus the fence
+//!   `ends_ms` (the lease's end; `owner_now` and `meta_now` when a renewal
+//!   gave them, shown in place of the grant's, which the history keeps),
+//!   written with the lock and deleted with it by a release or a break; kept the lock's TTL, plus the fence
 //!   retention while the history is on (a lease that ran out is read from
 //!   it until the next grant writes its history entry).
 //! - `P{N}:history`: a list of the lock's last leases, kept the fence

@@ -58,6 +58,9 @@ local function exclusive(shared_kept, holder_kept)
     end
     if holder_kept then
       history_lapsed(KEYS[3])
+      -- The lease's hash goes whole: a renewal's fields (owner_now,
+      -- meta_now) must not outlive it.
+      redis.pcall('DEL', KEYS[3])
     end
     local fence, err = next_fence(KEYS[2], ARGV[5])
     if not fence then
@@ -98,11 +101,14 @@ local function exclusive(shared_kept, holder_kept)
       end
       redis.call('HSET', KEYS[3], 'fence', fence, 'granted_at_ms', ARGV[4])
     end
+    -- A renewal's owner and metadata replace the grant's for GET
+    -- (inspect.lua reads these first); `owner` and `meta` stay the
+    -- grant's, for the lease's history entry.
     if ARGV[3] ~= '' then
-      redis.call('HSET', KEYS[3], 'owner', ARGV[3])
+      redis.call('HSET', KEYS[3], 'owner_now', ARGV[3])
     end
     if ARGV[10] ~= '' then
-      redis.call('HSET', KEYS[3], 'meta', ARGV[10])
+      redis.call('HSET', KEYS[3], 'meta_now', ARGV[10])
     end
     redis.call('HSET', KEYS[3], 'ttl_ms', ARGV[2], 'ends_ms', ARGV[11])
     redis.call('PEXPIRE', KEYS[3], ARGV[12])

@@ -15,14 +15,15 @@
 -- for a lock a foreign client set without one); empty when none matched.
 local out = {}
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  local meta = redis.pcall('HMGET', KEYS[2], 'fence', 'owner', 'meta', 'granted_at_ms', 'ends_ms')
+  local meta = redis.pcall('HMGET', KEYS[2], 'fence', 'owner', 'meta', 'granted_at_ms', 'ends_ms',
+    'owner_now', 'meta_now')
   if type(meta) ~= 'table' or meta.err then
     meta = {}
   end
   local fence = meta[1] or ''
   if ARGV[1] == '' or fence == ARGV[1] then
     redis.call('DEL', KEYS[1], KEYS[2])
-    out = {fence, 'exclusive', meta[2] or '', meta[3] or ''}
+    out = {fence, 'exclusive', meta[6] or meta[2] or '', meta[7] or meta[3] or ''}
     publish_change(ARGV[4], ARGV[3], 'broken ' .. fence .. ' ' .. ARGV[2])
     history_closed(meta[1], meta[4], meta[5], meta[2], meta[3], 'broken', history_now, ARGV[2])
   end

@@ -36,8 +36,11 @@ if pttl == -2 then
   return {-3, '', '', '', '', writer, leases, ''}
 end
 local token = redis.call('GET', KEYS[1])
-local meta = redis.pcall('HMGET', KEYS[2], 'fence', 'owner', 'granted_at_ms', 'meta')
+-- A renewal's owner and metadata (owner_now, meta_now) before the grant's.
+local meta = redis.pcall('HMGET', KEYS[2], 'fence', 'owner', 'granted_at_ms', 'meta',
+  'owner_now', 'meta_now')
 if type(meta) ~= 'table' or meta.err then
   meta = {}
 end
-return {pttl, token, meta[1] or '', meta[2] or '', meta[3] or '', writer, {}, meta[4] or ''}
+return {pttl, token, meta[1] or '', meta[5] or meta[2] or '', meta[3] or '', writer, {},
+  meta[6] or meta[4] or ''}
