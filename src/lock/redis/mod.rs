@@ -42,9 +42,10 @@
 //!   `ttl_ms` (the lock's own TTL, used by an extend that names none) and
 //!   `ends_ms` (the lease's end; `owner_now` and `meta_now` when a renewal
 //!   gave them, shown in place of the grant's, which the history keeps),
-//!   written with the lock and deleted with it by a release or a break; kept the lock's TTL, plus the fence
-//!   retention while the history is on (a lease that ran out is read from
-//!   it until the next grant writes its history entry).
+//!   written with the lock and deleted with it by a release or a break;
+//!   kept the lock's TTL, plus the fence retention while the history is on
+//!   (a lease that ran out is read from it until the next grant writes its
+//!   history entry).
 //! - `P{N}:history`: a list of the lock's last leases, kept the fence
 //!   retention past its last write (see `scripts/history.lua`): a shared
 //!   lease's entry from its grant, an exclusive lease's from its end.

@@ -67,17 +67,10 @@ local function exclusive(shared_kept, holder_kept)
       redis.call('DEL', KEYS[1])
       return redis.error_reply('fence counter ' .. KEYS[2] .. ': ' .. err)
     end
-    -- Every field is written (owner '' when none), so a hash left by an
-    -- earlier lease needs no DEL first: only a key of another type does.
-    local function write_holder()
-      return redis.pcall('HSET', KEYS[3], 'fence', fence, 'owner', ARGV[3],
-        'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'ends_ms', ARGV[11], 'meta', ARGV[10])
-    end
-    local meta = write_holder()
-    if type(meta) == 'table' and meta.err then
-      redis.pcall('DEL', KEYS[3])
-      meta = write_holder()
-    end
+    -- No key is left where the hash goes (the EXISTS before the call saw
+    -- none, or holder_kept deleted it, a key of another type included).
+    local meta = redis.pcall('HSET', KEYS[3], 'fence', fence, 'owner', ARGV[3],
+      'granted_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'ends_ms', ARGV[11], 'meta', ARGV[10])
     if type(meta) == 'table' and meta.err then
       redis.call('DEL', KEYS[1])
       return redis.error_reply('holder metadata ' .. KEYS[3] .. ': ' .. meta.err)
