@@ -19,6 +19,8 @@
 # (callgrind_control): instructions per acquire+release cycle.
 # Redis runs some 50 times slower under callgrind, so a few hundred cycles
 # a second is expected; the count per cycle does not depend on the rate.
+# PROFILES=DIR (in the environment) keeps each target's callgrind dump
+# there as DIR/LABEL.callgrind, for `callgrind_annotate --inclusive=yes`.
 # Usage: bench/redis-instructions.sh [SECONDS] [CLIENTS] [LOCKD...]
 #   (defaults 5, 4, target/release/lockd)
 set -euo pipefail
@@ -69,6 +71,10 @@ measure() {
   "$@" >/dev/null
   local total
   total=$(instructions)
+  if [ -n "${PROFILES:-}" ]; then
+    mkdir -p "$PROFILES"
+    cp "$(ls -t "$work"/callgrind."$redis_pid".* | head -1)" "$PROFILES/$label.callgrind"
+  fi
   results+=("$label $total $(python3 -c 'import json,sys; r = json.load(open(sys.argv[1])); print(r["cycles_per_second"] * r["seconds"])' "$work/run.json")")
 }
 
@@ -88,6 +94,10 @@ lockd_run() {
   local pid=$!
   pids+=("$pid")
   until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.1; done
+  # A second's warm-up first, so that loading the scripts into Redis (the
+  # first target's alone: Redis keeps them) is not counted.
+  "$bench" --server "http://127.0.0.1:$port" --json "$work/warm.json" \
+    cycle --clients 1 --seconds 1 --names "$names" --kind "$kind" >/dev/null
   measure "$label" "$bench" --server "http://127.0.0.1:$port" --json "$work/run.json" \
     cycle --clients "$clients" --seconds "$seconds" --names "$names" --kind "$kind"
   kill "$pid"

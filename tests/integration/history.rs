@@ -36,6 +36,8 @@ mod kinds {
         shared_leases_each_have_an_entry,
         leases_of_both_modes_read_in_grant_order_once_each,
         a_renewal_shows_its_owner_in_get_and_the_grants_in_the_history,
+        a_runs_renewal_shows_its_owner_in_get_and_the_starts_in_the_history,
+        a_runs_attempt_that_ran_out_is_in_its_history_with_nobody_taking_over,
     );
 }
 
@@ -415,5 +417,96 @@ async fn a_renewal_shows_its_owner_in_get_and_the_grants_in_the_history(app: &Te
         assert_eq!(entry["owner"], "grant-owner", "{body}");
         assert_eq!(entry["meta"], json!({"v": "grant"}), "{body}");
         assert_eq!(entry["ended"], ended, "{body}");
+    }
+}
+
+/// `POST /runs/{key}` with `body`, and `token` in `Lock-Token` if given.
+async fn start_run(
+    app: &TestApp,
+    key: &str,
+    token: Option<&str>,
+    body: Value,
+) -> crate::support::Reply {
+    let headers: Vec<(&str, &str)> = token.map(|t| ("Lock-Token", t)).into_iter().collect();
+    app.send_json(Method::POST, &format!("/runs/{key}"), &headers, Some(body))
+        .await
+}
+
+async fn a_runs_renewal_shows_its_owner_in_get_and_the_starts_in_the_history(app: &TestApp) {
+    let key = "hist:run-renewed";
+    let path = format!("/runs/{key}");
+    let started = start_run(
+        app,
+        key,
+        None,
+        json!({"ttl_ms": 30_000, "owner": "start-owner", "meta": {"v": "start"}}),
+    )
+    .await;
+    started.expect_status(201);
+    let token = started.token();
+    start_run(
+        app,
+        key,
+        Some(&token),
+        json!({"ttl_ms": 60_000, "owner": "renewal-owner", "meta": {"v": "renewal"}}),
+    )
+    .await
+    .expect_status(200);
+    let get = app.get(&path).await.json();
+    assert_eq!(get["owner"], "renewal-owner", "{get}");
+    assert_eq!(get["meta"], json!({"v": "renewal"}), "{get}");
+    for ended in [Value::Null, json!("completed")] {
+        if ended == "completed" {
+            app.send_json(
+                Method::PUT,
+                &format!("{path}/result"),
+                &[("Lock-Token", &token)],
+                Some(json!({"result": 1})),
+            )
+            .await
+            .expect_status(200);
+        }
+        let body = history(app, &path).await;
+        let entries = body["entries"].as_array().expect("entries");
+        assert_eq!(entries.len(), 1, "{body}");
+        let entry = &entries[0];
+        assert_eq!(entry["fence"].as_u64(), Some(started.fence()), "{body}");
+        assert_eq!(entry["owner"], "start-owner", "{body}");
+        assert_eq!(entry["meta"], json!({"v": "start"}), "{body}");
+        assert_eq!(entry["ended"], ended, "{body}");
+        // The renewal moved the lease's end: 60 s past the grant, not 30.
+        let granted = entry["granted_at"].as_str().expect("granted_at");
+        let expires = entry["expires_at"].as_str().expect("expires_at");
+        let span = humantime::parse_rfc3339(expires)
+            .unwrap()
+            .duration_since(humantime::parse_rfc3339(granted).unwrap())
+            .unwrap();
+        assert!(span > Duration::from_secs(45), "{body}");
+    }
+}
+
+async fn a_runs_attempt_that_ran_out_is_in_its_history_with_nobody_taking_over(app: &TestApp) {
+    let key = "hist:run-lapsed";
+    let path = format!("/runs/{key}");
+    let started = start_run(app, key, None, json!({"ttl_ms": 300, "owner": "w"})).await;
+    started.expect_status(201);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let body = history(app, &path).await;
+        let entries = body["entries"].as_array().expect("entries");
+        assert_eq!(entries.len(), 1, "{body}");
+        assert_eq!(
+            entries[0]["fence"].as_u64(),
+            Some(started.fence()),
+            "{body}"
+        );
+        assert_eq!(entries[0]["owner"], "w", "{body}");
+        if entries[0]["ended"] == "expired" {
+            assert_eq!(entries[0]["ended_at"], entries[0]["expires_at"], "{body}");
+            break;
+        }
+        assert_eq!(entries[0]["ended"], Value::Null, "{body}");
+        assert!(Instant::now() < deadline, "never expired: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

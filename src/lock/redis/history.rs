@@ -24,11 +24,6 @@ use crate::lock::{LockError, LockName, Meta, Mode, unix_millis};
 /// script that publishes a change.
 pub(super) const HISTORY_LUA: &str = include_str!("scripts/history.lua");
 
-/// `tell` (`scripts/tell.lua`): a change message published and folded
-/// into the history; put after [`HISTORY_LUA`] in front of the scripts
-/// that publish their changes as messages alone.
-pub(super) const TELL_LUA: &str = include_str!("scripts/tell.lua");
-
 /// A read of a history: the inspect script `inspect` (after `prefix`, the
 /// Lua it needs, `history.lua` included) wrapped in a function, then
 /// `last` appended to its answer, in one atomic step: a Lua expression of
@@ -113,13 +108,34 @@ impl RedisBackend {
         let live = holder_of(answer, read_at)
             .map(|(_, info)| info.fences())
             .unwrap_or_default();
+        Ok(self.settle_history(&kept, &record, Some(Mode::Exclusive), &live))
+    }
+
+    /// A history as read: the list `kept`, and the `record` of a lease of
+    /// `mode` whose entry is written at its end (an exclusive lease's
+    /// holder hash, a run's record: see [`held_entry`]; empty when there
+    /// is none), newest first, one entry per fence, at most
+    /// `--history-length`, settled against the `live` fences (see
+    /// [`history::settle`]). The record's entry is left out once its lease
+    /// ended more than the fence retention ago (a run's record may be kept
+    /// longer, for its own retention). Entries lockd did not write are
+    /// dropped.
+    pub(super) fn settle_history(
+        &self,
+        kept: &[String],
+        record: &[Option<String>],
+        mode: Option<Mode>,
+        live: &[u64],
+    ) -> Vec<HistoryEntry> {
+        let now = SystemTime::now();
+        let retention = std::time::Duration::from_millis(self.fence_retention_ms);
         let mut entries: Vec<HistoryEntry> = kept.iter().filter_map(|e| parse_entry(e)).collect();
-        entries.extend(held_entry(&record));
-        Ok(history::settle(
+        entries.extend(held_entry(record, mode).filter(|e| e.expires_at + retention > now));
+        history::settle(
             newest_per_fence(entries, self.history_length.get()),
-            &live,
-            SystemTime::now(),
-        ))
+            live,
+            now,
+        )
     }
 
     /// Breaks the live lease (or shared leases) of lock `name` (see
@@ -157,16 +173,18 @@ pub(super) fn settled(kept: &[String], live: &[u64]) -> Vec<HistoryEntry> {
     history::settle(entries, live, SystemTime::now())
 }
 
-/// The open entry of the exclusive lease an `HMGET` of its holder hash
-/// reads (`history.lua`'s `history_record`: fence, granted_at_ms,
-/// ends_ms, owner, meta); `None` when a field it needs is missing (no
-/// hash, or one an earlier lockd wrote, whose entry is in the list).
-fn held_entry(record: &[Option<String>]) -> Option<HistoryEntry> {
+/// The open entry of a lease of `mode` (`None`: a run's attempt) that an
+/// `HMGET` of its record reads (an exclusive lease's holder hash, as
+/// `history.lua`'s `history_record` reads it: fence, granted_at_ms,
+/// ends_ms, owner, meta; a run's record: fence, started_at_ms, ends_ms,
+/// owner, meta); `None` when a field it needs is missing (no record, or
+/// one an earlier lockd wrote, whose entry is in the list).
+fn held_entry(record: &[Option<String>], mode: Option<Mode>) -> Option<HistoryEntry> {
     let field = |i: usize| record.get(i).cloned().flatten();
     let number = |i: usize| field(i)?.parse::<u64>().ok();
     Some(HistoryEntry {
         fence: number(0)?,
-        mode: Some(Mode::Exclusive),
+        mode,
         granted_at: from_unix_ms(number(1)?),
         expires_at: from_unix_ms(number(2)?),
         owner: field(3).filter(|o| !o.is_empty()),
@@ -195,6 +213,15 @@ fn newest_per_fence(mut entries: Vec<HistoryEntry>, length: usize) -> Vec<Histor
 /// # Errors
 /// [`LockError::Backend`] when it is not a list of texts.
 pub(super) fn kept_of(answer: &mut Vec<Value>) -> Result<Vec<String>, LockError> {
+    last_of(answer)
+}
+
+/// The last value of a read script's answer (what [`read_script`]'s `last`
+/// appended), as a `T`.
+///
+/// # Errors
+/// [`LockError::Backend`] when it is missing or not a `T`.
+pub(super) fn last_of<T: redis::FromRedisValue>(answer: &mut Vec<Value>) -> Result<T, LockError> {
     let last = answer
         .pop()
         .ok_or_else(|| LockError::Backend("a history read answered nothing".into()))?;
@@ -297,8 +324,11 @@ mod tests {
     #[test]
     fn a_holder_hash_reads_as_its_open_entry() {
         let some = |s: &str| Some(s.to_owned());
-        let held = held_entry(&[some("9"), some("1000"), some("2500"), some("w"), some("")])
-            .expect("complete");
+        let held = held_entry(
+            &[some("9"), some("1000"), some("2500"), some("w"), some("")],
+            Some(Mode::Exclusive),
+        )
+        .expect("complete");
         assert_eq!(
             (held.fence, held.mode, held.owner.as_deref(), held.meta),
             (9, Some(Mode::Exclusive), Some("w"), None)
@@ -314,7 +344,7 @@ mod tests {
             vec![],
             vec![some("x"), some("1000"), some("2500"), None, None],
         ] {
-            assert_eq!(held_entry(&bad), None, "{bad:?}");
+            assert_eq!(held_entry(&bad, Some(Mode::Exclusive)), None, "{bad:?}");
         }
     }
 

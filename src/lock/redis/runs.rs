@@ -11,7 +11,7 @@ use redis::{Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use super::events;
-use super::history::{self, HISTORY_LUA, TELL_LUA};
+use super::history::{self, HISTORY_LUA};
 use super::{FENCE_LUA, Grant, GrantKind, PROBE_LUA, RedisBackend};
 use crate::lock::history::{BrokenLease, HistoryEntry};
 use crate::lock::run::{
@@ -26,12 +26,11 @@ use crate::lock::{
 const RUN_LUA: &str = include_str!("scripts/run.lua");
 
 /// One run script: the history's part (a run's leases are its
-/// attempts), the shared part, then `body`.
+/// attempts, each written to the history at its end from the run's
+/// record: see `scripts/run.lua`), the shared part, then `body`.
 fn script(body: &str, with_fence: bool) -> Script {
     let fence = if with_fence { FENCE_LUA } else { "" };
-    Script::new(&format!(
-        "{fence}{HISTORY_LUA}{TELL_LUA}history_mode = 'attempt'\n{RUN_LUA}{body}"
-    ))
+    Script::new(&format!("{fence}{HISTORY_LUA}{RUN_LUA}{body}"))
 }
 
 static START: LazyLock<Script> =
@@ -44,10 +43,16 @@ static EXTEND: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("scripts/run_extend.lua"), false));
 const RUN_INSPECT_LUA: &str = include_str!("scripts/run_inspect.lua");
 static INSPECT: LazyLock<Script> = LazyLock::new(|| script(RUN_INSPECT_LUA, false));
-/// A run's history: the run as `run_inspect.lua` reads it, then its
-/// history list.
+/// A run's history: the run as `run_inspect.lua` reads it, then `{kept,
+/// record}`: its history list, and the fields of the live or last
+/// attempt's entry that its record keeps (`{}` when the history is off).
 static HISTORY: LazyLock<Script> = LazyLock::new(|| {
-    history::read_script(&format!("{HISTORY_LUA}{RUN_LUA}"), RUN_INSPECT_LUA, "kept")
+    history::read_script(
+        &format!("{HISTORY_LUA}{RUN_LUA}"),
+        RUN_INSPECT_LUA,
+        "{kept, history_on and read_record({'fence', 'started_at_ms', 'ends_ms', 'owner', \
+         'meta', 'state'}) or {}}",
+    )
 });
 /// An admin's break of a run's attempt (`run_break.lua`).
 static BREAK: LazyLock<Script> =
@@ -429,12 +434,16 @@ impl RedisBackend {
         self.with_history(&mut call, &keys.history);
         let read_at = Instant::now();
         let mut values: Vec<Value> = self.run(&call).await?;
-        let kept = history::kept_of(&mut values)?;
+        let (kept, record): (Vec<String>, Vec<Option<String>>) = history::last_of(&mut values)?;
         let live: Vec<u64> = match run_info(&mut Answer::new(values), read_at)? {
             Some(RunInfo::Running { fence, .. }) => vec![fence],
             _ => Vec::new(),
         };
-        Ok(history::settled(&kept, &live))
+        // The record is the entry of an attempt that has not ended (by a
+        // completion, an abandonment or a break, which wrote its entry).
+        let open = record.get(5).cloned().flatten().as_deref() == Some("running");
+        let record = if open { record } else { Vec::new() };
+        Ok(self.settle_history(&kept, &record, None, &live))
     }
 
     /// Breaks the live attempt of run `key` (see

@@ -25,7 +25,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     redis.call('DEL', KEYS[1], KEYS[2])
     out = {fence, 'exclusive', meta[6] or meta[2] or '', meta[7] or meta[3] or ''}
     publish_change(ARGV[4], ARGV[3], 'broken ' .. fence .. ' ' .. ARGV[2])
-    history_closed(meta[1], meta[4], meta[5], meta[2], meta[3], 'broken', history_now, ARGV[2])
+    history_closed(meta[1], 'exclusive', meta[4], meta[5], meta[2], meta[3], 'broken', history_now, ARGV[2])
   end
   return out
 end

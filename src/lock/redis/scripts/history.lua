@@ -6,12 +6,13 @@
 -- nobody to watch (tell.lua folds a change message into it).
 -- The list holds one entry per lease, newest first; the newest
 -- `history_length` are the history (it is trimmed to them once it holds
--- twice as many). A shared lease, a permit or an attempt has its entry
--- from its grant on; an exclusive lease has its entry from its end on
--- (history_closed), and until then its record is the holder hash, kept
--- the fence retention past the lease's end while the history is on, so
--- that a lease that ran out is still read, and is written to the list by
--- the next grant (history_lapsed): one write a lease, not two
+-- twice as many). A shared lease or a permit has its entry from its
+-- grant on; an exclusive lease or a run's attempt has its entry from its
+-- end on (history_closed), and until then its record is the holder hash
+-- (kept the fence retention past the lease's end while the history is
+-- on) or the run's record (run.lua), so that a lease that ran out is
+-- still read, and is written to the list by the next grant
+-- (history_lapsed, history_expired): one write a lease, not two
 -- (docs/performance.md). Entries:
 --   FENCE MODE GRANTED_MS EXPIRES_MS[ HOW AT_MS[ BY]]\nOWNER\nMETA
 -- MODE exclusive, shared, permit or attempt; GRANTED_MS and EXPIRES_MS
@@ -20,7 +21,7 @@
 -- AT_MS, BY the id of the key that broke it. A lease whose key just ran
 -- out stays open here: its reader, which sees that its fence holds
 -- nothing, says it expired at EXPIRES_MS.
--- The functions that find and rewrite an open entry (history_granted,
+-- The functions that write an open entry and rewrite it (history_granted,
 -- history_extended, history_ended) are in tell.lua, defined only in the
 -- scripts that may need them: each Lua function is made anew at every
 -- call of a script.
@@ -38,8 +39,8 @@ local history_key = KEYS[#KEYS]
 -- than a command does (docs/performance.md).
 local history_on = ARGV[#ARGV - 2] ~= '0' and ARGV[#ARGV - 2] ~= ''
 local history_now = ARGV[#ARGV]
--- The MODE of a lease an `acquired` message grants: set by the script
--- (a semaphore's 'permit', a run's 'attempt').
+-- The MODE of a lease an `acquired` message grants (tell.lua): set by
+-- the script (a semaphore's 'permit').
 local history_mode = 'exclusive'
 
 -- How many entries the history keeps (0: none).
@@ -63,13 +64,13 @@ local function history_keep_for(ms)
 end
 
 -- Adds an ended entry, newest first, and keeps the list the fence
--- retention from now: an exclusive lease's whole entry, written once at
--- its end. `fence`, `granted` and `ends` (Unix ms) as decimal strings
--- (`ends` false when not recorded: `at` stands for it), `owner` and `meta`
--- (false or '' when none), `how` it ended, `at` (Unix ms), `by` (a key id,
--- or nil). Nothing without a fence and a grant time (a foreign client's
--- lock).
-local function history_closed(fence, granted, ends, owner, meta, how, at, by)
+-- retention from now: the whole entry of a lease of `mode` ('exclusive',
+-- or a run's 'attempt'), written once at its end. `fence`, `granted` and
+-- `ends` (Unix ms) as decimal strings (`ends` false when not recorded:
+-- `at` stands for it), `owner` and `meta` (false or '' when none), `how`
+-- it ended, `at` (Unix ms), `by` (a key id, or nil). Nothing without a
+-- fence and a grant time (a foreign client's key).
+local function history_closed(fence, mode, granted, ends, owner, meta, how, at, by)
   if not history_on or not fence or not granted then
     return
   end
@@ -77,7 +78,7 @@ local function history_closed(fence, granted, ends, owner, meta, how, at, by)
   if by and by ~= '' then
     tail = ' ' .. by
   end
-  local held = redis.pcall('LPUSH', history_key, fence .. ' exclusive ' .. granted .. ' '
+  local held = redis.pcall('LPUSH', history_key, fence .. ' ' .. mode .. ' ' .. granted .. ' '
     .. (ends or at) .. ' ' .. how .. ' ' .. at .. tail .. '\n' .. (owner or '') .. '\n' .. (meta or ''))
   if type(held) == 'number' and held > 2 and held > 2 * history_size() then
     redis.pcall('LTRIM', history_key, 0, history_size() - 1)
@@ -96,22 +97,30 @@ local function history_record(meta_key)
   return r
 end
 
--- The holder hash `meta_key` of an exclusive lease whose key is gone
--- while the hash stayed (the history is on): its entry, ended as expired
--- at its lease end (now, if that is still to come: the key was deleted by
--- a foreign client). Called by a grant before it writes the hash over.
-local function history_lapsed(meta_key)
-  if not history_on then
-    return
-  end
-  local r = history_record(meta_key)
+-- The entry of a lease of `mode` whose record `r` ({fence, granted_at_ms,
+-- ends_ms, owner, meta}, as history_record reads it) stayed after its
+-- key went (the history is on): ended as expired at its lease end (now,
+-- if that is still to come: the key was deleted by a foreign client).
+-- Nothing when the record has no lease end (an earlier lockd's, whose
+-- entry is in the list). Called by a grant before it writes the record
+-- over.
+local function history_expired(mode, r)
   if r[3] then
     local at = r[3]
     if tonumber(at) > tonumber(history_now) then
       at = history_now
     end
-    history_closed(r[1], r[2], r[3], r[4], r[5], 'expired', at)
+    history_closed(r[1], mode, r[2], r[3], r[4], r[5], 'expired', at)
   end
+end
+
+-- The holder hash `meta_key` of an exclusive lease whose key is gone
+-- while the hash stayed: its entry (history_expired).
+local function history_lapsed(meta_key)
+  if not history_on then
+    return
+  end
+  history_expired('exclusive', history_record(meta_key))
 end
 
 -- How long the holder hash of an exclusive lease of `ttl` ms (a decimal

@@ -38,7 +38,7 @@ if current == ARGV[1] then
   -- only "changed".
   if meta[2] then
     publish_change(ARGV[3], ARGV[2], 'released ' .. meta[2])
-    history_closed(meta[2], meta[1], meta[3], meta[4], meta[5], 'released', history_now)
+    history_closed(meta[2], 'exclusive', meta[1], meta[3], meta[4], meta[5], 'released', history_now)
   else
     publish_change(ARGV[3], ARGV[2], '')
   end

@@ -7,8 +7,9 @@
 -- ARGV[7] its length, how long it outlives a lease, and now in Unix ms
 -- Returns {1} when abandoned; {0} when the run is unknown; {-1} when
 -- ARGV[1] does not hold its live attempt; {-2} when the run is done.
--- Publishes `released FENCE`.
-local rec, err = read_record({'state', 'fence'})
+-- Publishes `released FENCE`, and writes the attempt's history entry
+-- (run.lua).
+local rec, err = read_record({'state', 'fence', 'started_at_ms', 'ends_ms', 'owner', 'meta'})
 if not rec then
   return err
 end
@@ -24,5 +25,6 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[2], 'state', 'abandoned')
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
-tell(ARGV[4], ARGV[3], 'released ' .. (rec[2] or '0'))
+publish_change(ARGV[4], ARGV[3], 'released ' .. (rec[2] or '0'))
+history_closed(rec[2], 'attempt', rec[3], rec[4], rec[5], rec[6], 'abandoned', history_now)
 return {1}

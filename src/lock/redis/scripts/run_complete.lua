@@ -10,8 +10,10 @@
 -- Returns {1, fence, attempt} when completed now; {2, fence, attempt,
 -- completed_at_ms, result} when ARGV[1] had completed it; {0} when the run
 -- is unknown; {-1} when ARGV[1] does not hold its live attempt; {-2} when
--- another attempt completed it. Publishes `completed FENCE`.
-local rec, err = read_record({'state', 'fence', 'attempt', 'completed_at_ms', 'result', 'done_by'})
+-- another attempt completed it. Publishes `completed FENCE`, and writes
+-- the attempt's history entry (run.lua).
+local rec, err = read_record({'state', 'fence', 'attempt', 'started_at_ms', 'ends_ms', 'owner',
+  'meta'})
 if not rec then
   return err
 end
@@ -19,8 +21,9 @@ if not rec[1] then
   return {0}
 end
 if rec[1] == 'done' then
-  if rec[6] == redis.sha1hex(ARGV[1]) then
-    return {2, rec[2] or '0', rec[3] or '0', rec[4] or '0', rec[5] or 'null'}
+  local done = read_record({'completed_at_ms', 'result', 'done_by'})
+  if done[3] == redis.sha1hex(ARGV[1]) then
+    return {2, rec[2] or '0', rec[3] or '0', done[1] or '0', done[2] or 'null'}
   end
   return {-2}
 end
@@ -31,5 +34,6 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[2], 'state', 'done', 'result', ARGV[2], 'completed_at_ms', ARGV[3],
   'done_by', redis.sha1hex(ARGV[1]))
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
-tell(ARGV[6], ARGV[5], 'completed ' .. (rec[2] or '0'))
+publish_change(ARGV[6], ARGV[5], 'completed ' .. (rec[2] or '0'))
+history_closed(rec[2], 'attempt', rec[4], rec[5], rec[6], rec[7], 'completed', history_now)
 return {1, rec[2] or '0', rec[3] or '0'}

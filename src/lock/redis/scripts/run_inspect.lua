@@ -5,7 +5,7 @@
 -- started_at_ms, meta} while an attempt holds it; {2, fence, attempt, how}
 -- when pending, how 'abandoned' or 'expired'.
 local rec, err = read_record({'state', 'fence', 'attempt', 'owner', 'started_at_ms',
-  'completed_at_ms', 'result', 'meta'})
+  'completed_at_ms', 'result', 'meta', 'owner_now', 'meta_now'})
 if not rec then
   return err
 end
@@ -18,7 +18,7 @@ if rec[1] == 'done' then
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl > 0 then
-  return {1, fence, attempt, pttl, rec[4] or '', rec[5] or '0', rec[8] or ''}
+  return {1, fence, attempt, pttl, rec[9] or rec[4] or '', rec[5] or '0', rec[10] or rec[8] or ''}
 end
 if rec[1] == 'abandoned' then
   return {2, fence, attempt, 'abandoned'}

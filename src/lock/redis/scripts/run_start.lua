@@ -16,8 +16,10 @@
 -- took_over} for a new attempt, took_over 1 when the last attempt's lease
 -- ran out unfinished.
 -- Publishes `acquired FENCE TTL NOW OWNER[\nMETA]` for a new attempt and `extended
--- FENCE TTL NOW` for a renewal (src/lock/change.rs).
-local rec, err = read_record({'state', 'fingerprint', 'fence', 'attempt', 'completed_at_ms', 'result'})
+-- FENCE TTL NOW` for a renewal (src/lock/change.rs). A new attempt that
+-- takes over one whose lease ran out first writes that one's history
+-- entry (run.lua).
+local rec, err = read_record({'state', 'fingerprint', 'fence', 'attempt'})
 if not rec then
   return err
 end
@@ -26,24 +28,28 @@ if ARGV[8] ~= '' and fingerprint and fingerprint ~= ARGV[8] then
   return {4}
 end
 if state == 'done' then
-  return {3, rec[3] or '0', rec[4] or '0', rec[5] or '0', rec[6] or 'null'}
+  local done = read_record({'completed_at_ms', 'result'})
+  return {3, rec[3] or '0', rec[4] or '0', done[1] or '0', done[2] or 'null'}
 end
 local keep = ms(tonumber(ARGV[2]) + tonumber(ARGV[9]))
+local ends = ms(tonumber(ARGV[4]) + tonumber(ARGV[2]))
 local current = redis.call('GET', KEYS[1])
 if current then
   if current ~= ARGV[1] then
     return {0, redis.call('PTTL', KEYS[1])}
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('HSET', KEYS[2], 'ttl_ms', ARGV[2])
+  redis.call('HSET', KEYS[2], 'ttl_ms', ARGV[2], 'ends_ms', ends)
+  -- A renewal's owner and metadata are shown first (run_inspect.lua);
+  -- owner and meta stay the start's, for the attempt's history entry.
   if ARGV[3] ~= '' then
-    redis.call('HSET', KEYS[2], 'owner', ARGV[3])
+    redis.call('HSET', KEYS[2], 'owner_now', ARGV[3])
   end
   if ARGV[10] ~= '' then
-    redis.call('HSET', KEYS[2], 'meta', ARGV[10])
+    redis.call('HSET', KEYS[2], 'meta_now', ARGV[10])
   end
   redis.call('PEXPIRE', KEYS[2], keep)
-  tell(ARGV[7], ARGV[6], 'extended ' .. (rec[3] or '0') .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
+  publish_change(ARGV[7], ARGV[6], 'extended ' .. (rec[3] or '0') .. ' ' .. ARGV[2] .. ' ' .. ARGV[4])
   return {2, rec[3] or '0', rec[4] or '0'}
 end
 local fence, fence_err = next_fence(KEYS[3], ARGV[5])
@@ -53,15 +59,22 @@ end
 local took_over = 0
 if state == 'running' then
   took_over = 1
+  if history_on then
+    history_expired('attempt', read_record({'fence', 'started_at_ms', 'ends_ms', 'owner', 'meta'}))
+  end
+end
+if state then
+  -- The last attempt's renewal fields go with it.
+  redis.call('HDEL', KEYS[2], 'owner_now', 'meta_now')
 end
 local attempt = (tonumber(rec[4] or '') or 0) + 1
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('HSET', KEYS[2], 'state', 'running', 'fence', ms(fence), 'attempt', ms(attempt),
-  'owner', ARGV[3], 'started_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'meta', ARGV[10])
+  'owner', ARGV[3], 'started_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'ends_ms', ends, 'meta', ARGV[10])
 if not fingerprint and ARGV[8] ~= '' then
   redis.call('HSET', KEYS[2], 'fingerprint', ARGV[8])
 end
 redis.call('PEXPIRE', KEYS[2], keep)
-tell(ARGV[7], ARGV[6], 'acquired ' .. ms(fence) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
+publish_change(ARGV[7], ARGV[6], 'acquired ' .. ms(fence) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
   .. meta_line(ARGV[10]))
 return {1, ms(fence), ms(attempt), took_over}

@@ -1,12 +1,12 @@
 -- The change messages folded into the history (src/lock/history.rs), put
 -- after history.lua in front of the scripts that publish their changes as
--- messages alone (the semaphores', the runs', the shared leases'): `tell`
--- publishes a message and folds it by the rules of HistoryLog::apply. The
--- exclusive lock's scripts write an exclusive lease's entry at its end
--- from its holder hash (history_closed, history_lapsed) instead, and have
--- this only on their shared-lease paths.
+-- messages alone (the semaphores', the shared leases'): `tell` publishes
+-- a message and folds it by the rules of HistoryLog::apply. The exclusive
+-- lock's scripts and the runs' write an exclusive lease's or an attempt's
+-- entry at its end from its record (history_closed, history_expired)
+-- instead; the lock's have this only on their shared-lease paths.
 -- The entries written at a grant and rewritten in place (a shared
--- lease's, a permit's, an attempt's; see history.lua).
+-- lease's, a permit's; see history.lua).
 
 -- An entry's parts when it is still open: its header up to its lease end,
 -- that end, and the rest of its text; nil when it ended.
@@ -16,20 +16,17 @@ end
 
 -- The entry of `fence` that is still open: its index, its header up to
 -- its lease end, that end, the rest of its text, and the latest lease end
--- of the other open entries (0 when none). An exclusive lease (or a run's
--- attempt) is the newest entry and alone: it is found with one LINDEX, and
--- no other entry is open but for leases that ran out (so 0); so is a
--- shared lease that the caller knows is `alone` (no other is held) when
--- it is the newest. A shared lease or a permit may else be further down,
--- beside others still held.
+-- of the other open entries (0 when none). A shared lease that the caller
+-- knows is `alone` (no other is held) is found with one LINDEX when it is
+-- the newest (no other entry is open then but for leases that ran out, so
+-- 0). A shared lease or a permit may else be further down, beside others
+-- still held.
 local function history_open(fence, alone)
   local prefix = fence .. ' '
   local newest = redis.pcall('LINDEX', history_key, 0)
   if type(newest) == 'string' and string.sub(newest, 1, #prefix) == prefix then
     local head, expires, body = history_parts(newest)
-    -- The mode's first seven letters.
-    local mode = head and string.sub(head, #prefix + 1, #prefix + 7)
-    if mode == 'exclusi' or mode == 'attempt' or (head and alone) then
+    if head and alone then
       return 0, head, expires, body, 0
     end
   end
@@ -53,12 +50,11 @@ local function history_open(fence, alone)
 end
 
 -- Keeps the list until the fence retention past `ends` (Unix ms), and
--- never less than the retention past now; a lease of a mode that is alone
--- (exclusive, attempt), or that the caller knows is `alone`, sets it, a
--- shared lease or a permit only lengthens it (the others' leases may last
--- longer).
-local function history_keep_until(ends, mode, alone)
-  if not alone and (mode == 'shared' or mode == 'permit') then
+-- never less than the retention past now; a lease that the caller knows
+-- is `alone` sets it, others only lengthen it (the others' leases may
+-- last longer).
+local function history_keep_until(ends, alone)
+  if not alone then
     local ms = math.max(ends - history_now, 0) + (tonumber(ARGV[#ARGV - 1]) or 0)
     local left = redis.pcall('PTTL', history_key)
     if type(left) == 'number' and left >= ms then
@@ -83,7 +79,7 @@ local function history_granted(fence, mode, granted, ttl, owner, meta, alone)
   if type(held) == 'number' and held > 2 and held > 2 * history_size() then
     redis.pcall('LTRIM', history_key, 0, history_size() - 1)
   end
-  history_keep_until(ends, mode, alone)
+  history_keep_until(ends, alone)
 end
 
 -- A lease renewed or extended at `at` (Unix ms) for `ttl` ms: its entry's
@@ -96,7 +92,7 @@ local function history_extended(fence, ttl, at)
   if index then
     local ends = at + ttl
     redis.pcall('LSET', history_key, index, head .. ' ' .. history_ms(ends) .. body)
-    history_keep_until(ends, string.match(head, '^%d+ (%a+)'))
+    history_keep_until(ends)
   end
 end
 
@@ -155,13 +151,7 @@ local function history_note(message)
       history_extended(fence, ttl, at)
     end
   elseif kind == 'released' then
-    local how = 'released'
-    if history_mode == 'attempt' then
-      how = 'abandoned'
-    end
-    history_ended(rest, how)
-  elseif kind == 'completed' then
-    history_ended(rest, 'completed')
+    history_ended(rest, 'released')
   elseif kind == 'broken' then
     local fence, by = string.match(rest, '^(%d+) ?(.*)$')
     if fence then
