@@ -189,16 +189,22 @@ pub fn router(state: AppState, with_metrics: bool) -> Router {
 /// refuses before anything else), the key check ([`auth`], before the body
 /// is read, so a refused request's body is not), then the deadline and the
 /// whole body ([`deadline`]).
+///
+/// The key check and the body's read are boxed: this future lives as long
+/// as the request, through a wait of up to a minute, and an async fn is
+/// as large as its largest step, so inline they would keep their room
+/// (about 1.4 kB) for every parked waiter (docs/performance.md).
 async fn gate_locks(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let _slot = match admission::admit(&state.admission, request.method()) {
         Ok(slot) => slot,
         Err(overloaded) => return overloaded.into_response(),
     };
-    let request = match auth::guard_locks(state.auth.as_deref(), state.dev, request).await {
+    let request = match Box::pin(auth::guard_locks(state.auth.as_deref(), state.dev, request)).await
+    {
         Ok(request) => request,
         Err(refused) => return refused,
     };
-    match deadline::read_body_by_deadline(&state.limits, request).await {
+    match Box::pin(deadline::read_body_by_deadline(&state.limits, request)).await {
         Ok(request) => next.run(request).await,
         Err(refused) => refused,
     }

@@ -55,8 +55,15 @@ use crate::metrics::Metrics;
     ),
 )]
 // One argument per extractor: the state parts it uses, then the request.
+// Not an async fn: the request is read here, before the future that waits
+// is made, so that the future holds what the wait needs and not the
+// extractors (an async fn keeps its arguments for its whole life: some
+// hundreds of bytes for every parked waiter; docs/performance.md). The
+// header values are slices of hyper's read buffer, too: held through a
+// wait, they would keep that buffer (8 KiB) alive beside the one hyper
+// reads the next request into.
 #[allow(clippy::too_many_arguments)]
-pub async fn acquire(
+pub fn acquire(
     State(locks): State<Arc<Locks>>,
     State(metrics): State<Arc<Metrics>>,
     State(limits): State<Limits>,
@@ -65,16 +72,28 @@ pub async fn acquire(
     headers: HeaderMap,
     StrictQuery(query): StrictQuery<AcquireQuery>,
     JsonBody(body): JsonBody<AcquireBody>,
-) -> Result<(StatusCode, Json<Grant>), ApiError> {
+) -> impl Future<Output = Result<(StatusCode, Json<Grant>), ApiError>> {
     let started = Instant::now();
-    let wait = limits
+    let read = limits
         .wait
-        .resolve(query.wait_ms.as_deref(), body.wait_ms)?;
-    let request = acquire_request(name, query, &headers, body, &limits)?;
-    // The header values are slices of hyper's read buffer: held through a
-    // wait, they would keep that buffer (8 KiB) alive beside the one hyper
-    // reads the next request into, for every parked waiter.
+        .resolve(query.wait_ms.as_deref(), body.wait_ms)
+        .and_then(|wait| Ok((wait, acquire_request(name, query, &headers, body, &limits)?)));
     drop(headers);
+    async move {
+        let (wait, request) = read?;
+        take(&locks, &metrics, deadline, request, wait, started).await
+    }
+}
+
+/// The acquire `request`, waiting up to `wait` (see [`acquire`]).
+async fn take(
+    locks: &Locks,
+    metrics: &Metrics,
+    deadline: Deadline,
+    request: crate::lock::AcquireRequest,
+    wait: std::time::Duration,
+    started: Instant,
+) -> Result<(StatusCode, Json<Grant>), ApiError> {
     let (name, token, mode) = (request.name.clone(), request.token.clone(), request.mode);
     // Counted as cancelled if the client goes away before the answer.
     let counted = metrics.pending_acquire(&name, mode, started);

@@ -399,12 +399,15 @@ impl Locks {
         BF: Future<Output = Option<T>>,
     {
         let deadline = Instant::now() + wait;
+        // Each try, look and renewal is boxed while it runs: this future
+        // lasts the whole wait, and inline they would keep their room
+        // (the store's calls) for every parked waiter (docs/performance.md).
         // Join before the first attempt, so a release between a failed
         // attempt and the wait cannot be missed, and so that a newcomer does
         // not overtake the waiters already queued.
         let Ok(place) = self.queues.join(subject) else {
             // No room to wait: a free lock (or permit) is still granted.
-            return match attempt().await {
+            return match Box::pin(attempt()).await {
                 Tried::Busy { .. } => {
                     contended();
                     Err(LockError::TooManyWaiters)
@@ -418,7 +421,7 @@ impl Locks {
         let mut counted = !place.is_head();
         if counted {
             contended();
-            if let Some(outcome) = behind().await {
+            if let Some(outcome) = Box::pin(behind()).await {
                 return Ok(Waited::Ended(outcome));
             }
         }
@@ -430,7 +433,7 @@ impl Locks {
         loop {
             if place.is_head() {
                 let held_until = if place.take_look() {
-                    look().await
+                    Box::pin(look()).await
                 } else {
                     Looked::Free
                 };
@@ -441,7 +444,7 @@ impl Locks {
                         retry_at = lease_end + jitter();
                     }
                     Looked::Unknown => {}
-                    Looked::Free => match attempt().await {
+                    Looked::Free => match Box::pin(attempt()).await {
                         Tried::Busy {
                             retry_after,
                             refusal: busy,
@@ -470,7 +473,7 @@ impl Locks {
                     // The lock may have freed without an event (a foreign
                     // client deleted it): the head looks once more.
                     if place.is_head() {
-                        match attempt().await {
+                        match Box::pin(attempt()).await {
                             Tried::Busy { retry_after, refusal: busy } => {
                                 busy_once();
                                 refusal = Some(busy);
