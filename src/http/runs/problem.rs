@@ -87,7 +87,7 @@ impl From<RunMiss> for ApiError {
             RunMiss::Unknown => run_not_found(),
             RunMiss::NotOwner { done: true } => ApiError::new(
                 Kind::Leased(&NOT_RUN_OWNER),
-                "the run is done: it has no live attempt to abandon or extend; nothing was changed (GET it, or POST to read its result)",
+                "the run is done: it has no live attempt to complete, abandon or extend; nothing was changed (GET it, or POST to read its result)",
             ),
             RunMiss::NotOwner { done: false } => ApiError::new(
                 Kind::Leased(&NOT_RUN_OWNER),
