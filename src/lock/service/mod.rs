@@ -399,15 +399,12 @@ impl Locks {
         BF: Future<Output = Option<T>>,
     {
         let deadline = Instant::now() + wait;
-        // Each try, look and renewal is boxed while it runs: this future
-        // lasts the whole wait, and inline they would keep their room
-        // (the store's calls) for every parked waiter (docs/performance.md).
         // Join before the first attempt, so a release between a failed
         // attempt and the wait cannot be missed, and so that a newcomer does
         // not overtake the waiters already queued.
         let Ok(place) = self.queues.join(subject) else {
             // No room to wait: a free lock (or permit) is still granted.
-            return match Box::pin(attempt()).await {
+            return match attempt().await {
                 Tried::Busy { .. } => {
                     contended();
                     Err(LockError::TooManyWaiters)
@@ -421,7 +418,7 @@ impl Locks {
         let mut counted = !place.is_head();
         if counted {
             contended();
-            if let Some(outcome) = Box::pin(behind()).await {
+            if let Some(outcome) = behind().await {
                 return Ok(Waited::Ended(outcome));
             }
         }
@@ -433,7 +430,7 @@ impl Locks {
         loop {
             if place.is_head() {
                 let held_until = if place.take_look() {
-                    Box::pin(look()).await
+                    look().await
                 } else {
                     Looked::Free
                 };
@@ -444,7 +441,7 @@ impl Locks {
                         retry_at = lease_end + jitter();
                     }
                     Looked::Unknown => {}
-                    Looked::Free => match Box::pin(attempt()).await {
+                    Looked::Free => match attempt().await {
                         Tried::Busy {
                             retry_after,
                             refusal: busy,
@@ -473,7 +470,7 @@ impl Locks {
                     // The lock may have freed without an event (a foreign
                     // client deleted it): the head looks once more.
                     if place.is_head() {
-                        match Box::pin(attempt()).await {
+                        match attempt().await {
                             Tried::Busy { retry_after, refusal: busy } => {
                                 busy_once();
                                 refusal = Some(busy);
