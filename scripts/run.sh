@@ -39,9 +39,13 @@ if [ "$wants_local_redis" = yes ]; then
   fi
 fi
 
+# Where cargo puts the binary: its own target directory, or the one
+# CARGO_TARGET_DIR names.
+lockd_bin="${CARGO_TARGET_DIR:-target}/release/lockd"
+
 if [ -z "$started_redis" ]; then
   cargo build --release --locked --bin lockd
-  exec target/release/lockd serve "$@"
+  exec "$lockd_bin" serve "$@"
 fi
 
 stop_started_redis() {
@@ -62,7 +66,7 @@ cargo build --release --locked --bin lockd
 # lockd runs as a child, so that the script outlives it and stops the Redis;
 # a Ctrl-C or SIGTERM to the script is passed on to lockd, which shuts down
 # as it would have alone.
-target/release/lockd serve "$@" &
+"$lockd_bin" serve "$@" &
 lockd=$!
 trap 'kill -INT "$lockd" 2>/dev/null || true' INT
 trap 'kill -TERM "$lockd" 2>/dev/null || true' TERM
