@@ -149,9 +149,19 @@ fn init_logging(format: LogFormat) -> std::io::Result<lockd::logs::FlushGuard> {
     let (writer, guard) = lockd::logs::batched(std::io::stderr(), "lockd-log")?;
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer);
+        .with_writer(writer.clone());
+    // The access lines are written by lockd itself, the same lines for
+    // less CPU (lockd::http::access), but for colours on a terminal.
+    let ansi = std::io::stderr().is_terminal();
+    let access = match format {
+        LogFormat::Pretty => (!ansi).then_some(lockd::http::access::Format::Text),
+        LogFormat::Json => Some(lockd::http::access::Format::Json),
+    };
+    if let Some(access) = access {
+        lockd::http::access::send_to(writer.clone(), access);
+    }
     match format {
-        LogFormat::Pretty => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Pretty => logs.with_ansi(ansi).init(),
         LogFormat::Json => logs
             .json()
             .with_current_span(true)

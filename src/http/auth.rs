@@ -23,7 +23,6 @@ use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tracing::Span;
 
 use super::problem::{ApiError, Kind};
 use crate::auth::{Auth, ListScope, Permission};
@@ -152,7 +151,7 @@ fn check(
             BAD_KEY,
         ));
     };
-    Span::current().record("key", &*key.id);
+    super::telemetry::note_key(request, &key.id);
     if let Err(wait) = key.spend() {
         return Err(ApiError::new(
             Kind::RateLimited,

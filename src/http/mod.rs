@@ -128,6 +128,7 @@
 //! `openapi` imports `ops`, `locks::model`, `limits` and `problem`;
 //! `routes` imports the rest.
 
+pub mod access;
 pub mod admission;
 pub mod auth;
 pub mod breaks;

@@ -8,7 +8,7 @@
 //! lines and given as `request_id` in problem documents.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -22,8 +22,9 @@ use percent_encoding::percent_decode_str;
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::field::Empty;
-use tracing::{Instrument as _, Span};
+use tracing::{Instrument as _, Level, Span};
 
+use super::access;
 use super::problem::{self, Problem};
 use crate::metrics::Metrics;
 
@@ -92,15 +93,31 @@ where
             _ => fresh_request_id(),
         };
         request.headers_mut().insert(X_REQUEST_ID, id.clone());
-        let span = request_span(&request);
-        let pending = Pending {
-            method: method_label(request.method()),
-            route: route_of(&request).to_owned(),
+        let key = KeySlot::default();
+        request.extensions_mut().insert(key.clone());
+        let route = request.extensions().get::<MatchedPath>().cloned();
+        // The name from the path, percent-decoded as the handler parses it (so
+        // `x%3Ay` is logged as `x:y`, the lock it is), here so that a request
+        // refused before its handler ran (a token in the URL, a body over the
+        // limit) is still found by lock name.
+        let name = route
+            .as_ref()
+            .filter(|r| NAMED.contains(&r.as_str()))
+            .and_then(|_| request.uri().path().rsplit('/').next().map(logged_name));
+        let mut pending = Pending {
+            method: request.method().clone(),
+            route,
+            name,
+            id,
+            key,
             started: Instant::now(),
-            span: span.clone(),
+            span: Span::none(),
             answered: false,
             metrics: self.metrics.clone(),
         };
+        // The span takes the line's first fields; the answer's come later.
+        let span = request_span(&pending.line(0, "", None, 0.0));
+        pending.span = span.clone();
         pending.metrics.http_in_flight.inc();
         // The service that was made ready goes; a fresh clone stays.
         let ready = self.inner.clone();
@@ -110,13 +127,34 @@ where
             async move {
                 let mut pending = pending;
                 let Ok(response) = answer.await;
-                let mut response = normalize(response, &id);
+                let mut response = normalize(response, &pending.id);
                 pending.answered(&response);
-                response.headers_mut().entry(X_REQUEST_ID).or_insert(id);
+                response
+                    .headers_mut()
+                    .entry(X_REQUEST_ID)
+                    .or_insert_with(|| pending.id.clone());
                 Ok(response)
             }
             .instrument(span),
         )
+    }
+}
+
+/// The routes whose last path segment is a name the span and the access
+/// line give: `lock` on the first, `semaphore` on the second.
+const NAMED: [&str; 2] = ["/locks/{name}", "/semaphores/{name}"];
+
+/// Where the API key's id goes once the key check has found it
+/// ([`note_key`]), for the access line. [`wrap`]'s layer puts one in each
+/// request's extensions.
+#[derive(Clone, Debug, Default)]
+pub struct KeySlot(Arc<OnceLock<Arc<str>>>);
+
+/// Names the API key `id` in the request's span and access line.
+pub fn note_key(request: &Request, id: &Arc<str>) {
+    Span::current().record("key", &**id);
+    if let Some(KeySlot(slot)) = request.extensions().get::<KeySlot>() {
+        let _ = slot.set(id.clone());
     }
 }
 
@@ -170,32 +208,40 @@ fn normalize(response: Response, id: &HeaderValue) -> Response {
     }
 }
 
-/// The request's span. It names the method, route template, lock name
-/// (`lock`, or `semaphore` on `/semaphores/{name}`), request ID, the API key's id
-/// (recorded by the key check), and, once answered, status, result and
-/// latency. It never names the query string, a lock token or a secret.
-fn request_span(request: &Request) -> Span {
-    let route = route_of(request);
-    // The name from the path, percent-decoded as the handler parses it (so
-    // `x%3Ay` is logged as `x:y`, the lock it is), here so that a request
-    // refused before its handler ran (a token in the URL, a body over the
-    // limit) is still found by lock name.
-    let name = || request.uri().path().rsplit('/').next().map(logged_name);
-    let lock = (route == "/locks/{name}").then(name).flatten();
-    let semaphore = (route == "/semaphores/{name}").then(name).flatten();
+/// The request's span, from the first fields of `line`. It names the
+/// method, route template, lock name (`lock`, or `semaphore` on
+/// `/semaphores/{name}`), request ID, the API key's id (recorded by the key
+/// check), and, once answered, status, result and latency (recorded only
+/// when the access line goes through tracing, [`log_through_tracing`]). It
+/// never names the query string, a lock token or a secret.
+fn request_span(line: &access::Line<'_>) -> Span {
     tracing::info_span!(
         "request",
-        method = %request.method(),
-        route,
-        lock = lock.as_deref(),
-        semaphore = semaphore.as_deref(),
-        request_id = request_id(request).unwrap_or(""),
+        method = %line.method,
+        route = line.route,
+        lock = line.lock,
+        semaphore = line.semaphore,
+        request_id = line.request_id,
         key = Empty,
         status = Empty,
         result = Empty,
         detail = Empty,
         latency_ms = Empty,
     )
+}
+
+/// Writes the access line through tracing: records the answer's fields
+/// into the request's span, then logs `answered` in it (target
+/// `lockd::access`). What [`access::write`] writes when it has a writer,
+/// byte for byte.
+fn log_through_tracing(span: &Span, line: &access::Line<'_>) {
+    span.record("status", line.status);
+    span.record("result", line.result);
+    if let Some(detail) = line.detail {
+        span.record("detail", detail);
+    }
+    span.record("latency_ms", line.latency_ms);
+    span.in_scope(|| tracing::info!(target: "lockd::access", "answered"));
 }
 
 /// A raw path segment as the lock name it stands for: percent-decoded
@@ -210,13 +256,6 @@ fn logged_name(raw: &str) -> String {
     }
 }
 
-fn route_of(request: &Request) -> &str {
-    request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str)
-}
-
 /// A request being served: counted by method, route template (never the
 /// raw path, which would make one series per lock name) and status, timed,
 /// counted in flight, and written as the access log line once answered. A
@@ -224,8 +263,12 @@ fn route_of(request: &Request) -> &str {
 /// logged with status 499, as nginx does.
 struct Pending {
     metrics: Arc<Metrics>,
-    method: &'static str,
-    route: String,
+    method: Method,
+    route: Option<MatchedPath>,
+    /// The name from the path on [`NAMED`] routes.
+    name: Option<String>,
+    id: HeaderValue,
+    key: KeySlot,
     started: Instant,
     span: Span,
     answered: bool,
@@ -245,21 +288,53 @@ impl Pending {
         self.log(response.status().as_u16(), result, detail.as_deref());
     }
 
+    /// The route's template, or `unmatched`.
+    fn route(&self) -> &str {
+        self.route.as_ref().map_or("unmatched", MatchedPath::as_str)
+    }
+
+    /// The request's access line, answered with `status`, `result`,
+    /// `detail`, after `latency_ms`.
+    fn line<'a>(
+        &'a self,
+        status: u16,
+        result: &'a str,
+        detail: Option<&'a str>,
+        latency_ms: f64,
+    ) -> access::Line<'a> {
+        let route = self.route();
+        let name = self.name.as_deref();
+        access::Line {
+            method: self.method.as_str(),
+            route,
+            lock: name.filter(|_| route == NAMED[0]),
+            semaphore: name.filter(|_| route == NAMED[1]),
+            request_id: self.id.to_str().unwrap_or(""),
+            key: self.key.0.get().map(|k| &**k),
+            status,
+            result,
+            detail,
+            latency_ms,
+        }
+    }
+
     fn log(&self, status: u16, result: &str, detail: Option<&str>) {
         let took = self.started.elapsed();
         let status_label = status.to_string();
-        self.metrics
-            .observe_http(self.method, &self.route, &status_label, took);
-        let span = &self.span;
-        span.record("status", status);
-        span.record("result", result);
-        if let Some(detail) = detail {
-            span.record("detail", detail);
-        }
+        self.metrics.observe_http(
+            method_label(&self.method),
+            self.route(),
+            &status_label,
+            took,
+        );
         // Whole microseconds, shown in milliseconds.
         let micros = u32::try_from(took.as_micros()).unwrap_or(u32::MAX);
-        span.record("latency_ms", f64::from(micros) / 1000.0);
-        span.in_scope(|| tracing::info!(target: "lockd::access", "answered"));
+        let line = self.line(status, result, detail, f64::from(micros) / 1000.0);
+        self.span.in_scope(|| {
+            if tracing::enabled!(target: "lockd::access", Level::INFO) && !access::write(&line) {
+                log_through_tracing(&self.span, &line);
+            }
+        });
     }
 }
 
@@ -324,6 +399,122 @@ fn method_label(method: &Method) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::sync::Mutex;
+    use tracing_subscriber::fmt::MakeWriter;
+    use tracing_subscriber::fmt::format::Writer;
+    use tracing_subscriber::fmt::time::FormatTime;
+
+    /// What tracing-subscriber's `fmt` writes, kept.
+    #[derive(Clone, Default)]
+    struct Kept(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Kept {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("kept").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'a> MakeWriter<'a> for Kept {
+        type Writer = Kept;
+        fn make_writer(&'a self) -> Kept {
+            self.clone()
+        }
+    }
+
+    const AT: &str = "2026-12-07T01:40:45.515235Z";
+
+    struct FixedTime;
+
+    impl FormatTime for FixedTime {
+        fn format_time(&self, w: &mut Writer<'_>) -> std::fmt::Result {
+            w.write_str(AT)
+        }
+    }
+
+    /// The access line as tracing-subscriber's `fmt` writes it, set up as
+    /// `lockd serve` sets it up (src/main.rs), the time fixed.
+    fn through_tracing(line: &access::Line<'_>, json: bool) -> String {
+        let kept = Kept::default();
+        let logs = tracing_subscriber::fmt()
+            .with_writer(kept.clone())
+            .with_timer(FixedTime)
+            .with_ansi(false);
+        let log = || {
+            let span = request_span(line);
+            if let Some(key) = line.key {
+                span.record("key", key);
+            }
+            log_through_tracing(&span, line);
+        };
+        if json {
+            let logs = logs.json().with_current_span(true).with_span_list(false);
+            tracing::subscriber::with_default(logs.finish(), log);
+        } else {
+            tracing::subscriber::with_default(logs.finish(), log);
+        }
+        let written = kept.0.lock().expect("kept").clone();
+        String::from_utf8(written).expect("utf-8")
+    }
+
+    /// The access line as lockd writes it itself.
+    fn by_lockd(line: &access::Line<'_>, json: bool) -> String {
+        let mut out = Vec::new();
+        if json {
+            line.json(&AT, &mut out);
+        } else {
+            line.text(&AT, &mut out);
+        }
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[a-z0-9:/{}_.-]{1,40}",
+            any::<String>(),
+            r#"[ "\\\n\t\u{1b}\u{7f}é…`]{0,12}"#,
+        ]
+    }
+
+    proptest! {
+        /// lockd's own access line is the line tracing-subscriber would
+        /// write for the request's span and event, byte for byte, in both
+        /// formats: quotes, escapes, control characters, any Unicode,
+        /// fields present or not.
+        #[test]
+        fn the_access_line_is_written_as_tracing_would_write_it(
+            method in prop_oneof![Just("POST".to_owned()), Just("DELETE".to_owned()), "[A-Z]{1,12}"],
+            route in text(),
+            name in proptest::option::of(text()),
+            semaphore in any::<bool>(),
+            request_id in text(),
+            key in proptest::option::of(text()),
+            status in 100u16..600,
+            result in text(),
+            detail in proptest::option::of(text()),
+            micros in any::<u32>(),
+        ) {
+            let line = access::Line {
+                method: &method,
+                route: &route,
+                lock: name.as_deref().filter(|_| !semaphore),
+                semaphore: name.as_deref().filter(|_| semaphore),
+                request_id: &request_id,
+                key: key.as_deref(),
+                status,
+                result: &result,
+                detail: detail.as_deref(),
+                latency_ms: f64::from(micros) / 1000.0,
+            };
+            for json in [false, true] {
+                prop_assert_eq!(by_lockd(&line, json), through_tracing(&line, json));
+            }
+        }
+    }
 
     #[test]
     fn request_ids_are_version_4_uuids() {

@@ -1197,3 +1197,102 @@ async fn logs_in_pretty_format_name_no_token() {
         }
     }
 }
+
+/// With API keys on, the access line names the key, also for a waiter
+/// whose client went away (499, `client-closed`), in either log format; a
+/// request refused for an unknown key is logged without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_line_names_the_key_also_for_a_client_that_went_away() {
+    use lockd::auth::Permission;
+    let redis = RedisServer::spawn().await;
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.toml");
+    let secret = format!("secret-{}", random_token());
+    let entry = crate::support::key_entry(
+        "logs-ops",
+        &secret,
+        &["*"],
+        &[Permission::Acquire, Permission::Release],
+        None,
+    );
+    std::fs::write(&keys, entry).unwrap();
+    let bearer = format!("Bearer {secret}");
+    for format in ["json", "pretty"] {
+        let mut lockd = Lockd::serve(
+            &[
+                "--redis-url",
+                &redis.url(),
+                "--log-format",
+                format,
+                "--auth-keys-file",
+                keys.to_str().unwrap(),
+            ],
+            &[("LOCKD_LOG", "info")],
+        )
+        .await;
+        let name = format!("logs:keyed:{format}");
+        let held = http_client(Duration::from_secs(5))
+            .post(lockd.url(&format!("/locks/{name}")))
+            .header("authorization", &bearer)
+            .header("x-request-id", "keyed-held")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(held.status(), StatusCode::CREATED);
+        let gone = http_client(Duration::from_millis(300))
+            .post(lockd.url(&format!("/locks/{name}?wait_ms=10000")))
+            .header("authorization", &bearer)
+            .header("x-request-id", "keyed-gone")
+            .send()
+            .await;
+        assert!(gone.is_err(), "the wait was answered: {gone:?}");
+        let unknown = http_client(Duration::from_secs(5))
+            .post(lockd.url(&format!("/locks/{name}")))
+            .header("authorization", "Bearer not-a-key")
+            .header("x-request-id", "keyed-unknown")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(unknown.status(), StatusCode::UNAUTHORIZED);
+        // The 499 is logged once lockd sees the connection closed.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !lockd.stderr().contains("keyed-gone") {
+            assert!(
+                Instant::now() < deadline,
+                "no line for the waiter that went away"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let logs = stop(&mut lockd).await;
+        let access = |id: &str| {
+            logs.lines()
+                .find(|l| l.contains(id) && l.contains("lockd::access"))
+                .unwrap_or_else(|| panic!("{format}: no access line for {id}:\n{logs}"))
+                .to_owned()
+        };
+        for (id, status, result, key) in [
+            ("keyed-held", 201, "ok", Some("logs-ops")),
+            ("keyed-gone", 499, "client-closed", Some("logs-ops")),
+            ("keyed-unknown", 401, "unauthorized", None),
+        ] {
+            let line = access(id);
+            if format == "json" {
+                let span = serde_json::from_str::<Value>(&line).unwrap()["span"].clone();
+                assert_eq!(span["status"], status, "{line}");
+                assert_eq!(span["result"], result, "{line}");
+                assert_eq!(span["key"].as_str(), key, "{line}");
+            } else {
+                assert!(line.contains(&format!(" status={status} ")), "{line}");
+                assert!(line.contains(&format!(" result=\"{result}\"")), "{line}");
+                match key {
+                    Some(key) => assert!(line.contains(&format!(" key=\"{key}\" ")), "{line}"),
+                    None => assert!(!line.contains(" key="), "{line}"),
+                }
+            }
+        }
+        assert!(
+            !logs.contains(&secret),
+            "{format}: the key's secret was logged"
+        );
+    }
+}
