@@ -120,7 +120,8 @@ built-in default. An unknown key in the file is an error.",
     (
         "Environment",
         "LOCKD_LOG, or else RUST_LOG, sets the log filter, such as info, warn \
-or lockd=debug [default: info]. Every flag's variable is named with the flag.",
+or lockd=debug [default: info,redis::cluster_handling=error]; an empty one \
+counts as unset. Every flag's variable is named with the flag.",
     ),
     (
         "Signals",

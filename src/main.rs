@@ -133,14 +133,15 @@ const DEFAULT_LOG_FILTER: &str = "info,redis::cluster_handling=error";
 /// # Errors
 /// When the writer thread cannot be started.
 fn init_logging(format: LogFormat) -> std::io::Result<lockd::logs::FlushGuard> {
-    let wanted = std::env::var("LOCKD_LOG")
-        .ok()
-        .or_else(|| std::env::var("RUST_LOG").ok());
+    // An empty variable counts as unset (an empty filter would log nothing).
+    let set = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let wanted = set("LOCKD_LOG").or_else(|| set("RUST_LOG"));
     let filter = match wanted.as_deref().map(EnvFilter::try_new) {
         Some(Ok(filter)) => filter,
         Some(Err(e)) => {
             eprintln!(
-                "lockd: ignoring the log filter in LOCKD_LOG/RUST_LOG ({e}); logging at info"
+                "lockd: ignoring the log filter in LOCKD_LOG/RUST_LOG ({e}); \
+                 using the default, {DEFAULT_LOG_FILTER}"
             );
             EnvFilter::new(DEFAULT_LOG_FILTER)
         }
@@ -150,16 +151,16 @@ fn init_logging(format: LogFormat) -> std::io::Result<lockd::logs::FlushGuard> {
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer.clone());
-    // The access lines are written by lockd itself, the same lines for
-    // less CPU (lockd::http::access), but for colours on a terminal.
+    // The access lines are written by lockd itself: the same lines, for
+    // less CPU, and whole whatever the filter does to the request's span
+    // (lockd::http::access).
     let ansi = std::io::stderr().is_terminal();
     let access = match format {
-        LogFormat::Pretty => (!ansi).then_some(lockd::http::access::Format::Text),
-        LogFormat::Json => Some(lockd::http::access::Format::Json),
+        LogFormat::Pretty if ansi => lockd::http::access::Format::Colour,
+        LogFormat::Pretty => lockd::http::access::Format::Text,
+        LogFormat::Json => lockd::http::access::Format::Json,
     };
-    if let Some(access) = access {
-        lockd::http::access::send_to(writer.clone(), access);
-    }
+    lockd::http::access::send_to(writer.clone(), access);
     match format {
         LogFormat::Pretty => logs.with_ansi(ansi).init(),
         LogFormat::Json => logs

@@ -30,6 +30,8 @@ use crate::logs::Batched;
 pub enum Format {
     /// tracing-subscriber's `Full` text format, without colours.
     Text,
+    /// The same with its ANSI colours, for a terminal.
+    Colour,
     /// tracing-subscriber's JSON format with the current span (`"span"`).
     Json,
 }
@@ -92,7 +94,8 @@ pub fn write(line: &Line<'_>) -> bool {
     LINE.with_borrow_mut(|buf| {
         buf.clear();
         match sink.format {
-            Format::Text => line.text(&at, buf),
+            Format::Text => line.text(&at, &PLAIN, buf),
+            Format::Colour => line.text(&at, &ANSI, buf),
             Format::Json => line.json(&at, buf),
         }
         let _ = sink.writer.make_writer().write_all(buf);
@@ -106,36 +109,56 @@ pub fn write(line: &Line<'_>) -> bool {
 const KEPT_CAPACITY: usize = 4 << 10;
 
 impl Line<'_> {
-    /// Appends the line in tracing-subscriber's `Full` text format, without
-    /// colours, newline included: `{at}  INFO request{method=POST
-    /// route="/locks/{name}" lock="a" request_id="…" status=201 result="ok"
-    /// latency_ms=1.2}: lockd::access: answered`. Strings are written with
-    /// `{:?}`, as its field formatter writes them.
-    pub fn text(&self, at: &dyn std::fmt::Display, out: &mut Vec<u8>) {
-        let _ = self.write_text(at, out);
+    /// Appends the line in tracing-subscriber's `Full` text format, in
+    /// `style` ([`PLAIN`] or its colours, [`ANSI`]), newline included:
+    /// `{at}  INFO request{method=POST route="/locks/{name}" lock="a"
+    /// request_id="…" status=201 result="ok" latency_ms=1.2}: lockd::access:
+    /// answered`. Strings are written with `{:?}`, as its field formatter
+    /// writes them.
+    pub fn text(&self, at: &dyn std::fmt::Display, style: &Style, out: &mut Vec<u8>) {
+        let _ = self.write_text(at, style, out);
     }
 
-    fn write_text(&self, at: &dyn std::fmt::Display, out: &mut Vec<u8>) -> std::io::Result<()> {
-        write!(out, "{at}  INFO request{{method={}", self.method)?;
-        write!(out, " route={:?}", self.route)?;
+    fn write_text(
+        &self,
+        at: &dyn std::fmt::Display,
+        style: &Style,
+        out: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        let Style {
+            bold,
+            dim,
+            italic,
+            green,
+            end,
+        } = style;
+        write!(out, "{dim}{at}{end} {green} INFO{end} ")?;
+        write!(out, "{bold}request{end}{bold}{{{end}")?;
+        let field = |out: &mut Vec<u8>, first: bool, name: &str, value: &dyn std::fmt::Debug| {
+            let space = if first { "" } else { " " };
+            write!(out, "{space}{italic}{name}{end}{dim}={end}{value:?}")
+        };
+        field(out, true, "method", &format_args!("{}", self.method))?;
+        field(out, false, "route", &self.route)?;
         if let Some(lock) = self.lock {
-            write!(out, " lock={lock:?}")?;
+            field(out, false, "lock", &lock)?;
         }
         if let Some(semaphore) = self.semaphore {
-            write!(out, " semaphore={semaphore:?}")?;
+            field(out, false, "semaphore", &semaphore)?;
         }
-        write!(out, " request_id={:?}", self.request_id)?;
+        field(out, false, "request_id", &self.request_id)?;
         if let Some(key) = self.key {
-            write!(out, " key={key:?}")?;
+            field(out, false, "key", &key)?;
         }
-        write!(out, " status={} result={:?}", self.status, self.result)?;
+        field(out, false, "status", &self.status)?;
+        field(out, false, "result", &self.result)?;
         if let Some(detail) = self.detail {
-            write!(out, " detail={detail:?}")?;
+            field(out, false, "detail", &detail)?;
         }
+        field(out, false, "latency_ms", &self.latency_ms)?;
         writeln!(
             out,
-            " latency_ms={:?}}}: lockd::access: answered",
-            self.latency_ms
+            "{bold}}}{end}{dim}:{end} {dim}lockd::access{end}{dim}:{end} answered"
         )
     }
 
@@ -169,6 +192,36 @@ impl Line<'_> {
         out.extend_from_slice(b"}\n");
     }
 }
+
+/// The escape sequences tracing-subscriber's text format writes around
+/// each part of a line: none for [`PLAIN`], ANSI's for [`ANSI`].
+#[derive(Debug)]
+pub struct Style {
+    bold: &'static str,
+    dim: &'static str,
+    italic: &'static str,
+    green: &'static str,
+    end: &'static str,
+}
+
+/// No colours.
+pub const PLAIN: Style = Style {
+    bold: "",
+    dim: "",
+    italic: "",
+    green: "",
+    end: "",
+};
+
+/// tracing-subscriber's colours: the time, `=`, `:` and the target dimmed,
+/// the span's name and braces bold, field names in italics, `INFO` green.
+pub const ANSI: Style = Style {
+    bold: "\x1b[1m",
+    dim: "\x1b[2m",
+    italic: "\x1b[3m",
+    green: "\x1b[32m",
+    end: "\x1b[0m",
+};
 
 /// The span's fields by name, then its name.
 #[derive(Serialize)]

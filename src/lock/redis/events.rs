@@ -63,9 +63,9 @@ const ROUNDS_BEFORE_RECONNECT: u32 = 4;
 pub fn channel(prefix: &str, kind: Kind, name: &LockName) -> String {
     let name = name.as_str();
     match kind {
-        Kind::Lock => format!("{prefix}{{{name}}}:released"),
-        Kind::Semaphore => format!("{prefix}sem:{{{name}}}:released"),
-        Kind::Run => format!("{prefix}run:{{{name}}}:released"),
+        Kind::Lock => super::joined(&[prefix, "{", name, "}:released"]),
+        Kind::Semaphore => super::joined(&[prefix, "sem:{", name, "}:released"]),
+        Kind::Run => super::joined(&[prefix, "run:{", name, "}:released"]),
     }
 }
 

@@ -514,11 +514,9 @@ impl Connector {
     }
 }
 
-impl managed::Manager for Connector {
-    type Type = Conn;
-    type Error = RedisError;
-
-    async fn create(&self) -> Result<Conn, RedisError> {
+impl Connector {
+    /// A new connection to the target: [`managed::Manager::create`].
+    async fn open(&self) -> Result<Conn, RedisError> {
         let client = match &self.target {
             Target::Server(client) => client,
             Target::Cluster(cluster) => {
@@ -543,6 +541,19 @@ impl managed::Manager for Connector {
             restarts.observe(&info);
         }
         Ok(Conn::Server(conn))
+    }
+}
+
+impl managed::Manager for Connector {
+    type Type = Conn;
+    type Error = RedisError;
+
+    /// Boxed: opening a connection (a cluster's slot map, a Sentinel's
+    /// master, TLS) is a large future, and deadpool's `Pool::get` holds
+    /// this one inline, so every operation's future would carry (and copy)
+    /// it, though a connection is opened once in many operations.
+    fn create(&self) -> impl Future<Output = Result<Conn, RedisError>> + Send {
+        Box::pin(self.open())
     }
 
     async fn recycle(&self, conn: &mut Conn, _metrics: &Metrics) -> RecycleResult<RedisError> {

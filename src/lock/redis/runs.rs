@@ -82,12 +82,12 @@ struct RunKeys {
 
 impl RunKeys {
     fn new(prefix: &str, key: &LockName) -> Self {
-        let base = format!("{prefix}run:{{{key}}}");
+        let base = super::joined(&[prefix, "run:{", key.as_str(), "}"]);
         Self {
-            attempt: format!("{base}:attempt"),
-            record: format!("{base}:record"),
-            fence: format!("{base}:fence"),
-            history: format!("{base}:history"),
+            attempt: super::joined(&[&base, ":attempt"]),
+            record: super::joined(&[&base, ":record"]),
+            fence: super::joined(&[&base, ":fence"]),
+            history: super::joined(&[&base, ":history"]),
             channel: events::channel(prefix, Kind::Run, key),
         }
     }

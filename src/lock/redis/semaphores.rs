@@ -87,12 +87,12 @@ struct SemKeys {
 
 impl SemKeys {
     fn new(prefix: &str, name: &LockName) -> Self {
-        let base = format!("{prefix}sem:{{{name}}}");
+        let base = super::joined(&[prefix, "sem:{", name.as_str(), "}"]);
         Self {
-            permits: format!("{base}:permits"),
-            holders: format!("{base}:holders"),
-            fence: format!("{base}:fence"),
-            history: format!("{base}:history"),
+            permits: super::joined(&[&base, ":permits"]),
+            holders: super::joined(&[&base, ":holders"]),
+            fence: super::joined(&[&base, ":fence"]),
+            history: super::joined(&[&base, ":history"]),
             released: events::channel(prefix, Kind::Semaphore, name),
         }
     }
