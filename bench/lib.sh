@@ -7,3 +7,25 @@ proc_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
 
 # The same in seconds of CPU.
 proc_cpu_seconds() { echo "$(proc_ticks "$1")" "$(getconf CLK_TCK)" | awk '{ print $1 / $2 }'; }
+
+# A free loopback TCP port.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Builds lockd-bench in release, and lockd too when $1 (how many lockd
+# binaries the caller was given) is 0: the caller then measures
+# target/release/lockd.
+build_bench() {
+  if [ "$1" -eq 0 ]; then
+    cargo build --release --locked --bin lockd --bin lockd-bench >&2
+  else
+    cargo build --release --locked --bin lockd-bench >&2
+  fi
+}
+
+# Makes a scratch directory, $work, removed at exit, when every process
+# whose pid the caller adds to the array $pids is killed.
+scratch() {
+  work=$(mktemp -d)
+  pids=()
+  trap 'for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+}

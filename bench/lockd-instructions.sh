@@ -26,23 +26,12 @@ seconds=${2:-10}
 clients=${3:-4}
 shift $(($# < 3 ? $# : 3))
 names=${NAMES:-distinct}
+. bench/lib.sh
 scripts/ensure-deps.sh redis-server redis-cli curl python3 valgrind
-if [ $# -eq 0 ]; then
-  cargo build --release --locked --bin lockd --bin lockd-bench >&2
-  set -- target/release/lockd
-else
-  cargo build --release --locked --bin lockd-bench >&2
-fi
+build_bench $#
+[ $# -gt 0 ] || set -- target/release/lockd
 bench=target/release/lockd-bench
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+scratch
 
 for round in $(seq "$rounds"); do
   for i in $(seq 0 $(($# - 1))); do

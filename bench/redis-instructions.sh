@@ -28,23 +28,12 @@ cd "$(dirname "$0")/.."
 seconds=${1:-5}
 clients=${2:-4}
 shift $(($# < 2 ? $# : 2))
+. bench/lib.sh
 scripts/ensure-deps.sh redis-server redis-cli curl python3 valgrind
-if [ $# -eq 0 ]; then
-  cargo build --release --locked --bin lockd --bin lockd-bench >&2
-  set -- target/release/lockd
-else
-  cargo build --release --locked --bin lockd-bench >&2
-fi
+build_bench $#
+[ $# -gt 0 ] || set -- target/release/lockd
 bench=target/release/lockd-bench
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+scratch
 
 redis_port=$(free_port)
 valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.%p" \
