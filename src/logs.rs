@@ -15,8 +15,6 @@
 //!   or [`GATHER_BUSY`] when that batch held [`BUSY_BATCH`] bytes or more:
 //!   a busy server writes about one batch each 10 ms, a server that logs
 //!   a few lines at a time (starting up, say) writes them within 1 ms.
-//! - **Wake-ups:** a request's worker wakes the thread only when it waits
-//!   for lines, not each time it has just taken the buffer.
 //! - **No line lost to a slow output:** when [`MAX_BUFFERED_BYTES`] are
 //!   waiting (a slow disk, a pipe read slowly), logging waits for the
 //!   writer rather than drop lines, so the access log is complete.
@@ -95,8 +93,6 @@ struct State {
     closed: bool,
     /// The writer thread has written everything and returned.
     finished: bool,
-    /// The writer thread waits on [`Shared::filled`] for lines.
-    idle: bool,
     /// Counts the batches the writer has taken: progress.
     taken: u64,
     /// The output is stuck: lines are dropped until the writer takes a
@@ -165,12 +161,10 @@ fn write_batches<W: Write>(shared: &Shared, mut out: W) {
     loop {
         let mut state = shared.lock();
         while state.lines.is_empty() && !state.closed {
-            state.idle = true;
             state = shared
                 .filled
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
-            state.idle = false;
         }
         if state.lines.is_empty() {
             // Closed, and everything written.
@@ -262,12 +256,10 @@ impl Write for Line<'_> {
             }
             state = self.shared.wait_drained(state, left);
         }
-        // A thread that is gathering or writing takes these lines next
-        // without a wake-up (and a system call here).
-        let wake = state.idle && state.lines.is_empty();
+        let was_empty = state.lines.is_empty();
         state.lines.extend_from_slice(line);
         drop(state);
-        if wake {
+        if was_empty {
             self.shared.filled.notify_one();
         }
         Ok(line.len())

@@ -11,9 +11,9 @@
 //! span's object is parsed and written again), then the event looks the
 //! span up and copies it. Here the line is written once, from the values.
 //!
-//! Set up by [`send_to`] at start-up, when the log goes to a file or a pipe
-//! (with colours on a terminal tracing's formatter keeps writing it, as it
-//! does in tests that run the router in-process without a log writer).
+//! Set up by [`send_to`] at start-up, in the log's format (with colours on
+//! a terminal). Without it, as in tests that run the router in-process,
+//! the line goes through tracing's formatter.
 
 use std::cell::RefCell;
 use std::io::Write as _;
@@ -99,7 +99,6 @@ pub fn write(line: &Line<'_>) -> bool {
             Format::Json => line.json(&at, buf),
         }
         let _ = sink.writer.make_writer().write_all(buf);
-        buf.truncate(0);
         buf.shrink_to(KEPT_CAPACITY);
     });
     true
@@ -142,6 +141,15 @@ impl Line<'_> {
         let name = |out: &mut Vec<u8>, name: &str| {
             put(out, &[" ", italic, name, end, dim, "=", end]);
         };
+        // A string field, left out when absent, as tracing leaves out an
+        // `Option` that is `None`.
+        let string = |out: &mut Vec<u8>, field: &str, value: Option<&str>| match value {
+            Some(value) => {
+                name(out, field);
+                quoted(out, value)
+            }
+            None => Ok(()),
+        };
         put(out, &[dim]);
         write!(out, "{at}")?;
         put(out, &[end, " ", green, " INFO", end, " "]);
@@ -150,30 +158,15 @@ impl Line<'_> {
             &[bold, "request", end, bold, "{", end, italic, "method"],
         );
         put(out, &[end, dim, "=", end, self.method]);
-        name(out, "route");
-        quoted(out, self.route)?;
-        if let Some(lock) = self.lock {
-            name(out, "lock");
-            quoted(out, lock)?;
-        }
-        if let Some(semaphore) = self.semaphore {
-            name(out, "semaphore");
-            quoted(out, semaphore)?;
-        }
-        name(out, "request_id");
-        quoted(out, self.request_id)?;
-        if let Some(key) = self.key {
-            name(out, "key");
-            quoted(out, key)?;
-        }
+        string(out, "route", Some(self.route))?;
+        string(out, "lock", self.lock)?;
+        string(out, "semaphore", self.semaphore)?;
+        string(out, "request_id", Some(self.request_id))?;
+        string(out, "key", self.key)?;
         name(out, "status");
         write!(out, "{}", self.status)?;
-        name(out, "result");
-        quoted(out, self.result)?;
-        if let Some(detail) = self.detail {
-            name(out, "detail");
-            quoted(out, detail)?;
-        }
+        string(out, "result", Some(self.result))?;
+        string(out, "detail", self.detail)?;
         name(out, "latency_ms");
         write!(out, "{:?}", self.latency_ms)?;
         put(out, &[bold, "}", end, dim, ":", end, " "]);
@@ -216,7 +209,7 @@ impl Line<'_> {
 }
 
 /// `s` as `{:?}` writes a `str`: in double quotes, escaped. Copied as it
-/// is when there is nothing to escape (printable ASCII, no `"` or `\\`).
+/// is when there is nothing to escape (printable ASCII, no `"` or `\`).
 fn quoted(out: &mut Vec<u8>, s: &str) -> std::io::Result<()> {
     if s.bytes()
         .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\')
