@@ -196,6 +196,19 @@ impl Change {
         }
     }
 
+    /// The fence of the lease the change is about, when it names one.
+    pub fn fence(&self) -> Option<u64> {
+        match self {
+            Self::Acquired { fence, .. }
+            | Self::Extended { fence, .. }
+            | Self::Released { fence }
+            | Self::Completed { fence }
+            | Self::Broken { fence, .. }
+            | Self::Expired { fence } => Some(*fence),
+            Self::Probe(_) | Self::Unknown => None,
+        }
+    }
+
     /// Whether a waiter should try again: a lease ended or changed its end
     /// (a grant or a marker frees nothing), or a run was completed (its
     /// waiters then get the result).

@@ -149,6 +149,29 @@ pub trait LockNode: Node {
     /// As for [`LockNode::extend`].
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
 
+    /// Releases a lock held by `token`, as [`LockNode::release`], and
+    /// when that freed it (an exclusive holder's release), tries `next`
+    /// (the head waiter's acquire) after it: the release's answer, and the
+    /// try's (`None` when none was made). A node that can (Redis) does
+    /// both in one step, so that a handoff costs one round trip and no
+    /// release event; this default makes the two calls.
+    ///
+    /// # Errors
+    /// As for [`LockNode::release`]; the try's failure is in its answer.
+    async fn release_handing(
+        &self,
+        name: &LockName,
+        token: &Token,
+        next: &AcquireRequest,
+    ) -> Result<(Released, Option<Result<Acquired, LockError>>), LockError> {
+        let released = self.release(name, token).await?;
+        let tried = match released.mode {
+            super::Mode::Exclusive => Some(self.acquire(next).await),
+            super::Mode::Shared => None,
+        };
+        Ok((released, tried))
+    }
+
     /// The current holder's token and description, or `None` when the lock
     /// is free.
     ///

@@ -135,6 +135,26 @@ pub trait LockStore: Send + Sync {
     /// As for [`LockStore::extend`].
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
 
+    /// Releases a lock held by `token` and, when that freed it, tries
+    /// `next` after it (see [`super::LockNode::release_handing`]); this
+    /// default makes the two calls.
+    ///
+    /// # Errors
+    /// As for [`LockStore::release`]; the try's failure is in its answer.
+    async fn release_handing(
+        &self,
+        name: &LockName,
+        token: &Token,
+        next: &AcquireRequest,
+    ) -> Result<(Released, Option<Result<Acquired, LockError>>), LockError> {
+        let released = self.release(name, token).await?;
+        let tried = match released.mode {
+            super::Mode::Exclusive => Some(self.acquire(next).await),
+            super::Mode::Shared => None,
+        };
+        Ok((released, tried))
+    }
+
     /// Describes the current holder (never its token), or `None` when the
     /// lock is free.
     ///
@@ -379,6 +399,15 @@ impl LockStore for Single {
 
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         self.node.release(name, token).await
+    }
+
+    async fn release_handing(
+        &self,
+        name: &LockName,
+        token: &Token,
+        next: &AcquireRequest,
+    ) -> Result<(Released, Option<Result<Acquired, LockError>>), LockError> {
+        self.node.release_handing(name, token, next).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>, LockError> {

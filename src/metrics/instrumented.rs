@@ -177,6 +177,16 @@ impl LockNode for Instrumented {
         self.time("release", self.inner.release(name, token)).await
     }
 
+    async fn release_handing(
+        &self,
+        name: &LockName,
+        token: &Token,
+        next: &AcquireRequest,
+    ) -> Result<(Released, Option<Result<Acquired, LockError>>), LockError> {
+        self.time("handoff", self.inner.release_handing(name, token, next))
+            .await
+    }
+
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {
         self.time("inspect", self.inner.holder(name)).await
     }

@@ -178,6 +178,27 @@ static ACQUIRE_SHARED: LazyLock<Script> = LazyLock::new(|| {
 });
 static RELEASE: LazyLock<Script> =
     LazyLock::new(|| exclusive_script(false, include_str!("scripts/release.lua")));
+static HANDOFF: LazyLock<Script> = LazyLock::new(|| Script::new(&handoff_source()));
+
+/// The Lua of [`HANDOFF`]: `fence.lua`, the history, `release.lua` and
+/// `acquire.lua` each made a function of its own `KEYS` and `ARGV` (with
+/// the shared-lease rules in their place), then `handoff.lua`, which
+/// calls them one after the other.
+fn handoff_source() -> String {
+    let part = |name: &str, body: &str| {
+        format!(
+            "local function {name}(KEYS, ARGV)\n{}\nend\n",
+            body.replacen(SHARED_RULES_AT, SHARED_RULES, 1)
+        )
+    };
+    format!(
+        "{FENCE_LUA}{}{}{}{}",
+        history::HISTORY_LUA,
+        part("release_part", include_str!("scripts/release.lua")),
+        part("acquire_part", include_str!("scripts/acquire.lua")),
+        include_str!("scripts/handoff.lua")
+    )
+}
 static EXTEND: LazyLock<Script> =
     LazyLock::new(|| exclusive_script(true, include_str!("scripts/extend.lua")));
 static RAISE_FENCE: LazyLock<Script> =
@@ -736,6 +757,51 @@ impl RedisBackend {
         call
     }
 
+    /// `script` (acquire.lua's or one that begins with its arguments)
+    /// with `req`'s keys and arguments, sent at `sent` (`sent_wall` by
+    /// the wall clock): the history tail is the caller's to add.
+    fn acquire_call(
+        &self,
+        script: &'static Script,
+        keys: &Keys,
+        req: &AcquireRequest,
+        sent: Instant,
+        sent_wall: SystemTime,
+    ) -> ScriptInvocation<'static> {
+        // How much longer the request waits, in whole ms ('' when it does
+        // not): a waiting writer keeps new shared leases out that long.
+        let waits_ms = req
+            .waits_until
+            .map(|until| {
+                until
+                    .saturating_duration_since(sent)
+                    .as_millis()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let ttl_ms = req.ttl.as_millis();
+        let mut call = script.prepare_invoke();
+        call.key(&keys.lock)
+            .key(&keys.fence)
+            .key(&keys.meta)
+            .key(&keys.shared)
+            .key(&keys.readers)
+            .key(&keys.writers)
+            .arg(req.token.expose())
+            .arg(ttl_ms)
+            .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
+            .arg(unix_millis(sent_wall))
+            .arg(self.fence_retention_ms)
+            .arg(&keys.released)
+            .arg(self.events.publish())
+            .arg(waits_ms)
+            .arg(if req.renew_only { "1" } else { "" })
+            .arg(req.meta.as_ref().map_or("", |m| m.as_str()))
+            .arg(unix_millis(sent_wall).saturating_add(ttl_ms))
+            .arg(self.holder_keep_ms(ttl_ms));
+        call
+    }
+
     /// The grant `req` makes, and the release script that undoes it.
     fn lock_undo(&self, keys: &Keys, req: &AcquireRequest) -> (Grant, ScriptInvocation<'static>) {
         let grant = Grant {
@@ -1056,37 +1122,7 @@ impl LockNode for RedisBackend {
             Mode::Exclusive => &ACQUIRE,
             Mode::Shared => &ACQUIRE_SHARED,
         };
-        // How much longer the request waits, in whole ms ('' when it does
-        // not): a waiting writer keeps new shared leases out that long.
-        let waits_ms = req
-            .waits_until
-            .map(|until| {
-                until
-                    .saturating_duration_since(sent)
-                    .as_millis()
-                    .to_string()
-            })
-            .unwrap_or_default();
-        let ttl_ms = req.ttl.as_millis();
-        let mut call = script.prepare_invoke();
-        call.key(&keys.lock)
-            .key(&keys.fence)
-            .key(&keys.meta)
-            .key(&keys.shared)
-            .key(&keys.readers)
-            .key(&keys.writers)
-            .arg(req.token.expose())
-            .arg(ttl_ms)
-            .arg(req.owner.as_ref().map_or("", |o| o.as_str()))
-            .arg(unix_millis(sent_wall))
-            .arg(self.fence_retention_ms)
-            .arg(&keys.released)
-            .arg(self.events.publish())
-            .arg(waits_ms)
-            .arg(if req.renew_only { "1" } else { "" })
-            .arg(req.meta.as_ref().map_or("", |m| m.as_str()))
-            .arg(unix_millis(sent_wall).saturating_add(ttl_ms))
-            .arg(self.holder_keep_ms(ttl_ms));
+        let mut call = self.acquire_call(script, &keys, req, sent, sent_wall);
         self.with_history(&mut call, &keys.history);
         let mut sent_on = None;
         let (status, value): (i64, i64) = match self.run_on(&call, &mut sent_on).await {
@@ -1217,6 +1253,75 @@ impl LockNode for RedisBackend {
             0 => Err(LockError::NotHeld),
             _ => Err(LockError::NotOwner),
         }
+    }
+
+    /// One script (`handoff.lua`): the release, and the grant to `next`
+    /// when it freed the lock. With acknowledging replicas required
+    /// (`min_replicas_acked`) a grant waits for its acks, so the release
+    /// and the try are two calls then.
+    async fn release_handing(
+        &self,
+        name: &LockName,
+        token: &Token,
+        next: &AcquireRequest,
+    ) -> Result<(Released, Option<Result<Acquired, LockError>>), LockError> {
+        if self.min_replicas_acked > 0 || next.mode != Mode::Exclusive {
+            let released = self.release(name, token).await?;
+            let tried = match released.mode {
+                Mode::Exclusive => Some(self.acquire(next).await),
+                Mode::Shared => None,
+            };
+            return Ok((released, tried));
+        }
+        let keys = Keys::new(&self.prefix, name);
+        let (sent, sent_wall) = (Instant::now(), SystemTime::now());
+        let mut call = self.acquire_call(&HANDOFF, &keys, next, sent, sent_wall);
+        call.arg(token.expose());
+        self.with_history(&mut call, &keys.history);
+        let mut sent_on = None;
+        let (verdict, granted_at, status, value): (i64, String, String, String) =
+            match self.run_on(&call, &mut sent_on).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    // A script held up in a stalled Redis may still grant.
+                    self.undo_if_stalled(&e, sent_on, next.token_generated, || {
+                        self.lock_undo(&keys, next)
+                    });
+                    return Err(e);
+                }
+            };
+        let released = match verdict {
+            1 | 2 => Released {
+                granted_at: parse_unix_millis(&granted_at),
+                mode: if verdict == 2 {
+                    Mode::Shared
+                } else {
+                    Mode::Exclusive
+                },
+            },
+            0 => return Err(LockError::NotHeld),
+            _ => return Err(LockError::NotOwner),
+        };
+        let tried = match status.as_str() {
+            "1" => {
+                let fence = value.parse().unwrap_or(0);
+                match Lease::left(fence, next.ttl, sent, sent_wall) {
+                    Some(lease) => Some(Ok(Acquired::Granted(lease))),
+                    None => {
+                        // Redis answered after the lease it set had run
+                        // out: it goes, and the waiter tries for itself.
+                        let _ = self
+                            .run::<(i64, String)>(&self.release_call(&keys, &next.token))
+                            .await;
+                        None
+                    }
+                }
+            }
+            "err" => Some(Err(LockError::Backend(value))),
+            // Not tried, or not granted: the waiter tries for itself.
+            _ => None,
+        };
+        Ok((released, tried))
     }
 
     async fn holder(&self, name: &LockName) -> Result<Option<(Token, LockInfo)>, LockError> {

@@ -39,7 +39,7 @@ use std::task::{Context, Poll};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use self::queue::WaitQueues;
+use self::queue::{Begin, Handoff, Hint, Offer, WaitQueues};
 use self::watch::{SharedInterest, Watch, Watches};
 use super::reaper::{Attempt, Reap, Reaped};
 use super::{
@@ -61,6 +61,11 @@ pub type ContentionHook = Arc<dyn Fn(&LockName) + Send + Sync>;
 enum Tried<T, R> {
     /// The request is answered: granted, refused for good, or failed.
     Ended(T),
+    /// The request is answered with a grant that keeps every other waiter
+    /// of the subject out for this long (an exclusive lease's TTL), with
+    /// this fence: the next waiter waits for its release rather than
+    /// trying at once.
+    Holds(T, Duration, u64),
     /// Held (or full): it may free in `retry_after` without a release;
     /// `refusal` is the answer should the wait end now.
     Busy {
@@ -70,6 +75,9 @@ enum Tried<T, R> {
         refusal: R,
     },
 }
+
+/// How a wait with a [`Handoff`] reads what a release's try got for it.
+type Judge<'a, T, R> = dyn Fn(Result<Acquired, LockError>) -> Tried<T, R> + Send + Sync + 'a;
 
 /// How a wait ended.
 enum Waited<T, R> {
@@ -301,7 +309,9 @@ impl Locks {
         let reap = Reap::at_once(Duration::ZERO);
         let outcome = reap
             .run(None, || async {
-                match self.release(&req.name, &req.token).await {
+                // The store's own release: the next waiter wakes at its
+                // change (no handoff from here, which a release makes).
+                match self.store.locks().release(&req.name, &req.token).await {
                     Ok(_) => Attempt::Done,
                     Err(e) => Attempt::Retry(e),
                 }
@@ -335,23 +345,34 @@ impl Locks {
             waits_until: (req.mode == Mode::Exclusive).then(|| Instant::now() + wait),
             ..req.clone()
         };
+        let judge = |outcome| match outcome {
+            Err(LockError::Held { retry_after }) => Tried::Busy {
+                retry_after,
+                refusal: (),
+            },
+            Ok(Acquired::Granted(lease)) if req.mode == Mode::Exclusive => {
+                let (held, fence) = (lease.ttl.as_duration(), lease.fence);
+                Tried::Holds(Ok(Acquired::Granted(lease)), held, fence)
+            }
+            other => Tried::Ended(other),
+        };
+        // An exclusive waiter's acquire may be made by a release here.
+        let handoff = (req.mode == Mode::Exclusive).then(|| {
+            (
+                Arc::new(Handoff::new(attempt.clone())),
+                &judge as &Judge<'_, _, _>,
+            )
+        });
         let waited = self
             .wait_turn(
                 &Subject::lock(req.name.clone()),
                 wait,
                 caller_gone,
                 || self.contended(&req.name),
-                || async {
-                    match self.store.locks().acquire(&attempt).await {
-                        Err(LockError::Held { retry_after }) => Tried::Busy {
-                            retry_after,
-                            refusal: (),
-                        },
-                        other => Tried::Ended(other),
-                    }
-                },
+                || async { judge(self.store.locks().acquire(&attempt).await) },
                 || self.look(&req.name),
                 || self.renew_behind_others(req),
+                handoff,
             )
             .await?;
         match waited {
@@ -366,13 +387,17 @@ impl Locks {
     /// release event, the one ahead leaving), and when the holder's lease
     /// ends; when it was woken to look (see
     /// [`super::ChangeListener::subscribed`]), it calls `look` first and
-    /// tries only if that finds it free. The head tries once more at the
-    /// deadline. `contended` is called once, when the request first finds
-    /// it busy: behind others in the queue, or at its first try. A request
-    /// that joins behind others first asks `behind`, which answers it at
-    /// once when waiting cannot be its answer (its token holds already,
-    /// or it names another limit than the one held), without taking
-    /// anything ahead of the queue.
+    /// tries only if that finds it free; when the waiter ahead left
+    /// holding the lock, it waits for that lease's release or end. The
+    /// head tries once more at the deadline. `contended` is called once,
+    /// when the request first finds it busy: behind others in the queue,
+    /// or at its first try. A request that joins behind others first asks
+    /// `behind`, which answers it at once when waiting cannot be its
+    /// answer (its token holds already, or it names another limit than the
+    /// one held), without taking anything ahead of the queue. With a
+    /// `handoff` (an exclusive lock's acquire, and how to read its
+    /// answer), a release on this instance may make the head's try for it
+    /// while it sleeps (see [`Locks::release`]).
     ///
     /// # Errors
     /// [`LockError::TooManyWaiters`] when the queues are full and the
@@ -389,6 +414,7 @@ impl Locks {
         mut attempt: A,
         look: L,
         behind: B,
+        handoff: Option<(Arc<Handoff>, &Judge<'_, T, R>)>,
     ) -> Result<Waited<T, R>, LockError>
     where
         A: FnMut() -> AF,
@@ -399,17 +425,21 @@ impl Locks {
         BF: Future<Output = Option<T>>,
     {
         let deadline = Instant::now() + wait;
+        let (handoff, judge) = match handoff {
+            Some((handoff, judge)) => (Some(handoff), Some(judge)),
+            None => (None, None),
+        };
         // Join before the first attempt, so a release between a failed
         // attempt and the wait cannot be missed, and so that a newcomer does
         // not overtake the waiters already queued.
-        let Ok(place) = self.queues.join(subject) else {
+        let Ok(place) = self.queues.join_with(subject, handoff) else {
             // No room to wait: a free lock (or permit) is still granted.
             return match attempt().await {
                 Tried::Busy { .. } => {
                     contended();
                     Err(LockError::TooManyWaiters)
                 }
-                Tried::Ended(outcome) => Ok(Waited::Ended(outcome)),
+                Tried::Ended(outcome) | Tried::Holds(outcome, ..) => Ok(Waited::Ended(outcome)),
             };
         };
         let mut retry_at = Instant::now();
@@ -427,12 +457,40 @@ impl Locks {
                 contended();
             }
         };
+        // The wait ran out: the head tries once more, then the wait ends.
+        let mut last_try = false;
+        // Why the wait ends without an answer of a try, once it does.
+        let mut ending: Option<Result<(), LockError>> = None;
         loop {
-            if place.is_head() {
-                let held_until = if place.take_look() {
-                    look().await
+            // Taken before a try: a wake-up after it may mean that the
+            // lease the try gets is gone already.
+            let mark = place.mark();
+            let mut tried = None;
+            let mut may_try = ending.is_none();
+            if let (Some(handoff), Some(judge)) = (place.handoff(), judge) {
+                match if ending.is_some() {
+                    // Leaving: what a release handed it is its answer.
+                    handoff.leave().map(Begin::Handed).unwrap_or(Begin::Wait)
                 } else {
-                    Looked::Free
+                    handoff.begin()
+                } {
+                    Begin::Try => {}
+                    Begin::Wait => may_try = false,
+                    Begin::Handed(outcome) => {
+                        may_try = false;
+                        tried = Some(judge(outcome));
+                    }
+                }
+            }
+            if may_try && place.is_head() {
+                let held_until = match place.take_hint() {
+                    _ if last_try => Looked::Free,
+                    Hint::Try => Looked::Free,
+                    Hint::Look => look().await,
+                    Hint::HeldUntil(until) => match until.checked_duration_since(Instant::now()) {
+                        Some(left) if !left.is_zero() => Looked::HeldFor(left),
+                        _ => Looked::Free,
+                    },
                 };
                 match held_until {
                     Looked::HeldFor(retry_after) => {
@@ -441,44 +499,30 @@ impl Locks {
                         retry_at = lease_end + jitter();
                     }
                     Looked::Unknown => {}
-                    Looked::Free => match attempt().await {
-                        Tried::Busy {
-                            retry_after,
-                            refusal: busy,
-                        } => {
-                            busy_once();
-                            refusal = Some(busy);
-                            let lease_end = Instant::now() + retry_after;
-                            place.note_lease_end(lease_end);
-                            retry_at = lease_end + jitter();
-                        }
-                        Tried::Ended(outcome) => return Ok(Waited::Ended(outcome)),
-                    },
+                    Looked::Free => tried = Some(attempt().await),
                 }
             }
-            let head = place.is_head();
-            // Biased, in this order: once shutdown began, or the caller left,
-            // a waiter must not try Redis again, even when its wake-up (the
-            // waiter ahead of it leaving) is ready at the same moment.
-            tokio::select! {
-                biased;
-                () = self.shutdown.cancelled() => return Err(LockError::ShuttingDown),
-                () = cancelled(caller_gone) => return Err(LockError::Cancelled),
-                () = place.woken() => {}
-                () = sleep_until(retry_at), if head => {}
-                () = sleep_until(deadline) => {
-                    // The lock may have freed without an event (a foreign
-                    // client deleted it): the head looks once more.
-                    if place.is_head() {
-                        match attempt().await {
-                            Tried::Busy { retry_after, refusal: busy } => {
-                                busy_once();
-                                refusal = Some(busy);
-                                place.note_lease_end(Instant::now() + retry_after);
-                            }
-                            Tried::Ended(outcome) => return Ok(Waited::Ended(outcome)),
-                        }
-                    }
+            match tried {
+                Some(Tried::Busy {
+                    retry_after,
+                    refusal: busy,
+                }) => {
+                    busy_once();
+                    refusal = Some(busy);
+                    let lease_end = Instant::now() + retry_after;
+                    place.note_lease_end(lease_end);
+                    retry_at = lease_end + jitter();
+                }
+                Some(Tried::Ended(outcome)) => return Ok(Waited::Ended(outcome)),
+                Some(Tried::Holds(outcome, held, fence)) => {
+                    place.leaves_holding(Instant::now() + held, fence, mark);
+                    return Ok(Waited::Ended(outcome));
+                }
+                None => {}
+            }
+            match ending {
+                Some(Err(e)) => return Err(e),
+                Some(Ok(())) => {
                     let lease_end = place.lease_end().unwrap_or(retry_at);
                     let retry_after = lease_end.saturating_duration_since(Instant::now());
                     return Ok(Waited::TimedOut {
@@ -486,6 +530,28 @@ impl Locks {
                         refusal,
                     });
                 }
+                None if last_try => {
+                    ending = Some(Ok(()));
+                    continue;
+                }
+                None => {}
+            }
+            let head = place.is_head();
+            if let Some(handoff) = place.handoff() {
+                handoff.park();
+            }
+            // Biased, in this order: once shutdown began, or the caller left,
+            // a waiter must not try Redis again, even when its wake-up (the
+            // waiter ahead of it leaving) is ready at the same moment.
+            tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => ending = Some(Err(LockError::ShuttingDown)),
+                () = cancelled(caller_gone) => ending = Some(Err(LockError::Cancelled)),
+                () = place.woken() => {}
+                () = sleep_until(retry_at), if head => {}
+                // The lock may have freed without an event (a foreign
+                // client deleted it): the head looks once more.
+                () = sleep_until(deadline) => last_try = true,
             }
         }
     }
@@ -547,8 +613,56 @@ impl Locks {
     ///
     /// # Errors
     /// As for [`LockStore::release`](crate::lock::LockStore::release).
+    /// When the head of this lock's queue here is an exclusive waiter that
+    /// sleeps, the release makes its try in the same step
+    /// ([`LockStore::release_handing`](crate::lock::LockStore::release_handing))
+    /// and hands it the answer: a handoff costs one round trip, where a
+    /// release, its change message and the waiter's own try cost two and
+    /// a hop. The release then runs on a task of its own, so that a
+    /// caller who goes away cannot cut it off between the store's answer
+    /// and the waiter's.
     pub async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
-        self.store.locks().release(name, token).await
+        let Some(offer) = self.queues.offer(&Subject::lock(name.clone())) else {
+            return self.store.locks().release(name, token).await;
+        };
+        let (this, name, token) = (self.clone(), name.clone(), token.clone());
+        tokio::spawn(async move { this.hand_over(&name, &token, offer).await })
+            .await
+            .unwrap_or_else(|e| Err(LockError::Unavailable(format!("the release stopped: {e}"))))
+    }
+
+    /// Releases `name` for `token`, making `offer`'s try in the same step,
+    /// and hands the waiter the answer; a grant for a waiter that left
+    /// meanwhile is released.
+    async fn hand_over(
+        &self,
+        name: &LockName,
+        token: &Token,
+        offer: Offer,
+    ) -> Result<Released, LockError> {
+        match self
+            .store
+            .locks()
+            .release_handing(name, token, offer.req())
+            .await
+        {
+            Ok((released, Some(outcome))) => {
+                let handoff = offer.handoff();
+                if let Some(Ok(Acquired::Granted(_))) = offer.hand(outcome) {
+                    let this = self.clone();
+                    tokio::spawn(async move { this.release_orphan(&handoff.req).await });
+                }
+                Ok(released)
+            }
+            Ok((released, None)) => {
+                offer.withdraw();
+                Ok(released)
+            }
+            Err(e) => {
+                offer.withdraw();
+                Err(e)
+            }
+        }
     }
 
     /// See [`LockStore::inspect`](crate::lock::LockStore::inspect).
@@ -928,6 +1042,8 @@ mod tests {
     struct Slow {
         inner: MemoryBackend,
         delay: Duration,
+        /// How many acquires reached the store.
+        tries: std::sync::atomic::AtomicUsize,
     }
 
     #[async_trait]
@@ -1061,6 +1177,8 @@ mod tests {
     #[async_trait]
     impl LockNode for Slow {
         async fn acquire(&self, req: &AcquireRequest) -> Result<Acquired, LockError> {
+            self.tries
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tokio::time::sleep(self.delay).await;
             self.inner.acquire(req).await
         }
@@ -1100,11 +1218,53 @@ mod tests {
         }
     }
 
+    /// Waiters granted in turn: the one behind a waiter that was granted
+    /// does not try the lock it knows is held, only at its release. One
+    /// try a handoff, where a try at each grant would make two.
+    #[tokio::test(start_paused = true)]
+    async fn a_handoff_costs_the_next_waiter_one_try() {
+        let store = Arc::new(Slow {
+            inner: MemoryBackend::new(),
+            delay: Duration::ZERO,
+            tries: Default::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let locks = Locks::new(Arc::new(Single::new(store.clone())), 10, shutdown.clone());
+        let holder = Token::generate();
+        locks
+            .acquire(request("k", &holder, 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let tokens: Vec<Token> = (0..4).map(|_| Token::generate()).collect();
+        let mut waiters = Vec::new();
+        for (i, token) in tokens.iter().enumerate() {
+            waiters.push(waiter(&locks, "k", token, LONG));
+            until_waiting(&locks, "k", i + 1).await;
+        }
+        let tries = || store.tries.load(std::sync::atomic::Ordering::Relaxed);
+        let before = tries();
+        let mut previous = holder;
+        for (i, (token, handle)) in tokens.iter().zip(waiters).enumerate() {
+            locks.release(&name("k"), &previous).await.expect("held");
+            let (outcome, after) = handle.await.expect("task");
+            assert!(
+                matches!(outcome, Ok(Acquired::Granted(_))),
+                "waiter {i}: {outcome:?}"
+            );
+            assert!(after < LONG, "waiter {i} waited for the lease's end");
+            settle().await;
+            assert_eq!(tries() - before, i + 1, "tries after handoff {i}");
+            previous = token.clone();
+        }
+        shutdown.cancel();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_grant_made_after_the_caller_left_is_released() {
         let store = Arc::new(Slow {
             inner: MemoryBackend::new(),
             delay: Duration::from_millis(100),
+            tries: Default::default(),
         });
         let locks = Locks::new(
             Arc::new(Single::new(store.clone())),

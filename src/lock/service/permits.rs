@@ -162,6 +162,7 @@ impl Locks {
                 },
                 || look_at_semaphore(store, &req.name),
                 || answer_behind_others(store, req),
+                None,
             )
             .await?;
         match waited {

@@ -22,11 +22,170 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::lock::{Change, ChangeListener, Subject, WaitInterest};
+use crate::lock::{
+    AcquireRequest, Acquired, Change, ChangeListener, LockError, Subject, WaitInterest,
+};
 
 struct Waiter {
     id: u64,
     wake: Arc<Notify>,
+    /// Its acquire, when a release may grant it in the same step.
+    handoff: Option<Arc<Handoff>>,
+}
+
+/// An exclusive lock's waiter's acquire, which a release on this instance
+/// may grant in its own step while the waiter is parked (see
+/// [`WaitQueues::offer`]): one round trip a handoff, not a release, its
+/// change message and the waiter's own try.
+pub struct Handoff {
+    /// What the waiter tries.
+    pub req: AcquireRequest,
+    turn: Mutex<Turn>,
+}
+
+/// Where a [`Handoff`] stands.
+enum Turn {
+    /// The waiter is trying, or about to: not offered.
+    Trying,
+    /// The waiter sleeps: a release may take it.
+    Parked,
+    /// A release is granting it: the waiter does not try meanwhile.
+    Taken,
+    /// The release's try, for the waiter to answer.
+    Handed(Result<Acquired, LockError>),
+    /// The waiter left: a grant made for it is released by the releaser.
+    Left,
+}
+
+/// What a waiter with a [`Handoff`] does next (see [`Handoff::begin`]).
+pub enum Begin {
+    /// Try, as any waiter.
+    Try,
+    /// Wait: a release is granting it.
+    Wait,
+    /// Answer what a release's try got for it.
+    Handed(Result<Acquired, LockError>),
+}
+
+impl Handoff {
+    /// The handoff of `req`'s waiter, which is trying at first.
+    pub fn new(req: AcquireRequest) -> Self {
+        Self {
+            req,
+            turn: Mutex::new(Turn::Trying),
+        }
+    }
+
+    fn turn(&self) -> MutexGuard<'_, Turn> {
+        // Every critical section leaves the turn whole.
+        self.turn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Before the waiter tries: whether it may, must wait for a release's
+    /// try, or has that try's answer.
+    pub fn begin(&self) -> Begin {
+        let mut turn = self.turn();
+        match std::mem::replace(&mut *turn, Turn::Trying) {
+            Turn::Taken => {
+                *turn = Turn::Taken;
+                Begin::Wait
+            }
+            Turn::Handed(outcome) => Begin::Handed(outcome),
+            Turn::Left => {
+                *turn = Turn::Left;
+                Begin::Try
+            }
+            Turn::Trying | Turn::Parked => Begin::Try,
+        }
+    }
+
+    /// The waiter sleeps: a release may take its try from now on.
+    pub fn park(&self) {
+        let mut turn = self.turn();
+        if matches!(*turn, Turn::Trying) {
+            *turn = Turn::Parked;
+        }
+    }
+
+    /// The waiter leaves: the answer of a release's try that it did not
+    /// read yet, which is now its to give (or to undo).
+    pub fn leave(&self) -> Option<Result<Acquired, LockError>> {
+        match std::mem::replace(&mut *self.turn(), Turn::Left) {
+            Turn::Handed(outcome) => Some(outcome),
+            _ => None,
+        }
+    }
+
+    fn take(&self) -> bool {
+        let mut turn = self.turn();
+        let parked = matches!(*turn, Turn::Parked);
+        if parked {
+            *turn = Turn::Taken;
+        }
+        parked
+    }
+}
+
+/// A parked waiter's acquire, taken by a release on this instance (see
+/// [`WaitQueues::offer`]). Exactly one of [`Offer::hand`] and
+/// [`Offer::withdraw`] ends it; dropped without either, it is withdrawn.
+pub struct Offer {
+    handoff: Arc<Handoff>,
+    wake: Arc<Notify>,
+    done: bool,
+}
+
+impl Offer {
+    /// What the waiter tries.
+    pub fn req(&self) -> &AcquireRequest {
+        &self.handoff.req
+    }
+
+    /// The waiter's handoff (its acquire), shared.
+    pub fn handoff(&self) -> Arc<Handoff> {
+        self.handoff.clone()
+    }
+
+    /// Gives the waiter the release's try, and wakes it. When the waiter
+    /// left meanwhile, the answer comes back (a grant is the caller's to
+    /// undo).
+    pub fn hand(
+        mut self,
+        outcome: Result<Acquired, LockError>,
+    ) -> Option<Result<Acquired, LockError>> {
+        self.done = true;
+        let mut turn = self.handoff.turn();
+        if matches!(*turn, Turn::Left) {
+            return Some(outcome);
+        }
+        *turn = Turn::Handed(outcome);
+        drop(turn);
+        self.wake.notify_one();
+        None
+    }
+
+    /// No try was made for the waiter: it tries for itself, at once.
+    pub fn withdraw(mut self) {
+        self.done = true;
+        self.give_back();
+    }
+
+    fn give_back(&self) {
+        let mut turn = self.handoff.turn();
+        if matches!(*turn, Turn::Taken) {
+            *turn = Turn::Trying;
+        }
+        drop(turn);
+        self.wake.notify_one();
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        if !self.done {
+            self.give_back();
+        }
+    }
 }
 
 /// The waiters of one lock, and what they know of its holder.
@@ -40,6 +199,30 @@ struct Queue {
     /// Whether the head should look before it retries (see
     /// [`ChangeListener::subscribed`]).
     look: bool,
+    /// The fence of the lease the waiter that left last was granted: a
+    /// change of an older lease (a release heard after a handoff) is
+    /// stale and wakes nobody.
+    held_fence: Option<u64>,
+    /// Until when the waiter that left last holds the lock, when it left
+    /// with a grant and no wake-up came since: the new head waits for that
+    /// lease's release (or its end) rather than trying a lock it knows is
+    /// held. A wake-up (a release, an extend, an expiry, a resync) clears it.
+    held_until: Option<Instant>,
+    /// How many wake-ups this queue has had: a waiter's mark (see
+    /// [`Place::mark`]).
+    wakes: u64,
+}
+
+impl Queue {
+    /// Wakes the head, if anyone waits, and forgets what a waiter that left
+    /// with a grant said of the lock: something changed since.
+    fn wake_head(&mut self) {
+        self.wakes = self.wakes.wrapping_add(1);
+        self.held_until = None;
+        if let Some(head) = self.waiters.front() {
+            head.wake.notify_one();
+        }
+    }
 }
 
 /// The wait queues of one lockd instance.
@@ -80,12 +263,24 @@ impl WaitQueues {
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Joins the back of `subject`'s queue. The place leaves the queue when it
-    /// is dropped, and wakes the next waiter if it was the head.
+    /// [`WaitQueues::join_with`] without a handoff.
+    #[cfg(test)]
+    pub fn join(self: &Arc<Self>, subject: &Subject) -> Result<Place, QueueFull> {
+        self.join_with(subject, None)
+    }
+
+    /// Joins the back of `subject`'s queue, with the waiter's `handoff`
+    /// when a release on this instance may make its try (see
+    /// [`WaitQueues::offer`]). The place leaves the queue when it is
+    /// dropped, and wakes the next waiter if it was the head.
     ///
     /// # Errors
     /// [`QueueFull`] when `max_waiters` requests are waiting already.
-    pub fn join(self: &Arc<Self>, subject: &Subject) -> Result<Place, QueueFull> {
+    pub fn join_with(
+        self: &Arc<Self>,
+        subject: &Subject,
+        handoff: Option<Arc<Handoff>>,
+    ) -> Result<Place, QueueFull> {
         let reserved = self
             .waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -96,6 +291,7 @@ impl WaitQueues {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
+        let place_handoff = handoff.clone();
         self.lock()
             .entry(subject.clone())
             .or_default()
@@ -103,21 +299,38 @@ impl WaitQueues {
             .push_back(Waiter {
                 id,
                 wake: wake.clone(),
+                handoff,
             });
         Ok(Place {
             queues: self.clone(),
             subject: subject.clone(),
             id,
             wake,
+            handoff: place_handoff,
         })
     }
 
     /// Wakes the head of `subject`'s queue, if anyone waits: it was
     /// released.
+    #[cfg(test)]
     pub fn wake(&self, subject: &Subject) {
-        if let Some(head) = self.lock().get(subject).and_then(|q| q.waiters.front()) {
-            head.wake.notify_one();
+        if let Some(queue) = self.lock().get_mut(subject) {
+            queue.wake_head();
         }
+    }
+
+    /// The head of `subject`'s queue's acquire, taken for a release on this
+    /// instance to grant in its own step: when the head is parked with one
+    /// (an exclusive lock's waiter that is not trying).
+    pub fn offer(&self, subject: &Subject) -> Option<Offer> {
+        let queues = self.lock();
+        let head = queues.get(subject)?.waiters.front()?;
+        let handoff = head.handoff.as_ref()?;
+        handoff.take().then(|| Offer {
+            handoff: handoff.clone(),
+            wake: head.wake.clone(),
+            done: false,
+        })
     }
 
     /// Wakes the head of `subject`'s queue to look whether it is still
@@ -134,9 +347,7 @@ impl WaitQueues {
     /// Wakes the head of every queue: release events may have been missed
     /// (the event connection was re-established).
     pub fn wake_all(&self) {
-        for head in self.lock().values().filter_map(|q| q.waiters.front()) {
-            head.wake.notify_one();
-        }
+        self.lock().values_mut().for_each(Queue::wake_head);
     }
 
     /// How many requests wait now.
@@ -164,8 +375,19 @@ impl WaitQueues {
 
 impl ChangeListener for WaitQueues {
     fn changed(&self, subject: &Subject, change: &Change) {
-        if change.wakes_waiters() {
-            self.wake(subject);
+        if !change.wakes_waiters() {
+            return;
+        }
+        if let Some(queue) = self.lock().get_mut(subject) {
+            // A change of a lease older than one a waiter here was granted
+            // since (the release a handoff made, heard after it) is stale.
+            let stale = change
+                .fence()
+                .zip(queue.held_fence)
+                .is_some_and(|(fence, held)| fence < held);
+            if !stale {
+                queue.wake_head();
+            }
         }
     }
 
@@ -178,12 +400,26 @@ impl ChangeListener for WaitQueues {
     }
 }
 
+/// What the head of a queue is to do before it tries (see
+/// [`Place::take_hint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hint {
+    /// Try.
+    Try,
+    /// Look whether it is still held first (see
+    /// [`ChangeListener::subscribed`]).
+    Look,
+    /// The waiter ahead left holding it until then: wait for its release.
+    HeldUntil(Instant),
+}
+
 /// A place in a subject's queue.
 pub struct Place {
     queues: Arc<WaitQueues>,
     subject: Subject,
     id: u64,
     wake: Arc<Notify>,
+    handoff: Option<Arc<Handoff>>,
 }
 
 impl Place {
@@ -211,13 +447,49 @@ impl Place {
         }
     }
 
-    /// Whether the head was woken to look before it retries (and forgets
-    /// it: it looks once).
-    pub fn take_look(&self) -> bool {
-        self.queues
-            .lock()
-            .get_mut(&self.subject)
-            .is_some_and(|q| std::mem::take(&mut q.look))
+    /// What the head is to do before it tries (and forgets it: it is
+    /// told once): look, when it was woken to look; wait, when the waiter
+    /// ahead of it left holding the lock and nothing changed since.
+    pub fn take_hint(&self) -> Hint {
+        let mut queues = self.queues.lock();
+        let Some(queue) = queues.get_mut(&self.subject) else {
+            return Hint::Try;
+        };
+        if std::mem::take(&mut queue.look) {
+            queue.held_until = None;
+            return Hint::Look;
+        }
+        match queue.held_until.take() {
+            Some(until) => Hint::HeldUntil(until),
+            None => Hint::Try,
+        }
+    }
+
+    /// A mark of this queue's wake-ups so far: taken before a try, so that
+    /// [`Place::leave_holding`] knows whether anything changed since.
+    pub fn mark(&self) -> u64 {
+        self.queues.lock().get(&self.subject).map_or(0, |q| q.wakes)
+    }
+
+    /// Says that this waiter leaves the queue (when it is dropped, next)
+    /// granted the lock until `until`, with `fence`, by a try made at
+    /// `mark`: the next
+    /// waiter, woken as head, does not try before a release or that lease's
+    /// end (one try fewer a handoff). When a wake-up came after `mark` (the
+    /// new lease may be gone already), the next waiter tries at once, as
+    /// for any waiter that leaves.
+    pub fn leaves_holding(&self, until: Instant, fence: u64, mark: u64) {
+        if let Some(queue) = self.queues.lock().get_mut(&self.subject) {
+            queue.held_fence = Some(queue.held_fence.map_or(fence, |f| f.max(fence)));
+            if queue.wakes == mark {
+                queue.held_until = Some(until);
+            }
+        }
+    }
+
+    /// This place's handoff, when it has one.
+    pub fn handoff(&self) -> Option<&Handoff> {
+        self.handoff.as_deref()
     }
 
     /// When the holder's lease ends, as the last failed try of any waiter of
@@ -238,6 +510,11 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
+        // A release that takes its acquire from now on finds it gone (its
+        // grant is the releaser's to undo). The wait took what was handed.
+        if let Some(handoff) = &self.handoff {
+            let _ = handoff.leave();
+        }
         let mut queues = self.queues.lock();
         if let Some(queue) = queues.get_mut(&self.subject) {
             let was_head = queue.waiters.front().is_some_and(|w| w.id == self.id);
@@ -363,5 +640,63 @@ mod tests {
         drop(b);
         drop(a);
         assert!(c.is_head());
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_leaves_holding_lets_the_next_wait_for_its_release() {
+        let queues = Arc::new(WaitQueues::new(10));
+        let until = Instant::now() + Duration::from_secs(10);
+        let a = queues.join(&lock("k")).expect("room");
+        let b = queues.join(&lock("k")).expect("room");
+        let mark = a.mark();
+        a.leaves_holding(until, 7, mark);
+        drop(a);
+        // b is woken as head, and told the lock is held until then.
+        tokio::time::timeout(Duration::from_secs(1), b.woken())
+            .await
+            .expect("woken");
+        assert_eq!(b.take_hint(), Hint::HeldUntil(until));
+        assert_eq!(b.take_hint(), Hint::Try, "told once");
+        // A release event after that: b tries.
+        let c = queues.join(&lock("k")).expect("room");
+        let mark = b.mark();
+        b.leaves_holding(until, 7, mark);
+        queues.wake(&lock("k"));
+        drop(b);
+        assert_eq!(c.take_hint(), Hint::Try, "the release event came after");
+    }
+
+    #[test]
+    fn a_wake_up_during_the_try_that_granted_means_the_next_tries_at_once() {
+        let queues = Arc::new(WaitQueues::new(10));
+        let a = queues.join(&lock("k")).expect("room");
+        let b = queues.join(&lock("k")).expect("room");
+        let mark = a.mark();
+        // The lease the try gets may be released, extended or broken
+        // before the try's answer is read: its event wakes the queue.
+        queues.wake(&lock("k"));
+        a.leaves_holding(Instant::now() + Duration::from_secs(10), 7, mark);
+        drop(a);
+        assert_eq!(b.take_hint(), Hint::Try);
+        // A resync clears what was said too.
+        let c = queues.join(&lock("k")).expect("room");
+        let mark = b.mark();
+        b.leaves_holding(Instant::now() + Duration::from_secs(10), 7, mark);
+        queues.wake_all();
+        drop(b);
+        assert_eq!(c.take_hint(), Hint::Try);
+    }
+
+    #[test]
+    fn a_look_comes_before_what_the_waiter_ahead_said() {
+        let queues = Arc::new(WaitQueues::new(10));
+        let a = queues.join(&lock("k")).expect("room");
+        let b = queues.join(&lock("k")).expect("room");
+        let mark = a.mark();
+        a.leaves_holding(Instant::now() + Duration::from_secs(10), 7, mark);
+        drop(a);
+        queues.wake_to_look(&lock("k"));
+        assert_eq!(b.take_hint(), Hint::Look);
+        assert_eq!(b.take_hint(), Hint::Try, "the look replaces it");
     }
 }

@@ -85,11 +85,17 @@ impl Locks {
                                 refusal,
                             }
                         }
+                        Ok(Ok(Started::New { attempt, took_over })) => {
+                            let (held, fence) =
+                                (attempt.lease.ttl.as_duration(), attempt.lease.fence);
+                            Tried::Holds(Ok(Ok(Started::New { attempt, took_over })), held, fence)
+                        }
                         other => Tried::Ended(other),
                     }
                 },
                 || look_at_run(store, &req.key),
                 || renew_behind_others(store, req),
+                None,
             )
             .await?;
         match waited {
