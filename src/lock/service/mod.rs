@@ -618,17 +618,16 @@ impl Locks {
     /// ([`LockStore::release_handing`](crate::lock::LockStore::release_handing))
     /// and hands it the answer: a handoff costs one round trip, where a
     /// release, its change message and the waiter's own try cost two and
-    /// a hop. The release then runs on a task of its own, so that a
-    /// caller who goes away cannot cut it off between the store's answer
-    /// and the waiter's.
+    /// a hop. A caller who goes away meanwhile does not cut it off
+    /// between the store's answer and the waiter's: what is left of it
+    /// then runs on a task of its own (see [`Attached`]).
     pub async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         let Some(offer) = self.queues.offer(&Subject::lock(name.clone())) else {
             return self.store.locks().release(name, token).await;
         };
         let (this, name, token) = (self.clone(), name.clone(), token.clone());
-        tokio::spawn(async move { this.hand_over(&name, &token, offer).await })
-            .await
-            .unwrap_or_else(|e| Err(LockError::Unavailable(format!("the release stopped: {e}"))))
+        let op = Box::pin(async move { this.hand_over(&name, &token, offer).await });
+        Attached::new(op, None, Finish).await
     }
 
     /// Releases `name` for `token`, making `offer`'s try in the same step,
@@ -723,6 +722,14 @@ struct Attached<T: Send + 'static, O: Orphan<T>> {
 trait Orphan<T>: Send + 'static {
     /// Undoes what `outcome` granted, if anything.
     fn undo(self, outcome: Result<T, LockError>) -> impl Future<Output = ()> + Send;
+}
+
+/// An [`Orphan`] with nothing to undo: the operation only has to run to
+/// its end (a release that hands the lock to a waiter).
+struct Finish;
+
+impl Orphan<Released> for Finish {
+    async fn undo(self, _outcome: Result<Released, LockError>) {}
 }
 
 /// A lock acquire's [`Orphan`]: releases a new grant.
@@ -1256,6 +1263,41 @@ mod tests {
             assert_eq!(tries() - before, i + 1, "tries after handoff {i}");
             previous = token.clone();
         }
+        shutdown.cancel();
+    }
+
+    /// A release that makes the head waiter's try (a handoff) runs to its
+    /// end when its caller goes away: the waiter is granted the lock, not
+    /// left waiting for an answer nobody gives.
+    #[tokio::test(start_paused = true)]
+    async fn a_handoff_whose_releaser_left_still_grants_the_waiter() {
+        let store = Arc::new(Slow {
+            inner: MemoryBackend::new(),
+            delay: Duration::from_millis(100),
+            tries: Default::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let locks = Locks::new(Arc::new(Single::new(store.clone())), 10, shutdown.clone());
+        let a = Token::generate();
+        locks
+            .acquire(request("k", &a, 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let w = waiter(&locks, "k", &Token::generate(), LONG);
+        until_waiting(&locks, "k", 1).await;
+        // W's first try (it takes 100 ms) found it held; W sleeps.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        settle().await;
+        assert_eq!(store.tries.load(std::sync::atomic::Ordering::Relaxed), 2);
+        let k = name("k");
+        let mut release = Box::pin(locks.release(&k, &a));
+        // The release is done and W's try is under way: the caller leaves.
+        assert!(futures_util::poll!(release.as_mut()).is_pending());
+        drop(release);
+        let (outcome, after) = w.await.expect("task");
+        assert!(matches!(outcome, Ok(Acquired::Granted(_))), "{outcome:?}");
+        assert!(after < Duration::from_secs(1), "granted late: {after:?}");
+        assert_eq!(store.tries.load(std::sync::atomic::Ordering::Relaxed), 3);
         shutdown.cancel();
     }
 
