@@ -150,11 +150,13 @@ pub trait LockNode: Node {
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
 
     /// Releases a lock held by `token`, as [`LockNode::release`], and
-    /// when that freed it (an exclusive holder's release), tries `next`
+    /// when that freed it (an exclusive holder's release), may try `next`
     /// (the head waiter's acquire) after it: the release's answer, and the
-    /// try's (`None` when none was made). A node that can (Redis) does
-    /// both in one step, so that a handoff costs one round trip and no
-    /// release event; this default makes the two calls.
+    /// try's (`None` when none was made). Redis does both in one step, so
+    /// that a handoff costs one round trip, and makes no try when another
+    /// instance listens to the lock's changes (it may have waiters of its
+    /// own); this default, for a node no other instance shares (memory),
+    /// makes the two calls.
     ///
     /// # Errors
     /// As for [`LockNode::release`]; the try's failure is in its answer.

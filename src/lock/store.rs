@@ -135,9 +135,11 @@ pub trait LockStore: Send + Sync {
     /// As for [`LockStore::extend`].
     async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError>;
 
-    /// Releases a lock held by `token` and, when that freed it, tries
-    /// `next` after it (see [`super::LockNode::release_handing`]); this
-    /// default makes the two calls.
+    /// Releases a lock held by `token` and, when that freed it, may try
+    /// `next` after it (see [`super::LockNode::release_handing`]). This
+    /// default (Redlock's, whose nodes other instances share) only
+    /// releases: every instance's waiters are woken by the release, as
+    /// for any release.
     ///
     /// # Errors
     /// As for [`LockStore::release`]; the try's failure is in its answer.
@@ -147,12 +149,8 @@ pub trait LockStore: Send + Sync {
         token: &Token,
         next: &AcquireRequest,
     ) -> Result<(Released, Option<Result<Acquired, LockError>>), LockError> {
-        let released = self.release(name, token).await?;
-        let tried = match released.mode {
-            super::Mode::Exclusive => Some(self.acquire(next).await),
-            super::Mode::Shared => None,
-        };
-        Ok((released, tried))
+        let _ = next;
+        Ok((self.release(name, token).await?, None))
     }
 
     /// Describes the current holder (never its token), or `None` when the

@@ -32,6 +32,7 @@ const BACKEND_OPS: &[&str] = &[
     "inspect",
     "ping",
     "raise_fence",
+    "handoff",
     "take_permit",
     "give_back_permit",
     "extend_permit",
@@ -44,6 +45,12 @@ const BACKEND_OPS: &[&str] = &[
     "history",
     "break",
     "inspect_runs",
+    "start_run",
+    "complete_run",
+    "abandon_run",
+    "extend_run",
+    "inspect_run",
+    "probe_run",
 ];
 
 /// A [`Node`] that times every call in

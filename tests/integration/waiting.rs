@@ -15,8 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    EventStream, Reply, TestApp, assert_lease_ms, backend_tests, lock_key, metric, ms_until,
-    random_token,
+    Reply, TestApp, assert_lease_ms, backend_tests, lock_key, metric, ms_until, random_token,
 };
 use futures::future::join_all;
 use reqwest::Method;
@@ -876,66 +875,108 @@ async fn waiters_are_served_in_arrival_order_and_a_release_wakes_only_the_head(a
     );
 }
 
-/// A holds `k` with metadata; W waits for it on the same instance. A's
-/// release makes W's try in the same script: the handoff costs Redis one
-/// script (W's own try never runs), W gets a larger fence and its owner
-/// and metadata, and the history and a watch tell A's lease released and
-/// W's granted, as a release and a grant would.
+/// A holds `k` with metadata; W waits for it on the same instance, the
+/// only one listening to the lock's changes. A's release makes W's try in
+/// the same script: the handoff costs Redis one script (W's own try never
+/// runs), W gets a larger fence, and `GET` and the history tell W's lease
+/// with its owner and metadata, and A's as released. (Twice: the first
+/// round loads the script into Redis, which its count would include.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_hands_the_lock_to_the_waiter_in_one_script() {
     let app = TestApp::redis().await;
     let redis = app.redis_server();
-    let name = "handoff";
-    let a = app
-        .acquire(name, Some(json!({"ttl_ms": 10_000, "owner": "a"})))
-        .await;
-    a.expect_status(201);
-    let body = json!({"ttl_ms": 10_000, "wait_ms": 10_000, "owner": "w", "meta": {"pid": 7}});
-    let waiter = app.acquire(name, Some(body));
-    let mut watch = EventStream::open(&app, &format!("/locks/{name}/events"), &[]).await;
-    watch.expect("state").await;
-    let holder_side = async {
-        until_waiters(&app, 1).await;
-        // A's grant and W's first try, which found it held: W then sleeps
-        // (in the same step as the try's end, so a moment is margin
-        // enough; were it still trying, the release would wake it to try).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while acquire_tries(&app).await < 2 {
-            assert!(Instant::now() < deadline, "W never tried");
-            sleep(Duration::from_millis(5)).await;
+    for round in 0..2 {
+        let name = format!("handoff-{round}");
+        let a = app
+            .acquire(&name, Some(json!({"ttl_ms": 10_000, "owner": "a"})))
+            .await;
+        a.expect_status(201);
+        let body = json!({"ttl_ms": 10_000, "wait_ms": 10_000, "owner": "w", "meta": {"pid": 7}});
+        let waiter = app.acquire(&name, Some(body));
+        let holder_side = async {
+            until_waiters(&app, 1).await;
+            // W found it held, its instance subscribed to the lock's
+            // changes, and W looked once (an inspect) before it sleeps,
+            // in the same step as that look's end.
+            until_looked(&app, round + 1).await;
+            sleep(Duration::from_millis(20)).await;
+            redis.reset_stats().await;
+            let tries = acquire_tries(&app).await;
+            app.release(&name, &a.token()).await.expect_status(204);
+            (redis.script_calls().await, tries)
+        };
+        let (w, (scripts, tries)) = tokio::join!(waiter, holder_side);
+        w.expect_status(201);
+        if round == 1 {
+            assert_eq!(scripts, 1, "a handoff should take one script");
         }
-        sleep(Duration::from_millis(20)).await;
-        redis.reset_stats().await;
-        app.release(name, &a.token()).await.expect_status(204);
-        redis.script_calls().await
-    };
-    let (w, scripts) = tokio::join!(waiter, holder_side);
-    w.expect_status(201);
-    assert_eq!(scripts, 1, "a handoff should take one script");
-    assert!(
-        w.fence() > a.fence(),
-        "fence {} after {}",
-        w.fence(),
-        a.fence()
-    );
-    assert_eq!(watch.expect("released").await.fence(), a.fence());
-    let acquired = watch.expect("acquired").await;
-    assert_eq!(acquired.fence(), w.fence());
-    assert_eq!(acquired.data["owner"], "w", "{acquired:?}");
-    let history = app.get(&format!("/locks/{name}/history")).await;
-    history.expect_status(200);
-    let entries = history.json()["entries"].clone();
-    assert_eq!(entries[0]["fence"], w.fence(), "{entries}");
-    assert_eq!(entries[0]["owner"], "w");
-    assert_eq!(entries[0]["meta"], json!({"pid": 7}));
-    assert_eq!(entries[0]["ended"], Value::Null);
-    assert_eq!(entries[1]["fence"], a.fence(), "{entries}");
-    assert_eq!(entries[1]["ended"], "released");
-    let held = app.get(&format!("/locks/{name}")).await;
-    held.expect_status(200);
-    assert_eq!(held.json()["fence"], w.fence());
-    app.release(name, &w.token()).await.expect_status(204);
+        assert_eq!(acquire_tries(&app).await, tries, "W tried for itself");
+        assert!(
+            w.fence() > a.fence(),
+            "fence {} after {}",
+            w.fence(),
+            a.fence()
+        );
+        let history = app.get(&format!("/locks/{name}/history")).await;
+        history.expect_status(200);
+        let entries = history.json()["entries"].clone();
+        assert_eq!(entries[0]["fence"], w.fence(), "{entries}");
+        assert_eq!(entries[0]["owner"], "w");
+        assert_eq!(entries[0]["meta"], json!({"pid": 7}));
+        assert_eq!(entries[0]["ended"], Value::Null);
+        assert_eq!(entries[1]["fence"], a.fence(), "{entries}");
+        assert_eq!(entries[1]["ended"], "released");
+        let held = app.get(&format!("/locks/{name}")).await;
+        held.expect_status(200);
+        assert_eq!(held.json()["fence"], w.fence());
+        app.release(&name, &w.token()).await.expect_status(204);
+    }
     assert_eq!(app.lock_key_count().await, 0);
+}
+
+/// Two instances on one Redis, a waiter on each. A release sent to the
+/// first does not hand the lock to its own waiter, since the second
+/// listens to the lock's changes too (it may have waiters of its own,
+/// which must not wait behind the first's for ever): the lock is
+/// released, and each instance's head tries once at the release, as at
+/// any release. One of them gets it, the other after its release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_nothing_over_while_another_instance_listens() {
+    let one = TestApp::redis().await;
+    let two = one.sibling(|_| {}).await;
+    let redis = one.redis_server();
+    let name = "fair";
+    let a = one.acquire_ttl(name, 10_000).await;
+    a.expect_status(201);
+    let seen = Exclusive::default();
+    let clients = join_all([
+        take_hold_release(&two, name, 0, 10_000, Duration::from_millis(2), &seen),
+        take_hold_release(&one, name, 1, 10_000, Duration::from_millis(2), &seen),
+    ]);
+    let holder_side = async {
+        until_waiters(&two, 1).await;
+        until_waiters(&one, 1).await;
+        redis.until_lock_channel_subscribers(name, 2).await;
+        until_looked(&one, 1).await;
+        until_looked(&two, 1).await;
+        sleep(Duration::from_millis(20)).await;
+        let before = (acquire_tries(&one).await, acquire_tries(&two).await);
+        one.release(name, &a.token()).await.expect_status(204);
+        before
+    };
+    let (replies, (one_before, two_before)) = tokio::join!(clients, holder_side);
+    for (who, reply) in replies.iter().enumerate() {
+        assert_eq!(reply.status.as_u16(), 201, "client {who}: {}", reply.text);
+    }
+    assert_fences_grow(&seen.grants());
+    // Each head tried at A's release; the loser once more at the winner's.
+    let one_tries = acquire_tries(&one).await - one_before;
+    let two_tries = acquire_tries(&two).await - two_before;
+    assert!(
+        one_tries >= 1 && two_tries >= 1,
+        "tries: {one_tries} on the releasing instance, {two_tries} on the other"
+    );
+    assert_eq!(one.lock_key_count().await, 0);
 }
 
 /// Two instances on one Redis, four waiters on each for `k`, which A keeps.

@@ -1256,9 +1256,9 @@ impl LockNode for RedisBackend {
     }
 
     /// One script (`handoff.lua`): the release, and the grant to `next`
-    /// when it freed the lock. With acknowledging replicas required
-    /// (`min_replicas_acked`) a grant waits for its acks, so the release
-    /// and the try are two calls then.
+    /// when it freed the lock and no other instance listens to its
+    /// changes. With acknowledging replicas required (`min_replicas_acked`)
+    /// a grant waits for its acks, so a release is only a release then.
     async fn release_handing(
         &self,
         name: &LockName,
@@ -1266,12 +1266,7 @@ impl LockNode for RedisBackend {
         next: &AcquireRequest,
     ) -> Result<(Released, Option<Result<Acquired, LockError>>), LockError> {
         if self.min_replicas_acked > 0 || next.mode != Mode::Exclusive {
-            let released = self.release(name, token).await?;
-            let tried = match released.mode {
-                Mode::Exclusive => Some(self.acquire(next).await),
-                Mode::Shared => None,
-            };
-            return Ok((released, tried));
+            return Ok((self.release(name, token).await?, None));
         }
         let keys = Keys::new(&self.prefix, name);
         let (sent, sent_wall) = (Instant::now(), SystemTime::now());

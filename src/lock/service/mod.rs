@@ -312,7 +312,9 @@ impl Locks {
                 // The store's own release: the next waiter wakes at its
                 // change (no handoff from here, which a release makes).
                 match self.store.locks().release(&req.name, &req.token).await {
-                    Ok(_) => Attempt::Done,
+                    // Not held by this token: the grant ended already (a
+                    // release of the same token handed it on).
+                    Ok(_) | Err(LockError::NotHeld | LockError::NotOwner) => Attempt::Done,
                     Err(e) => Attempt::Retry(e),
                 }
             })
@@ -341,35 +343,34 @@ impl Locks {
         }
         // An exclusive request that waits says so, so that no new shared
         // lease is granted meanwhile (the writer rule).
-        let attempt = AcquireRequest {
+        // Kept once, for the waiter's own tries and a release's.
+        let attempt = Arc::new(Handoff::new(AcquireRequest {
             waits_until: (req.mode == Mode::Exclusive).then(|| Instant::now() + wait),
             ..req.clone()
-        };
+        }));
         let judge = |outcome| match outcome {
             Err(LockError::Held { retry_after }) => Tried::Busy {
                 retry_after,
                 refusal: (),
             },
-            Ok(Acquired::Granted(lease)) if req.mode == Mode::Exclusive => {
+            // Only under a token lockd generated: a client's token may be
+            // the next waiter's too (a retry), whose try renews at once.
+            Ok(Acquired::Granted(lease)) if req.mode == Mode::Exclusive && req.token_generated => {
                 let (held, fence) = (lease.ttl.as_duration(), lease.fence);
                 Tried::Holds(Ok(Acquired::Granted(lease)), held, fence)
             }
             other => Tried::Ended(other),
         };
         // An exclusive waiter's acquire may be made by a release here.
-        let handoff = (req.mode == Mode::Exclusive).then(|| {
-            (
-                Arc::new(Handoff::new(attempt.clone())),
-                &judge as &Judge<'_, _, _>,
-            )
-        });
+        let handoff =
+            (req.mode == Mode::Exclusive).then(|| (attempt.clone(), &judge as &Judge<'_, _, _>));
         let waited = self
             .wait_turn(
                 &Subject::lock(req.name.clone()),
                 wait,
                 caller_gone,
                 || self.contended(&req.name),
-                || async { judge(self.store.locks().acquire(&attempt).await) },
+                || async { judge(self.store.locks().acquire(&attempt.req).await) },
                 || self.look(&req.name),
                 || self.renew_behind_others(req),
                 handoff,
@@ -1264,6 +1265,43 @@ mod tests {
             previous = token.clone();
         }
         shutdown.cancel();
+    }
+
+    /// Two waiters with one token of the client's (a retry queued behind
+    /// the first request): when the first is granted, the second is
+    /// answered at once with the renewal, not when its wait ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_queued_behind_its_own_grant_is_renewed_at_once() {
+        let (_, locks, _stop) = service(10);
+        let a = Token::generate();
+        locks
+            .acquire(request("k", &a, 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let t = Token::generate();
+        let mine = |locks: &Locks| {
+            let (locks, req) = (
+                locks.clone(),
+                AcquireRequest {
+                    token_generated: false,
+                    ..request("k", &t, 10_000)
+                },
+            );
+            tokio::spawn(async move {
+                let started = Instant::now();
+                (locks.acquire(req, LONG).await, started.elapsed())
+            })
+        };
+        let first = mine(&locks);
+        until_waiting(&locks, "k", 1).await;
+        let second = mine(&locks);
+        until_waiting(&locks, "k", 2).await;
+        locks.release(&name("k"), &a).await.expect("held");
+        let (outcome, _) = first.await.expect("task");
+        assert!(matches!(outcome, Ok(Acquired::Granted(_))), "{outcome:?}");
+        let (outcome, after) = second.await.expect("task");
+        assert!(matches!(outcome, Ok(Acquired::Renewed(_))), "{outcome:?}");
+        assert!(after < Duration::from_secs(1), "answered late: {after:?}");
     }
 
     /// A release that makes the head waiter's try (a handoff) runs to its

@@ -85,7 +85,9 @@ impl Locks {
                                 refusal,
                             }
                         }
-                        Ok(Ok(Started::New { attempt, took_over })) => {
+                        // Only under a token lockd generated (see
+                        // `Locks::acquire_or_wait`).
+                        Ok(Ok(Started::New { attempt, took_over })) if req.token_generated => {
                             let (held, fence) =
                                 (attempt.lease.ttl.as_duration(), attempt.lease.fence);
                             Tried::Holds(Ok(Ok(Started::New { attempt, took_over })), held, fence)

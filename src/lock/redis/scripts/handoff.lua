@@ -14,13 +14,27 @@
 -- released an exclusive holder (1) acquire.lua's status and fence after
 -- it, as strings: {1, granted, status, fence}; {1, granted, 'err',
 -- message} when the grant failed (the lock is then free: acquire.lua
--- deleted it again); {verdict, granted, '', ''} when no grant was tried.
+-- deleted it again); {verdict, granted, '', ''} when no grant was tried
+-- (not released, a shared lease released, or another listener).
 -- Both publish their changes as they would alone: `released F`, then
 -- `acquired ...`.
+-- The waiter is granted only when no other lockd instance (nor any other
+-- client) listens to the lock's changes: one that listens may have
+-- waiters of its own, which must not wait behind this instance's for ever.
+-- Then the lock is only released, and every instance's head tries at its
+-- message, as at any release. This instance's own subscription, if made
+-- yet, is the one listener allowed.
+local listeners
+if ARGV[7] == 'SPUBLISH' then
+  listeners = redis.pcall('PUBSUB', 'SHARDNUMSUB', ARGV[6])
+else
+  listeners = redis.pcall('PUBSUB', 'NUMSUB', ARGV[6])
+end
+local alone = type(listeners) == 'table' and (tonumber(listeners[2]) or 2) <= 1
 local released = release_part(
   {KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]},
   {ARGV[13], ARGV[6], ARGV[7], ARGV[14], ARGV[15], ARGV[16]})
-if released[1] ~= 1 then
+if released[1] ~= 1 or not alone then
   return {released[1], released[2], '', ''}
 end
 local granted = acquire_part(KEYS, ARGV)
