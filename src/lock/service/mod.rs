@@ -487,7 +487,22 @@ impl Locks {
                 let held_until = match place.take_hint() {
                     _ if last_try => Looked::Free,
                     Hint::Try => Looked::Free,
-                    Hint::Look => look().await,
+                    Hint::Look => {
+                        // A look is no try: a release may make the try
+                        // meanwhile, as while the waiter sleeps.
+                        if let Some(handoff) = place.handoff() {
+                            handoff.park();
+                        }
+                        let looked = look().await;
+                        match place.handoff().map(Handoff::begin) {
+                            None | Some(Begin::Try) => looked,
+                            Some(Begin::Wait) => Looked::Unknown,
+                            Some(Begin::Handed(outcome)) => {
+                                tried = judge.map(|judge| judge(outcome));
+                                Looked::Unknown
+                            }
+                        }
+                    }
                     Hint::HeldUntil(until) => match until.checked_duration_since(Instant::now()) {
                         Some(left) if !left.is_zero() => Looked::HeldFor(left),
                         _ => Looked::Free,
