@@ -638,7 +638,11 @@ impl Locks {
     /// between the store's answer and the waiter's: what is left of it
     /// then runs on a task of its own (see [`Attached`]).
     pub async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
-        let Some(offer) = self.queues.offer(&Subject::lock(name.clone())) else {
+        // Nobody waiting here (the common case) costs no lookup.
+        let offer = (self.queues.waiting() > 0)
+            .then(|| self.queues.offer(&Subject::lock(name.clone())))
+            .flatten();
+        let Some(offer) = offer else {
             return self.store.locks().release(name, token).await;
         };
         let (this, name, token) = (self.clone(), name.clone(), token.clone());

@@ -350,9 +350,8 @@ impl WaitQueues {
         self.lock().values_mut().for_each(Queue::wake_head);
     }
 
-    /// How many requests wait now.
-    #[cfg(test)]
-    fn waiting(&self) -> usize {
+    /// How many requests wait now, on every subject.
+    pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)
     }
 
