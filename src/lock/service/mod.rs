@@ -636,7 +636,7 @@ impl Locks {
     /// release, its change message and the waiter's own try cost two and
     /// a hop. A caller who goes away meanwhile does not cut it off
     /// between the store's answer and the waiter's: what is left of it
-    /// then runs on a task of its own (see [`Attached`]).
+    /// then runs on a task of its own.
     pub async fn release(&self, name: &LockName, token: &Token) -> Result<Released, LockError> {
         // Nobody waiting here (the common case) costs no lookup.
         let offer = (self.queues.waiting() > 0)
