@@ -997,28 +997,35 @@ mod tests {
         );
     }
 
+    /// Waiters are granted in arrival order, one try a handoff: the one
+    /// behind a waiter that was granted does not try the lock it knows is
+    /// held, only at its release (a try at each grant would make two).
     #[tokio::test(start_paused = true)]
-    async fn waiters_are_granted_in_arrival_order() {
-        let (_, locks, _stop) = service(10);
+    async fn waiters_are_granted_in_arrival_order_one_try_a_handoff() {
+        let (store, locks, _stop) = slow_service(Duration::ZERO);
         let holder = Token::generate();
         locks
             .acquire(request("k", &holder, 10_000), Duration::ZERO)
             .await
             .expect("free");
-        let tokens: Vec<Token> = (0..3).map(|_| Token::generate()).collect();
+        let tokens: Vec<Token> = (0..4).map(|_| Token::generate()).collect();
         let mut waiters = Vec::new();
         for (i, token) in tokens.iter().enumerate() {
             waiters.push(waiter(&locks, "k", token, LONG));
             until_waiting(&locks, "k", i + 1).await;
         }
+        let before = store.tries();
         let mut previous = holder;
         for (i, (token, handle)) in tokens.iter().zip(waiters).enumerate() {
             locks.release(&name("k"), &previous).await.expect("held");
-            let (outcome, _) = handle.await.expect("task");
+            let (outcome, after) = handle.await.expect("task");
             assert!(
                 matches!(outcome, Ok(Acquired::Granted(_))),
                 "waiter {i}: {outcome:?}"
             );
+            assert!(after < LONG, "waiter {i} waited for the lease's end");
+            settle().await;
+            assert_eq!(store.tries() - before, i + 1, "tries after handoff {i}");
             previous = token.clone();
         }
     }
@@ -1071,6 +1078,25 @@ mod tests {
         delay: Duration,
         /// How many acquires reached the store.
         tries: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Slow {
+        /// How many acquires reached the store so far.
+        fn tries(&self) -> usize {
+            self.tries.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    /// [`service`] over a [`Slow`] store whose acquires take `delay`.
+    fn slow_service(delay: Duration) -> (Arc<Slow>, Locks, CancellationToken) {
+        let store = Arc::new(Slow {
+            inner: MemoryBackend::new(),
+            delay,
+            tries: Default::default(),
+        });
+        let shutdown = CancellationToken::new();
+        let locks = Locks::new(Arc::new(Single::new(store.clone())), 10, shutdown.clone());
+        (store, locks, shutdown)
     }
 
     #[async_trait]
@@ -1245,47 +1271,6 @@ mod tests {
         }
     }
 
-    /// Waiters granted in turn: the one behind a waiter that was granted
-    /// does not try the lock it knows is held, only at its release. One
-    /// try a handoff, where a try at each grant would make two.
-    #[tokio::test(start_paused = true)]
-    async fn a_handoff_costs_the_next_waiter_one_try() {
-        let store = Arc::new(Slow {
-            inner: MemoryBackend::new(),
-            delay: Duration::ZERO,
-            tries: Default::default(),
-        });
-        let shutdown = CancellationToken::new();
-        let locks = Locks::new(Arc::new(Single::new(store.clone())), 10, shutdown.clone());
-        let holder = Token::generate();
-        locks
-            .acquire(request("k", &holder, 10_000), Duration::ZERO)
-            .await
-            .expect("free");
-        let tokens: Vec<Token> = (0..4).map(|_| Token::generate()).collect();
-        let mut waiters = Vec::new();
-        for (i, token) in tokens.iter().enumerate() {
-            waiters.push(waiter(&locks, "k", token, LONG));
-            until_waiting(&locks, "k", i + 1).await;
-        }
-        let tries = || store.tries.load(std::sync::atomic::Ordering::Relaxed);
-        let before = tries();
-        let mut previous = holder;
-        for (i, (token, handle)) in tokens.iter().zip(waiters).enumerate() {
-            locks.release(&name("k"), &previous).await.expect("held");
-            let (outcome, after) = handle.await.expect("task");
-            assert!(
-                matches!(outcome, Ok(Acquired::Granted(_))),
-                "waiter {i}: {outcome:?}"
-            );
-            assert!(after < LONG, "waiter {i} waited for the lease's end");
-            settle().await;
-            assert_eq!(tries() - before, i + 1, "tries after handoff {i}");
-            previous = token.clone();
-        }
-        shutdown.cancel();
-    }
-
     /// Two waiters with one token of the client's (a retry queued behind
     /// the first request): when the first is granted, the second is
     /// answered at once with the renewal, not when its wait ends.
@@ -1328,13 +1313,7 @@ mod tests {
     /// left waiting for an answer nobody gives.
     #[tokio::test(start_paused = true)]
     async fn a_handoff_whose_releaser_left_still_grants_the_waiter() {
-        let store = Arc::new(Slow {
-            inner: MemoryBackend::new(),
-            delay: Duration::from_millis(100),
-            tries: Default::default(),
-        });
-        let shutdown = CancellationToken::new();
-        let locks = Locks::new(Arc::new(Single::new(store.clone())), 10, shutdown.clone());
+        let (store, locks, _stop) = slow_service(Duration::from_millis(100));
         let a = Token::generate();
         locks
             .acquire(request("k", &a, 10_000), Duration::ZERO)
@@ -1345,7 +1324,7 @@ mod tests {
         // W's first try (it takes 100 ms) found it held; W sleeps.
         tokio::time::sleep(Duration::from_millis(200)).await;
         settle().await;
-        assert_eq!(store.tries.load(std::sync::atomic::Ordering::Relaxed), 2);
+        assert_eq!(store.tries(), 2);
         let k = name("k");
         let mut release = Box::pin(locks.release(&k, &a));
         // The release is done and W's try is under way: the caller leaves.
@@ -1354,22 +1333,12 @@ mod tests {
         let (outcome, after) = w.await.expect("task");
         assert!(matches!(outcome, Ok(Acquired::Granted(_))), "{outcome:?}");
         assert!(after < Duration::from_secs(1), "granted late: {after:?}");
-        assert_eq!(store.tries.load(std::sync::atomic::Ordering::Relaxed), 3);
-        shutdown.cancel();
+        assert_eq!(store.tries(), 3);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_grant_made_after_the_caller_left_is_released() {
-        let store = Arc::new(Slow {
-            inner: MemoryBackend::new(),
-            delay: Duration::from_millis(100),
-            tries: Default::default(),
-        });
-        let locks = Locks::new(
-            Arc::new(Single::new(store.clone())),
-            10,
-            CancellationToken::new(),
-        );
+        let (store, locks, _stop) = slow_service(Duration::from_millis(100));
         let outcome = tokio::time::timeout(
             Duration::from_millis(50),
             locks.acquire(request("k", &Token::generate(), 10_000), Duration::ZERO),
