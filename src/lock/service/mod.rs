@@ -667,7 +667,11 @@ impl Locks {
         {
             Ok((released, Some(outcome))) => {
                 let handoff = offer.handoff();
-                if let Some(Ok(Acquired::Granted(_))) = offer.hand(outcome) {
+                // As for any grant made after its caller left (see
+                // `LockOrphan`): under a token lockd generated only.
+                if let Some(Ok(Acquired::Granted(_))) = offer.hand(outcome)
+                    && handoff.req.token_generated
+                {
                     let this = self.clone();
                     tokio::spawn(async move { this.release_orphan(&handoff.req).await });
                 }
@@ -761,7 +765,14 @@ struct LockOrphan {
 impl Orphan<Acquired> for LockOrphan {
     async fn undo(self, outcome: Result<Acquired, LockError>) {
         match outcome {
-            Ok(Acquired::Granted(_)) => self.locks.release_orphan(&self.req).await,
+            // Only under a token lockd generated: a client's own token
+            // may have been answered as the holder through a retry of the
+            // request (renewed), which a release would leave holding
+            // nothing. The client may retry with it; else the lease runs
+            // out with its TTL.
+            Ok(Acquired::Granted(_)) if self.req.token_generated => {
+                self.locks.release_orphan(&self.req).await;
+            }
             // An exclusive wait that ended with its caller gone may have
             // been recorded as a waiting writer: a release of its token
             // withdraws it at once, so readers are not kept out until its
@@ -1336,24 +1347,36 @@ mod tests {
         assert_eq!(store.tries(), 3);
     }
 
+    /// A grant made after its caller left: released when lockd generated
+    /// its token (nobody else can hold it), kept under a token of the
+    /// client's, which a retry of the same request (here, or through
+    /// another instance) may have been told it holds, renewed: releasing
+    /// it then would leave that retry holding nothing.
     #[tokio::test(start_paused = true)]
-    async fn a_grant_made_after_the_caller_left_is_released() {
-        let (store, locks, _stop) = slow_service(Duration::from_millis(100));
-        let outcome = tokio::time::timeout(
-            Duration::from_millis(50),
-            locks.acquire(request("k", &Token::generate(), 10_000), Duration::ZERO),
-        )
-        .await;
-        assert!(outcome.is_err(), "the caller gave up during the store call");
-        assert_eq!(store.inner.held_count(), 0);
-        // The call goes on, grants, and its grant is released.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        settle().await;
-        assert_eq!(
-            store.inner.held_count(),
-            0,
-            "the orphaned grant was released"
-        );
+    async fn a_grant_made_after_the_caller_left_is_released_unless_the_token_is_the_clients() {
+        for generated in [true, false] {
+            let (store, locks, _stop) = slow_service(Duration::from_millis(100));
+            let req = AcquireRequest {
+                token_generated: generated,
+                ..request("k", &Token::generate(), 10_000)
+            };
+            let outcome = tokio::time::timeout(
+                Duration::from_millis(50),
+                locks.acquire(req, Duration::ZERO),
+            )
+            .await;
+            assert!(outcome.is_err(), "the caller gave up during the store call");
+            assert_eq!(store.inner.held_count(), 0);
+            // The call goes on and grants.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            settle().await;
+            let held = if generated { 0 } else { 1 };
+            assert_eq!(
+                store.inner.held_count(),
+                held,
+                "generated token: {generated}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -79,7 +79,10 @@ struct PermitOrphan {
 
 impl Orphan<Result<PermitOutcome, Refusal>> for PermitOrphan {
     async fn undo(self, outcome: Result<Result<PermitOutcome, Refusal>, LockError>) {
-        if let Ok(Ok(PermitOutcome::Granted(_))) = outcome {
+        // Only under a token lockd generated (see `LockOrphan`).
+        if let Ok(Ok(PermitOutcome::Granted(_))) = outcome
+            && self.req.token_generated
+        {
             self.locks.give_back_orphan(&self.req).await;
         }
     }

@@ -26,7 +26,10 @@ struct AttemptOrphan {
 
 impl Orphan<Result<Started, StartRefusal>> for AttemptOrphan {
     async fn undo(self, outcome: Result<Result<Started, StartRefusal>, LockError>) {
-        if let Ok(Ok(Started::New { .. })) = outcome {
+        // Only under a token lockd generated (see `LockOrphan`).
+        if let Ok(Ok(Started::New { .. })) = outcome
+            && self.req.token_generated
+        {
             self.locks.abandon_orphan(&self.req).await;
         }
     }
