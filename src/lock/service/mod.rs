@@ -66,6 +66,10 @@ enum Tried<T, R> {
     /// this fence: the next waiter waits for its release rather than
     /// trying at once.
     Holds(T, Duration, u64),
+    /// The request is answered with a shared lease: the shared waiters
+    /// right behind it in the queue try at once (see
+    /// [`queue::Place::admits_sharers`]).
+    Shares(T),
     /// Held (or full): it may free in `retry_after` without a release;
     /// `refusal` is the answer should the wait end now.
     Busy {
@@ -359,6 +363,9 @@ impl Locks {
                 let (held, fence) = (lease.ttl.as_duration(), lease.fence);
                 Tried::Holds(Ok(Acquired::Granted(lease)), held, fence)
             }
+            Ok(granted @ Acquired::Granted(_)) if req.mode == Mode::Shared => {
+                Tried::Shares(Ok(granted))
+            }
             other => Tried::Ended(other),
         };
         // An exclusive waiter's acquire may be made by a release here.
@@ -374,6 +381,7 @@ impl Locks {
                 || self.look(&req.name),
                 || self.renew_behind_others(req),
                 handoff,
+                req.mode == Mode::Shared,
             )
             .await?;
         match waited {
@@ -398,7 +406,10 @@ impl Locks {
     /// one held), without taking anything ahead of the queue. With a
     /// `handoff` (an exclusive lock's acquire, and how to read its
     /// answer), a release on this instance may make the head's try for it
-    /// while it sleeps (see [`Locks::release`]).
+    /// while it sleeps (see [`Locks::release`]). A `shared` waiter (for a
+    /// shared lease) tries beside the head too once the head's group was
+    /// admitted (see [`queue::Place::admits_sharers`]), until a try finds
+    /// the lock held.
     ///
     /// # Errors
     /// [`LockError::TooManyWaiters`] when the queues are full and the
@@ -416,6 +427,7 @@ impl Locks {
         look: L,
         behind: B,
         handoff: Option<(Arc<Handoff>, &Judge<'_, T, R>)>,
+        shared: bool,
     ) -> Result<Waited<T, R>, LockError>
     where
         A: FnMut() -> AF,
@@ -433,14 +445,16 @@ impl Locks {
         // Join before the first attempt, so a release between a failed
         // attempt and the wait cannot be missed, and so that a newcomer does
         // not overtake the waiters already queued.
-        let Ok(place) = self.queues.join_with(subject, handoff) else {
+        let Ok(place) = self.queues.join_with(subject, handoff, shared) else {
             // No room to wait: a free lock (or permit) is still granted.
             return match attempt().await {
                 Tried::Busy { .. } => {
                     contended();
                     Err(LockError::TooManyWaiters)
                 }
-                Tried::Ended(outcome) | Tried::Holds(outcome, ..) => Ok(Waited::Ended(outcome)),
+                Tried::Ended(outcome) | Tried::Holds(outcome, ..) | Tried::Shares(outcome) => {
+                    Ok(Waited::Ended(outcome))
+                }
             };
         };
         let mut retry_at = Instant::now();
@@ -530,6 +544,10 @@ impl Locks {
                     retry_at = lease_end + jitter();
                 }
                 Some(Tried::Ended(outcome)) => return Ok(Waited::Ended(outcome)),
+                Some(Tried::Shares(outcome)) => {
+                    place.admits_sharers();
+                    return Ok(Waited::Ended(outcome));
+                }
                 Some(Tried::Holds(outcome, held, fence)) => {
                     place.leaves_holding(Instant::now() + held, fence, mark);
                     return Ok(Waited::Ended(outcome));
@@ -1041,6 +1059,65 @@ mod tests {
         }
     }
 
+    /// Shared waiters queued behind an exclusive holder are granted
+    /// together at its release (a try each, at once, not one after the
+    /// other), up to the exclusive waiter queued among them, which keeps
+    /// its place: no shared waiter behind it is granted before it.
+    #[tokio::test(start_paused = true)]
+    async fn queued_readers_are_granted_together_up_to_the_next_writer() {
+        const TRY: Duration = Duration::from_millis(100);
+        let (store, locks, _stop) = slow_service(TRY);
+        let holder = Token::generate();
+        locks
+            .acquire(request("k", &holder, 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        // Four readers, a writer, two readers, in this order.
+        let modes = [true, true, true, true, false, true, true];
+        let mut waiters = Vec::new();
+        for (i, shared) in modes.into_iter().enumerate() {
+            let mut req = request("k", &Token::generate(), 10_000);
+            if shared {
+                req.mode = crate::lock::Mode::Shared;
+            }
+            let this = locks.clone();
+            waiters.push(tokio::spawn(async move {
+                let started = Instant::now();
+                let outcome = this.acquire(req, LONG).await;
+                (outcome, started.elapsed())
+            }));
+            // Each first try (the head's) ends before the next joins.
+            tokio::time::sleep(2 * TRY).await;
+            until_waiting(&locks, "k", i + 1).await;
+        }
+        let released = Instant::now();
+        locks.release(&name("k"), &holder).await.expect("held");
+        let mut waiters = waiters.into_iter();
+        for i in 0..4 {
+            let (outcome, _) = waiters.next().expect("a reader").await.expect("task");
+            assert!(
+                matches!(outcome, Ok(Acquired::Granted(_))),
+                "reader {i}: {outcome:?}"
+            );
+        }
+        // The head's try, then the other three's at once: two tries long,
+        // where one after another would be four.
+        assert!(
+            released.elapsed() <= 2 * TRY + TRY / 2,
+            "the readers took {:?}",
+            released.elapsed()
+        );
+        settle().await;
+        assert_eq!(waiting(&locks, "k"), 3, "the writer and two readers wait");
+        let tries = store.tries();
+        tokio::time::sleep(10 * TRY).await;
+        assert_eq!(waiting(&locks, "k"), 3, "nobody got past the writer");
+        assert!(
+            store.tries() <= tries + 1,
+            "only the writer, at the head, tries while the readers hold it"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_caller_gone_mid_wait_leaves_no_lock_and_no_waiter() {
         let (store, locks, _stop) = service(10);
@@ -1140,6 +1217,14 @@ mod tests {
             by: &str,
         ) -> Result<Vec<crate::lock::history::BrokenLease>, LockError> {
             Node::break_leases(&self.inner, subject, fence, by).await
+        }
+
+        fn watch_releases(
+            &self,
+            listener: Arc<dyn ChangeListener>,
+            stop: CancellationToken,
+        ) -> Option<Arc<dyn crate::lock::WaitInterest>> {
+            self.inner.watch_releases(listener, stop)
         }
     }
 

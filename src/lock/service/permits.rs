@@ -166,6 +166,7 @@ impl Locks {
                 || look_at_semaphore(store, &req.name),
                 || answer_behind_others(store, req),
                 None,
+                false,
             )
             .await?;
         match waited {

@@ -16,7 +16,7 @@
 //! subscription.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::Notify;
@@ -31,6 +31,12 @@ struct Waiter {
     wake: Arc<Notify>,
     /// Its acquire, when a release may grant it in the same step.
     handoff: Option<Arc<Handoff>>,
+    /// Whether it waits for a shared lease (see [`Queue::admit_sharers`]).
+    shared: bool,
+    /// Whether it tries as a head does, though others are ahead of it: it
+    /// waits for a shared lease, and so do all ahead of it, the first of
+    /// whom was granted one (see [`Queue::admit_sharers`]).
+    admitted: Arc<AtomicBool>,
 }
 
 /// An exclusive lock's waiter's acquire, which a release on this instance
@@ -223,6 +229,36 @@ impl Queue {
             head.wake.notify_one();
         }
     }
+
+    /// A waiter at the front was granted a shared lease: every shared
+    /// waiter right behind it (up to the first that is not) tries at once,
+    /// as a head does, rather than one after the other as each becomes
+    /// head: a group of readers costs one round trip, not one each (the
+    /// readers' turn of a fair reader-writer lock). An exclusive waiter
+    /// keeps its place: no shared waiter behind it is admitted before it.
+    fn admit_sharers(&mut self) {
+        for waiter in self.waiters.iter().take_while(|w| w.shared) {
+            if !waiter.admitted.swap(true, Ordering::AcqRel) {
+                waiter.wake.notify_one();
+            }
+        }
+    }
+
+    /// The lock is held (a try was refused, or a waiter left holding it):
+    /// only the head tries again, as for any queue.
+    fn bar_sharers(&mut self) {
+        for waiter in &self.waiters {
+            if !waiter.admitted.swap(false, Ordering::AcqRel) {
+                break;
+            }
+        }
+    }
+
+    /// Whether the waiter `id` tries now: it is the head, or a shared
+    /// waiter admitted with the head's group.
+    fn tries(&self, id: u64, admitted: &AtomicBool) -> bool {
+        self.waiters.front().is_some_and(|w| w.id == id) || admitted.load(Ordering::Acquire)
+    }
 }
 
 /// The wait queues of one lockd instance.
@@ -263,15 +299,18 @@ impl WaitQueues {
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// [`WaitQueues::join_with`] without a handoff.
+    /// [`WaitQueues::join_with`] without a handoff, for an exclusive
+    /// waiter.
     #[cfg(test)]
     pub fn join(self: &Arc<Self>, subject: &Subject) -> Result<Place, QueueFull> {
-        self.join_with(subject, None)
+        self.join_with(subject, None, false)
     }
 
     /// Joins the back of `subject`'s queue, with the waiter's `handoff`
     /// when a release on this instance may make its try (see
-    /// [`WaitQueues::offer`]). The place leaves the queue when it is
+    /// [`WaitQueues::offer`]); `shared` when it waits for a shared lease,
+    /// which it may be granted beside the shared waiters ahead of it (see
+    /// [`Place::admits_sharers`]). The place leaves the queue when it is
     /// dropped, and wakes the next waiter if it was the head.
     ///
     /// # Errors
@@ -280,6 +319,7 @@ impl WaitQueues {
         self: &Arc<Self>,
         subject: &Subject,
         handoff: Option<Arc<Handoff>>,
+        shared: bool,
     ) -> Result<Place, QueueFull> {
         let reserved = self
             .waiting
@@ -292,21 +332,32 @@ impl WaitQueues {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
         let place_handoff = handoff.clone();
-        self.lock()
-            .entry(subject.clone())
-            .or_default()
-            .waiters
-            .push_back(Waiter {
-                id,
-                wake: wake.clone(),
-                handoff,
-            });
+        let mut queues = self.lock();
+        let queue = queues.entry(subject.clone()).or_default();
+        // Admitted flags are on a run of shared waiters from the front: a
+        // shared waiter that joins right behind an admitted one (every
+        // waiter is then shared and admitted) is admitted too.
+        let admitted = shared
+            && queue
+                .waiters
+                .back()
+                .is_some_and(|w| w.admitted.load(Ordering::Acquire));
+        let admitted = Arc::new(AtomicBool::new(admitted));
+        queue.waiters.push_back(Waiter {
+            id,
+            wake: wake.clone(),
+            handoff,
+            shared,
+            admitted: admitted.clone(),
+        });
+        drop(queues);
         Ok(Place {
             queues: self.clone(),
             subject: subject.clone(),
             id,
             wake,
             handoff: place_handoff,
+            admitted,
         })
     }
 
@@ -419,23 +470,38 @@ pub struct Place {
     id: u64,
     wake: Arc<Notify>,
     handoff: Option<Arc<Handoff>>,
+    /// Whether it tries beside the head (see [`Place::admits_sharers`]).
+    admitted: Arc<AtomicBool>,
 }
 
 impl Place {
-    /// Whether this place is at the head of its queue (the one that retries).
+    /// Whether this place is at the head of its queue (the one that
+    /// retries), or a shared waiter admitted with the head's group (see
+    /// [`Place::admits_sharers`]).
     pub fn is_head(&self) -> bool {
         self.queues
             .lock()
             .get(&self.subject)
-            .and_then(|q| q.waiters.front())
-            .is_some_and(|w| w.id == self.id)
+            .is_some_and(|q| q.tries(self.id, &self.admitted))
+    }
+
+    /// Says that this waiter, at the head (or admitted), was granted a
+    /// shared lease: the shared waiters right behind it try at once too,
+    /// until one of them is refused.
+    pub fn admits_sharers(&self) {
+        if let Some(queue) = self.queues.lock().get_mut(&self.subject) {
+            queue.admit_sharers();
+        }
     }
 
     /// Records when the holder's lease ends, as a failed try learned it, for
     /// every waiter of this lock to report. The first time for this lock,
-    /// tells the store's [`WaitInterest`] that it is waited for.
+    /// tells the store's [`WaitInterest`] that it is waited for. Shared
+    /// waiters admitted with the head's group wait as others do again: it
+    /// is held.
     pub fn note_lease_end(&self, at: Instant) {
         if let Some(queue) = self.queues.lock().get_mut(&self.subject) {
+            queue.bar_sharers();
             queue.lease_end = Some(at);
             if !queue.subscribed
                 && let Some(interest) = self.queues.interest.get()
@@ -479,6 +545,7 @@ impl Place {
     /// for any waiter that leaves.
     pub fn leaves_holding(&self, until: Instant, fence: u64, mark: u64) {
         if let Some(queue) = self.queues.lock().get_mut(&self.subject) {
+            queue.bar_sharers();
             queue.held_fence = Some(queue.held_fence.map_or(fence, |f| f.max(fence)));
             if queue.wakes == mark {
                 queue.held_until = Some(until);
@@ -628,6 +695,33 @@ mod tests {
         c.note_lease_end(Instant::now());
         drop(c);
         assert_eq!(*told.0.lock().expect("told"), ["+k", "-k", "+k", "-k"]);
+    }
+
+    #[tokio::test]
+    async fn a_readers_grant_admits_the_readers_behind_it_until_a_try_is_refused() {
+        let queues = Arc::new(WaitQueues::new(10));
+        let join = |shared| queues.join_with(&lock("k"), None, shared).expect("room");
+        let (r1, r2, w, r3) = (join(true), join(true), join(false), join(true));
+        assert!(r1.is_head() && !r2.is_head());
+        r1.admits_sharers();
+        tokio::time::timeout(Duration::from_secs(1), r2.woken())
+            .await
+            .expect("the reader behind is woken");
+        assert!(r2.is_head(), "admitted beside the head");
+        assert!(!w.is_head() && !r3.is_head(), "the writer keeps its place");
+        drop(r1);
+        // A refusal: only the head tries again.
+        let (r4, r5) = (join(true), join(true));
+        drop((w, r3));
+        assert!(r2.is_head() && !r4.is_head() && !r5.is_head());
+        r2.admits_sharers();
+        assert!(r4.is_head() && r5.is_head());
+        let r6 = join(true);
+        assert!(r6.is_head(), "a reader joining the admitted group tries");
+        r5.note_lease_end(Instant::now());
+        assert!(r2.is_head() && !r4.is_head() && !r6.is_head());
+        let r7 = join(true);
+        assert!(!r7.is_head());
     }
 
     #[test]

@@ -101,6 +101,7 @@ impl Locks {
                 || look_at_run(store, &req.key),
                 || renew_behind_others(store, req),
                 None,
+                false,
             )
             .await?;
         match waited {
