@@ -85,6 +85,9 @@ pub async fn metrics(
             locks.for_each_queue(Kind::Semaphore, |name, n| {
                 scrape.semaphore_waiters.push((name.to_owned(), n));
             });
+            locks.for_each_queue(Kind::Run, |key, n| {
+                scrape.run_waiters.push((key.to_owned(), n));
+            });
             metrics.render(&scrape)
         },
     )

@@ -237,6 +237,8 @@ pub struct Scrape {
     pub lock_waiters: Vec<(String, usize)>,
     /// Each semaphore with waiters on this instance, and how many.
     pub semaphore_waiters: Vec<(String, usize)>,
+    /// Each run key with starts waiting on this instance, and how many.
+    pub run_waiters: Vec<(String, usize)>,
     /// Each semaphore known to this instance, and its live permits.
     pub permits_held: Vec<(String, usize)>,
     /// Each lock this instance granted shared leases of, and its live
@@ -649,6 +651,7 @@ impl Metrics {
         self.watchers
             .set(i64::try_from(scrape.watchers).unwrap_or(i64::MAX));
         self.update_semaphores(&scrape.semaphore_waiters, &scrape.permits_held);
+        self.update_run_waiters(&scrape.run_waiters);
         self.update_pools();
         self.update_master();
         let mut buf = Vec::new();

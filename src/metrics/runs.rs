@@ -1,7 +1,8 @@
 //! The run metrics: `lockd_runs_total{namespace,outcome}`, labelled by
-//! namespace as the lock metrics are, and fed by the `/runs` handlers.
+//! namespace as the lock metrics are, and fed by the `/runs` handlers, and
+//! `lockd_run_waiters{namespace}`, read at scrape time.
 
-use prometheus::IntCounterVec;
+use prometheus::{IntCounterVec, IntGaugeVec};
 
 use super::{Builder, Metrics, failure};
 use crate::lock::run::{Completed, RunMiss, StartRefusal, Started};
@@ -34,6 +35,9 @@ pub(super) struct RunMetrics {
     /// complete, abandoned, extended,
     /// not_owner, not_found), and failures (unavailable, error).
     total: IntCounterVec,
+    /// `lockd_run_waiters{namespace}`: starts waiting on this instance
+    /// for an attempt in progress (`wait_ms`), read at scrape time.
+    waiters: IntGaugeVec,
 }
 
 impl RunMetrics {
@@ -44,6 +48,11 @@ impl RunMetrics {
                 "Run requests by namespace and outcome.",
                 &["namespace", "outcome"],
             )?,
+            waiters: b.gauge(
+                "lockd_run_waiters",
+                "Run starts waiting for an attempt in progress on this instance now.",
+                &["namespace"],
+            )?,
         })
     }
 
@@ -52,6 +61,7 @@ impl RunMetrics {
         for outcome in OUTCOMES {
             self.total.with_label_values(&[ns, outcome]);
         }
+        self.waiters.with_label_values(&[ns]);
     }
 }
 
@@ -65,6 +75,17 @@ fn missed(miss: &RunMiss) -> &'static str {
 }
 
 impl Metrics {
+    /// Sets `lockd_run_waiters` from each run key with waiters and how
+    /// many (every known namespace, at zero when none waits in it).
+    pub(super) fn update_run_waiters(&self, waiting: &[(String, usize)]) {
+        for (ns, count) in self.by_namespace(waiting) {
+            self.runs
+                .waiters
+                .with_label_values(&[ns.as_ref()])
+                .set(count);
+        }
+    }
+
     fn count_run(&self, key: &LockName, outcome: &str) {
         let ns = self.namespace(key);
         self.runs

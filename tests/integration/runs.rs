@@ -320,7 +320,8 @@ async fn a_waiter_takes_over_when_the_attempt_is_abandoned(app: &TestApp) {
             Reply::read(response).await.expect("body")
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The start waits, and the gauge says so.
+    app.until_gauge("lockd_run_waiters", 1.0).await;
     let sent = Instant::now();
     abandon(app, "import", &first.token())
         .await
@@ -331,6 +332,7 @@ async fn a_waiter_takes_over_when_the_attempt_is_abandoned(app: &TestApp) {
     assert_eq!(reply.u64("attempt"), 2);
     assert!(reply.fence() > first.fence());
     assert!(sent.elapsed() < Duration::from_secs(10));
+    app.until_gauge("lockd_run_waiters", 0.0).await;
 }
 
 async fn a_done_run_is_forgotten_when_its_retention_ends(app: &TestApp) {

@@ -504,6 +504,23 @@ impl TestApp {
         reply.text
     }
 
+    /// Waits until the samples of the gauge `name` (every label) add up
+    /// to `n`; panics after 5 s, saying what they added up to.
+    pub async fn until_gauge(&self, name: &str, n: f64) {
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = super::metric(&self.metrics().await, name, &[]).unwrap_or(0.0);
+            if now == n {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "{name} is {now}, not {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// How many lock operations reached the backend so far (from
     /// `lockd_backend_duration_seconds_count`, any op but `ping`).
     pub async fn backend_calls(&self) -> u64 {
