@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::{IntoResponses, ToSchema};
 
-use crate::lock::{InvalidInput, LaggingWrite, LockError};
+use crate::lock::{InvalidInput, LaggingWrite, LockError, Mode};
 
 /// The media type of a problem document (RFC 9457 §3).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -391,6 +391,33 @@ const PAYLOAD_TOO_LARGE_DETAIL: &str = "the request body is over 65 KiB";
 const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
 
 impl ApiError {
+    /// The answer to an acquire in `mode` that failed with `e`: as
+    /// `From<LockError>`, but a shared request refused 409 `lock-held` is
+    /// told that an exclusive holder or an exclusive request that waits
+    /// keeps it out, and not that the lock frees within `retry_after`: a
+    /// waiting writer goes first, and holds the lock for its own TTL
+    /// after that (docs/locks.md, the writer rule).
+    pub fn refused_acquire(e: LockError, mode: Mode) -> Self {
+        let why =
+            "the lock is held exclusively, or an exclusive request waits for it and goes first";
+        match (e, mode) {
+            (LockError::Held { retry_after }, Mode::Shared) => Self::new(
+                Kind::LockHeld,
+                format!("{why}; try again in {} ms", retry_after.as_millis()),
+            )
+            .retry_after(retry_after),
+            (LockError::WaitTimedOut { retry_after }, Mode::Shared) => Self::new(
+                Kind::LockHeld,
+                format!(
+                    "the shared lease was not granted within wait_ms: {why}; try again in {} ms",
+                    retry_after.as_millis()
+                ),
+            )
+            .retry_after(retry_after),
+            (e, _) => e.into(),
+        }
+    }
+
     /// An error of `kind` with `detail` for the caller.
     pub fn new(kind: Kind, detail: impl Into<String>) -> Self {
         Self {

@@ -473,6 +473,14 @@ async fn a_waiting_writer_keeps_new_readers_out_and_gets_in_within_the_longest_r
                         }
                         409 => {
                             assert!(reply.header("retry-after").is_some(), "{}", reply.text);
+                            // The writer goes first: no promise that the
+                            // lock frees for readers by then.
+                            let detail = reply.json()["detail"].as_str().unwrap_or("").to_owned();
+                            assert!(
+                                detail.contains("an exclusive request waits for it and goes first")
+                                    && !detail.contains("at most"),
+                                "{detail}"
+                            );
                             refused.fetch_add(1, Ordering::SeqCst);
                         }
                         s => panic!("a reader got {s}: {}", reply.text),

@@ -105,7 +105,7 @@ async fn take(
         return Err(ApiError::timeout());
     };
     counted.finish(&outcome);
-    let outcome = outcome?;
+    let outcome = outcome.map_err(|e| ApiError::refused_acquire(e, mode))?;
     let status = match outcome {
         Acquired::Granted(_) => StatusCode::CREATED,
         Acquired::Renewed(_) => StatusCode::OK,
