@@ -23,6 +23,11 @@
 //!   server's resident memory and its Redis connection count, then drains
 //!   them one by one (each releases at once) and checks that grants never
 //!   overlapped and fences grew in grant order.
+//! - `readers`: `--count` readers (shared) queue behind a writer on a fresh
+//!   lock, the writer releases; reports, over `--rounds`, the time from the
+//!   release sent to the first reader's 201 and to the last's, and checks
+//!   that every reader was granted with a fence of its own above the
+//!   writer's.
 //!
 //! - `names`: takes and releases `--count` distinct names, then reports
 //!   Redis's `used_memory` and `DBSIZE` before, right after, and once the
@@ -56,6 +61,7 @@ mod handoff;
 mod names;
 mod null_server;
 mod raw;
+mod readers;
 mod stats;
 mod waiters;
 
@@ -170,6 +176,15 @@ enum Scenario {
         /// The polling client's interval, in milliseconds.
         #[arg(long, default_value_t = 100)]
         poll_interval_ms: u64,
+    },
+    /// How soon readers queued behind a writer get in at its release.
+    Readers {
+        /// Rounds to time.
+        #[arg(long, default_value_t = 100)]
+        rounds: usize,
+        /// Readers queued behind the writer each round.
+        #[arg(long, default_value_t = 50)]
+        count: usize,
     },
     /// Memory and Redis connections with many parked waiters.
     Waiters {
@@ -292,6 +307,7 @@ async fn main() -> std::process::ExitCode {
             )
             .await
         }
+        Scenario::Readers { rounds, count } => readers::run(&lockd, rounds, count).await,
         Scenario::Waiters {
             count,
             pid,
