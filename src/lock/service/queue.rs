@@ -3,7 +3,11 @@
 //!
 //! Only the head of a subject's queue retries; the others sleep until they
 //! become head. A release event wakes the head only, so one release costs one
-//! retry per lockd instance, not one per waiter (no thundering herd).
+//! retry per lockd instance, not one per waiter (no thundering herd). The
+//! one exception is a group of readers: once a shared waiter at the head is
+//! granted, the shared waiters right behind it try at once, each for a
+//! lease of its own, until one of them is refused
+//! ([`Place::admits_sharers`]).
 //!
 //! Each waiter has its own [`Notify`]. `notify_one` stores a permit when the
 //! waiter is not parked yet, so a wake-up that arrives between a failed
