@@ -22,6 +22,18 @@ build_bench() {
   fi
 }
 
+# Starts a redis-server of its own (no persistence) on a free loopback
+# port, its files in directory $1, and waits until it answers: sets
+# $redis_port and $redis_pid, and adds the pid to $pids (see scratch).
+start_redis() {
+  redis_port=$(free_port)
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$1" >/dev/null 2>&1 &
+  redis_pid=$!
+  pids+=("$redis_pid")
+  until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.05; done
+}
+
 # Makes a scratch directory, $work, removed at exit, when every process
 # whose pid the caller adds to the array $pids is killed.
 scratch() {

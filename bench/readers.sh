@@ -23,12 +23,7 @@ for round in $(seq "$rounds"); do
   for bin in "$@"; do
     run="$work/$round-$i"
     mkdir -p "$run"
-    redis_port=$(free_port)
-    redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-      --dir "$run" >/dev/null 2>&1 &
-    redis_pid=$!
-    pids+=("$redis_pid")
-    until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.05; done
+    start_redis "$run"
     port=$(free_port)
     "$bin" serve --listen "127.0.0.1:$port" --redis-url "redis://127.0.0.1:$redis_port" \
       2>"$run/lockd.log" &
