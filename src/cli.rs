@@ -431,7 +431,7 @@ pub struct ServeArgs {
     #[arg(long, env = "LOCKD_MAX_WAIT_MS", allow_negative_numbers = true, value_parser = crate::client::args::millis)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_wait_ms: Option<u64>,
-    /// Most requests waiting for locks at once; beyond it, 503 [default: 10000].
+    /// Most requests waiting at once (locks, permits and run starts together); beyond it, 503 [default: 10000].
     #[arg(help_heading = heading::LIMITS)]
     #[arg(long, env = "LOCKD_MAX_WAITERS")]
     #[serde(skip_serializing_if = "Option::is_none")]

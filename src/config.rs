@@ -206,7 +206,8 @@ pub struct LimitSettings {
     pub max_ttl: Ttl,
     /// Longest `wait_ms` a request may ask for (`max_wait_ms`).
     pub max_wait: Duration,
-    /// Most requests waiting for locks at once (`max_waiters`).
+    /// Most requests waiting at once, for locks, permits and run starts
+    /// together (`max_waiters`).
     pub max_waiters: NonZeroUsize,
     /// Most `/locks` acquires and inspects at once besides the waiting
     /// ones; also the room of extends and releases, kept apart
@@ -439,7 +440,7 @@ pub struct RawSettings {
     pub redlock_restart_delay_ms: Option<u64>,
     /// Longest `wait_ms` a request may ask for, in milliseconds.
     pub max_wait_ms: u64,
-    /// Most requests waiting for locks at once.
+    /// Most requests waiting at once (locks, permits and run starts together).
     pub max_waiters: usize,
     /// The largest `limit` a semaphore may have.
     pub max_semaphore_limit: u32,

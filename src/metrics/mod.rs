@@ -29,7 +29,7 @@ use prometheus::{
 };
 
 pub use instrumented::Instrumented;
-use namespace::{Label, Namespaces};
+use namespace::{Label, Namespaces, OTHER};
 pub use semaphores::PendingPermit;
 
 use crate::lock::{Acquired, Kind, LockError, LockName, Mode, Released};
@@ -466,7 +466,12 @@ impl Metrics {
 
     /// The `namespace` label of `name`, creating its series when it is new.
     fn namespace(&self, name: &LockName) -> Label {
-        let label = self.namespaces.label(name.as_str());
+        self.namespace_of(name.as_str())
+    }
+
+    /// [`Metrics::namespace`] of a name as text.
+    fn namespace_of(&self, name: &str) -> Label {
+        let label = self.namespaces.label(name);
         if let Label::New(ns) = &label {
             self.create_namespace_series(ns);
         }
@@ -669,17 +674,20 @@ impl Metrics {
     }
 
     /// The sum of `counts` by namespace, every namespace known (at zero
-    /// when none of `counts` is in it).
+    /// when none of `counts` is in it). A name of a namespace not seen yet
+    /// (a permit or run start still waiting, the first of its namespace
+    /// here) keeps its namespace, within the limit, as its answer would.
     fn by_namespace(&self, counts: &[(String, usize)]) -> std::collections::HashMap<Arc<str>, i64> {
-        let mut by_ns: std::collections::HashMap<Arc<str>, i64> = self
-            .namespaces
-            .all()
-            .into_iter()
-            .map(|ns| (ns, 0))
-            .collect();
+        let mut by_ns: std::collections::HashMap<Arc<str>, i64> = std::collections::HashMap::new();
         for (name, count) in counts {
-            *by_ns.entry(self.namespaces.existing(name)).or_default() +=
-                i64::try_from(*count).unwrap_or(i64::MAX);
+            let ns: Arc<str> = match self.namespace_of(name) {
+                Label::Known(ns) | Label::New(ns) => ns,
+                Label::Other => Arc::from(OTHER),
+            };
+            *by_ns.entry(ns).or_default() += i64::try_from(*count).unwrap_or(i64::MAX);
+        }
+        for ns in self.namespaces.all() {
+            by_ns.entry(ns).or_default();
         }
         by_ns
     }

@@ -91,14 +91,6 @@ impl Namespaces {
         Label::New(ns)
     }
 
-    /// The label of `name` if its namespace is kept, else [`OTHER`]; never
-    /// keeps a new one.
-    pub fn existing(&self, name: &str) -> Arc<str> {
-        let ns = namespace_of(name);
-        let kept = self.kept.read().unwrap_or_else(|p| p.into_inner());
-        kept.get(ns).cloned().unwrap_or_else(|| Arc::from(OTHER))
-    }
-
     /// Every kept namespace, [`OTHER`] included.
     pub fn all(&self) -> Vec<Arc<str>> {
         let kept = self.kept.read().unwrap_or_else(|p| p.into_inner());
@@ -129,8 +121,6 @@ mod tests {
         assert_eq!(ns.label("b"), Label::New(Arc::from("b")));
         assert_eq!(ns.label("c:1"), Label::Other);
         assert_eq!(ns.label("b:9"), Label::Known(Arc::from("b")));
-        assert_eq!(ns.existing("c:1").as_ref(), OTHER);
-        assert_eq!(ns.existing("a:7").as_ref(), "a");
         let mut all: Vec<String> = ns.all().iter().map(|s| s.to_string()).collect();
         all.sort();
         assert_eq!(all, ["a", "b", "other"]);

@@ -321,7 +321,7 @@ async fn a_waiter_takes_over_when_the_attempt_is_abandoned(app: &TestApp) {
         })
     };
     // The start waits, and the gauge says so.
-    app.until_gauge("lockd_run_waiters", 1.0).await;
+    app.until_gauge("lockd_run_waiters", &[], 1.0).await;
     let sent = Instant::now();
     abandon(app, "import", &first.token())
         .await
@@ -332,7 +332,7 @@ async fn a_waiter_takes_over_when_the_attempt_is_abandoned(app: &TestApp) {
     assert_eq!(reply.u64("attempt"), 2);
     assert!(reply.fence() > first.fence());
     assert!(sent.elapsed() < Duration::from_secs(10));
-    app.until_gauge("lockd_run_waiters", 0.0).await;
+    app.until_gauge("lockd_run_waiters", &[], 0.0).await;
 }
 
 async fn a_done_run_is_forgotten_when_its_retention_ends(app: &TestApp) {
@@ -533,6 +533,45 @@ async fn extend_renews_only_the_live_attempt(app: &TestApp) {
 
 /// On a Redis Cluster: a run's keys share one slot, so every script runs
 /// on one node, and a waiter is woken by the completion on its shard.
+/// A start that waits on an instance that never saw its namespace before
+/// (the attempt was started through another) is counted in
+/// `lockd_run_waiters` under its own namespace, not `other`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_start_new_to_its_instance_is_counted_in_its_namespace() {
+    let a = TestApp::redis().await;
+    let b = a.sibling(|_| {}).await;
+    let first = start(&a, "fresh-ns:job", None, json!({"ttl_ms": 30_000})).await;
+    first.expect_status(201);
+    let waiter = {
+        let client = TestApp::client_with_timeout(Duration::from_secs(30));
+        let url = b.url("/runs/fresh-ns:job");
+        tokio::spawn(async move {
+            let response = client
+                .post(url)
+                .json(&json!({"wait_ms": 20_000}))
+                .send()
+                .await
+                .expect("answer");
+            Reply::read(response).await.expect("body")
+        })
+    };
+    let ns = [("namespace", "fresh-ns")];
+    b.until_gauge("lockd_run_waiters", &ns, 1.0).await;
+    abandon(&a, "fresh-ns:job", &first.token())
+        .await
+        .expect_status(204);
+    waiter.await.expect("waiter").expect_status(201);
+    b.until_gauge("lockd_run_waiters", &ns, 0.0).await;
+    assert_eq!(
+        metric(
+            &b.metrics().await,
+            "lockd_run_waiters",
+            &[("namespace", "other")]
+        ),
+        Some(0.0)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_work_on_a_redis_cluster() {
     let cluster = shared_cluster();

@@ -590,9 +590,9 @@ async fn a_caller_who_hangs_up_mid_wait_is_never_left_holding_a_permit(app: &Tes
     // It waits (seen while its client still waits: 3 s, time enough for a
     // busy machine's scrape), then its client gives up, and its wait ends
     // with it.
-    app.until_gauge("lockd_semaphore_waiters", 1.0).await;
+    app.until_gauge("lockd_semaphore_waiters", &[], 1.0).await;
     assert!(gone.await.expect("task").is_err(), "the client gave up");
-    app.until_gauge("lockd_semaphore_waiters", 0.0).await;
+    app.until_gauge("lockd_semaphore_waiters", &[], 0.0).await;
     give_back(app, "hang", &a.token()).await.expect_status(204);
     // A grant made for it is given back in the background: within a few
     // seconds, well inside its 10 s lease.

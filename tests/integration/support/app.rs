@@ -504,12 +504,12 @@ impl TestApp {
         reply.text
     }
 
-    /// Waits until the samples of the gauge `name` (every label) add up
-    /// to `n`; panics after 5 s, saying what they added up to.
-    pub async fn until_gauge(&self, name: &str, n: f64) {
+    /// Waits until the samples of the gauge `name` that have `labels`
+    /// add up to `n`; panics after 5 s, saying what they added up to.
+    pub async fn until_gauge(&self, name: &str, labels: &[(&str, &str)], n: f64) {
         let until = std::time::Instant::now() + Duration::from_secs(5);
         loop {
-            let now = super::metric(&self.metrics().await, name, &[]).unwrap_or(0.0);
+            let now = super::metric(&self.metrics().await, name, labels).unwrap_or(0.0);
             if now == n {
                 return;
             }
