@@ -40,6 +40,18 @@ async fn start(app: &TestApp, key: &str, token: Option<&str>, body: Value) -> Re
         .await
 }
 
+/// `POST /runs/{key}` with `body` (a start that waits, with `wait_ms`)
+/// on a task of its own; the handle gives when the answer came, and the
+/// answer.
+fn spawn_start(app: &TestApp, key: &str, body: Value) -> tokio::task::JoinHandle<(Instant, Reply)> {
+    let client = TestApp::client_with_timeout(Duration::from_secs(60));
+    let url = app.url(&path(key));
+    tokio::spawn(async move {
+        let response = client.post(url).json(&body).send().await.expect("answer");
+        (Instant::now(), Reply::read(response).await.expect("body"))
+    })
+}
+
 /// `PUT /runs/{key}/result` with the token and `body`.
 async fn complete(app: &TestApp, key: &str, token: &str, body: Value) -> Reply {
     app.send_json(
@@ -271,19 +283,7 @@ async fn an_attempt_taken_over_after_its_lease_ran_out_cannot_complete(app: &Tes
 async fn a_waiter_gets_the_result_when_the_attempt_completes(app: &TestApp) {
     let first = start(app, "report", None, json!({"ttl_ms": 30_000})).await;
     first.expect_status(201);
-    let waiter = {
-        let client = TestApp::client_with_timeout(Duration::from_secs(30));
-        let url = app.url("/runs/report");
-        tokio::spawn(async move {
-            let response = client
-                .post(url)
-                .json(&json!({"wait_ms": 20_000}))
-                .send()
-                .await
-                .expect("answer");
-            (Instant::now(), Reply::read(response).await.expect("body"))
-        })
-    };
+    let waiter = spawn_start(app, "report", json!({"wait_ms": 20_000}));
     // Whether the waiter is queued before the job ends or arrives after
     // it, its answer is the result.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -307,26 +307,14 @@ async fn a_waiter_gets_the_result_when_the_attempt_completes(app: &TestApp) {
 async fn a_waiter_takes_over_when_the_attempt_is_abandoned(app: &TestApp) {
     let first = start(app, "import", None, json!({"ttl_ms": 30_000})).await;
     first.expect_status(201);
-    let waiter = {
-        let client = TestApp::client_with_timeout(Duration::from_secs(30));
-        let url = app.url("/runs/import");
-        tokio::spawn(async move {
-            let response = client
-                .post(url)
-                .json(&json!({"wait_ms": 20_000, "ttl_ms": 5000}))
-                .send()
-                .await
-                .expect("answer");
-            Reply::read(response).await.expect("body")
-        })
-    };
+    let waiter = spawn_start(app, "import", json!({"wait_ms": 20_000, "ttl_ms": 5000}));
     // The start waits, and the gauge says so.
     app.until_gauge("lockd_run_waiters", &[], 1.0).await;
     let sent = Instant::now();
     abandon(app, "import", &first.token())
         .await
         .expect_status(204);
-    let reply = waiter.await.expect("waiter");
+    let (_, reply) = waiter.await.expect("waiter");
     reply.expect_status(201);
     assert_eq!(reply.str("state"), "running");
     assert_eq!(reply.u64("attempt"), 2);
@@ -542,25 +530,13 @@ async fn a_waiting_start_new_to_its_instance_is_counted_in_its_namespace() {
     let b = a.sibling(|_| {}).await;
     let first = start(&a, "fresh-ns:job", None, json!({"ttl_ms": 30_000})).await;
     first.expect_status(201);
-    let waiter = {
-        let client = TestApp::client_with_timeout(Duration::from_secs(30));
-        let url = b.url("/runs/fresh-ns:job");
-        tokio::spawn(async move {
-            let response = client
-                .post(url)
-                .json(&json!({"wait_ms": 20_000}))
-                .send()
-                .await
-                .expect("answer");
-            Reply::read(response).await.expect("body")
-        })
-    };
+    let waiter = spawn_start(&b, "fresh-ns:job", json!({"wait_ms": 20_000}));
     let ns = [("namespace", "fresh-ns")];
     b.until_gauge("lockd_run_waiters", &ns, 1.0).await;
     abandon(&a, "fresh-ns:job", &first.token())
         .await
         .expect_status(204);
-    waiter.await.expect("waiter").expect_status(201);
+    waiter.await.expect("waiter").1.expect_status(201);
     b.until_gauge("lockd_run_waiters", &ns, 0.0).await;
     assert_eq!(
         metric(
@@ -588,24 +564,12 @@ async fn runs_work_on_a_redis_cluster() {
     start(&app, &key, None, json!({"fingerprint": "g"}))
         .await
         .expect_problem(422, "fingerprint-mismatch");
-    let waiter = {
-        let client = TestApp::client_with_timeout(Duration::from_secs(60));
-        let url = app.url(&path(&key));
-        tokio::spawn(async move {
-            let response = client
-                .post(url)
-                .json(&json!({"wait_ms": 30_000}))
-                .send()
-                .await
-                .expect("answer");
-            Reply::read(response).await.expect("body")
-        })
-    };
+    let waiter = spawn_start(&app, &key, json!({"wait_ms": 30_000}));
     tokio::time::sleep(Duration::from_millis(300)).await;
     complete(&app, &key, &first.token(), json!({"result": [1, 2, 3]}))
         .await
         .expect_status(200);
-    let reply = waiter.await.expect("waiter");
+    let (_, reply) = waiter.await.expect("waiter");
     reply.expect_status(200);
     assert_eq!(reply.json()["result"], json!([1, 2, 3]));
     assert_eq!(status(&app, &key).await.str("state"), "done");
