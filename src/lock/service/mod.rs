@@ -39,7 +39,7 @@ use std::task::{Context, Poll};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use self::queue::{Begin, Handoff, Hint, Offer, WaitQueues};
+use self::queue::{Begin, Handoff, Hint, Leaving, Offer, WaitQueues};
 use self::watch::{SharedInterest, Watch, Watches};
 use super::reaper::{Attempt, Reap, Reaped};
 use super::{
@@ -482,13 +482,24 @@ impl Locks {
             let mark = place.mark();
             let mut tried = None;
             let mut may_try = ending.is_none();
+            // The wait ran out while a release grants its acquire: it stays
+            // for that answer (see `Handoff::time_out`).
+            let mut awaits_hand = false;
             if let (Some(handoff), Some(judge)) = (place.handoff(), judge) {
-                match if ending.is_some() {
+                let begin = match &ending {
+                    None => handoff.begin(),
                     // Leaving: what a release handed it is its answer.
-                    handoff.leave().map(Begin::Handed).unwrap_or(Begin::Wait)
-                } else {
-                    handoff.begin()
-                } {
+                    Some(Err(_)) => handoff.leave().map_or(Begin::Wait, Begin::Handed),
+                    Some(Ok(())) => match handoff.time_out() {
+                        Leaving::Left => Begin::Wait,
+                        Leaving::Handed(outcome) => Begin::Handed(outcome),
+                        Leaving::Awaits => {
+                            awaits_hand = true;
+                            Begin::Wait
+                        }
+                    },
+                };
+                match begin {
                     Begin::Try => {}
                     Begin::Wait => may_try = false,
                     Begin::Handed(outcome) => {
@@ -556,6 +567,7 @@ impl Locks {
             }
             match ending {
                 Some(Err(e)) => return Err(e),
+                Some(Ok(())) if awaits_hand => {}
                 Some(Ok(())) => {
                     let lease_end = place.lease_end().unwrap_or(retry_at);
                     let retry_after = lease_end.saturating_duration_since(Instant::now());
@@ -570,8 +582,8 @@ impl Locks {
                 }
                 None => {}
             }
-            let head = place.is_head();
-            if let Some(handoff) = place.handoff() {
+            let head = place.is_head() && !awaits_hand;
+            if let Some(handoff) = place.handoff().filter(|_| !awaits_hand) {
                 handoff.park();
             }
             // Biased, in this order: once shutdown began, or the caller left,
@@ -585,7 +597,7 @@ impl Locks {
                 () = sleep_until(retry_at), if head => {}
                 // The lock may have freed without an event (a foreign
                 // client deleted it): the head looks once more.
-                () = sleep_until(deadline) => last_try = true,
+                () = sleep_until(deadline), if !awaits_hand => last_try = true,
             }
         }
     }
@@ -1430,6 +1442,36 @@ mod tests {
         assert!(matches!(outcome, Ok(Acquired::Granted(_))), "{outcome:?}");
         assert!(after < Duration::from_secs(1), "granted late: {after:?}");
         assert_eq!(store.tries(), 3);
+    }
+
+    /// C08: the wait runs out while a release's try for the waiter (a
+    /// handoff) is under way. The waiter stays for that answer and is
+    /// granted, as with its own last try; it is not answered "timed out"
+    /// while a grant made for it is undone behind it (the lock held for a
+    /// moment under a token no client was given).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_runs_out_during_a_handoff_answers_the_handoffs_grant() {
+        let (store, locks, _stop) = slow_service(Duration::from_millis(100));
+        let a = Token::generate();
+        locks
+            .acquire(request("k", &a, 10_000), Duration::ZERO)
+            .await
+            .expect("free");
+        let w_token = Token::generate();
+        let w = waiter(&locks, "k", &w_token, Duration::from_millis(300));
+        until_waiting(&locks, "k", 1).await;
+        // W's first try (100 ms) found it held; W sleeps until 300 ms.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        settle().await;
+        assert_eq!(store.tries(), 2);
+        // The release's try for W takes 100 ms: it ends after W's deadline.
+        locks.release(&name("k"), &a).await.expect("held");
+        let (outcome, after) = w.await.expect("task");
+        assert!(matches!(outcome, Ok(Acquired::Granted(_))), "{outcome:?}");
+        assert!(after > Duration::from_millis(300), "{after:?}");
+        settle().await;
+        let held = store.inner.holder(&name("k")).await.expect("memory");
+        assert_eq!(held.map(|(token, _)| token), Some(w_token));
     }
 
     /// A grant made after its caller left: released when lockd generated

@@ -77,6 +77,16 @@ pub enum Begin {
     Handed(Result<Acquired, LockError>),
 }
 
+/// How a waiter whose wait ran out leaves (see [`Handoff::time_out`]).
+pub enum Leaving {
+    /// It left; nothing was handed to it.
+    Left,
+    /// A release's try, handed to it before it left: its answer.
+    Handed(Result<Acquired, LockError>),
+    /// A release is granting its acquire: it stays for the answer.
+    Awaits,
+}
+
 impl Handoff {
     /// The handoff of `req`'s waiter, which is trying at first.
     pub fn new(req: AcquireRequest) -> Self {
@@ -123,6 +133,25 @@ impl Handoff {
         match std::mem::replace(&mut *self.turn(), Turn::Left) {
             Turn::Handed(outcome) => Some(outcome),
             _ => None,
+        }
+    }
+
+    /// The waiter's wait ran out: it leaves as with [`Handoff::leave`],
+    /// unless a release is granting its acquire now, whose answer comes
+    /// within that release's round trip and is the wait's to give, as the
+    /// answer of the waiter's own last try would be. Leaving then instead
+    /// would leave the grant to be undone after the waiter was answered
+    /// 409: for a moment the lock would be held under a token no client
+    /// was given (C08).
+    pub fn time_out(&self) -> Leaving {
+        let mut turn = self.turn();
+        match std::mem::replace(&mut *turn, Turn::Left) {
+            Turn::Handed(outcome) => Leaving::Handed(outcome),
+            Turn::Taken => {
+                *turn = Turn::Taken;
+                Leaving::Awaits
+            }
+            _ => Leaving::Left,
         }
     }
 
