@@ -30,6 +30,7 @@ use prometheus::{
 
 pub use instrumented::Instrumented;
 use namespace::{Label, Namespaces, OTHER};
+pub use runs::PendingRunStart;
 pub use semaphores::PendingPermit;
 
 use crate::lock::{Acquired, Kind, LockError, LockName, Mode, Released};

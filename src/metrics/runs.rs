@@ -24,6 +24,7 @@ const OUTCOMES: &[&str] = &[
     "not_found",
     "unavailable",
     "error",
+    "cancelled",
 ];
 
 /// Every `lockd_run*` family.
@@ -33,7 +34,8 @@ pub(super) struct RunMetrics {
     /// replayed for a done run, in_progress, fingerprint_mismatch),
     /// completes, abandons and extends (completed, repeated for a retried
     /// complete, abandoned, extended,
-    /// not_owner, not_found), and failures (unavailable, error).
+    /// not_owner, not_found), failures (unavailable, error), and starts
+    /// whose client went away first (cancelled).
     total: IntCounterVec,
     /// `lockd_run_waiters{namespace}`: starts waiting on this instance
     /// for an attempt in progress (`wait_ms`), read at scrape time.
@@ -94,12 +96,29 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a start's outcome.
-    pub fn observe_run_start(
-        &self,
-        key: &LockName,
-        outcome: &Result<Result<Started, StartRefusal>, LockError>,
-    ) {
+    /// Starts counting a start of run `key`: counted by
+    /// [`PendingRunStart::finish`], or as `cancelled` if the request is
+    /// dropped first (its client went away, during a wait most often).
+    pub fn pending_run_start(&self, key: &LockName) -> PendingRunStart<'_> {
+        PendingRunStart {
+            metrics: self,
+            key: key.clone(),
+            done: false,
+        }
+    }
+}
+
+/// A run start being served; see [`Metrics::pending_run_start`].
+pub struct PendingRunStart<'a> {
+    metrics: &'a Metrics,
+    key: LockName,
+    done: bool,
+}
+
+impl PendingRunStart<'_> {
+    /// Counts the start's outcome.
+    pub fn finish(mut self, outcome: &Result<Result<Started, StartRefusal>, LockError>) {
+        self.done = true;
         let label = match outcome {
             Ok(Ok(Started::New {
                 took_over: false, ..
@@ -113,9 +132,19 @@ impl Metrics {
             Ok(Err(StartRefusal::FingerprintMismatch)) => "fingerprint_mismatch",
             Err(e) => failure(e),
         };
-        self.count_run(key, label);
+        self.metrics.count_run(&self.key, label);
     }
+}
 
+impl Drop for PendingRunStart<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.count_run(&self.key, "cancelled");
+        }
+    }
+}
+
+impl Metrics {
     /// Counts a complete's outcome.
     pub fn observe_run_complete(
         &self,

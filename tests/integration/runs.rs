@@ -519,8 +519,6 @@ async fn extend_renews_only_the_live_attempt(app: &TestApp) {
     assert_eq!(status(app, "long").await.str("state"), "running");
 }
 
-/// On a Redis Cluster: a run's keys share one slot, so every script runs
-/// on one node, and a waiter is woken by the completion on its shard.
 /// A start that waits on an instance that never saw its namespace before
 /// (the attempt was started through another) is counted in
 /// `lockd_run_waiters` under its own namespace, not `other`.
@@ -548,6 +546,44 @@ async fn a_waiting_start_new_to_its_instance_is_counted_in_its_namespace() {
     );
 }
 
+/// A start that waits and whose client hangs up is counted in
+/// `lockd_runs_total` as `cancelled` (it was counted nowhere), and leaves
+/// the run's waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_start_whose_client_hangs_up_is_counted_as_cancelled() {
+    let app = TestApp::redis().await;
+    let first = start(&app, "gone:job", None, json!({"ttl_ms": 30_000})).await;
+    first.expect_status(201);
+    let impatient = TestApp::client_with_timeout(Duration::from_millis(300));
+    for _ in 0..2 {
+        let hung_up = app
+            .try_send_via(
+                &impatient,
+                Method::POST,
+                "/runs/gone:job?wait_ms=10000",
+                &[],
+                None,
+            )
+            .await;
+        assert!(hung_up.is_err(), "the wait was answered: {hung_up:?}");
+    }
+    let cancelled = [("namespace", "gone"), ("outcome", "cancelled")];
+    let counted = eventually(Duration::from_secs(5), || async {
+        metric(&app.metrics().await, "lockd_runs_total", &cancelled) == Some(2.0)
+    })
+    .await;
+    let text = app.metrics().await;
+    assert!(counted, "hung-up starts not counted as cancelled:\n{text}");
+    app.until_gauge("lockd_run_waiters", &[("namespace", "gone")], 0.0)
+        .await;
+    // The attempt is untouched: its holder completes it.
+    complete(&app, "gone:job", &first.token(), json!({"result": 1}))
+        .await
+        .expect_status(200);
+}
+
+/// On a Redis Cluster: a run's keys share one slot, so every script runs
+/// on one node, and a waiter is woken by the completion on its shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_work_on_a_redis_cluster() {
     let cluster = shared_cluster();

@@ -74,10 +74,12 @@ pub async fn start(
     let (key, token) = (request.key.clone(), request.token.clone());
     // Giving up here is safe: an attempt started after it is abandoned.
     let limit = deadline.remaining() + wait;
+    // Counted as cancelled if the client goes away before the answer.
+    let pending = metrics.pending_run_start(&key);
     let outcome = tokio::time::timeout(limit, locks.start_run(request, wait))
         .await
         .unwrap_or(Err(LockError::TimedOut));
-    metrics.observe_run_start(&key, &outcome);
+    pending.finish(&outcome);
     let outcome = outcome.map_err(|e| match e {
         LockError::TimedOut => ApiError::timeout(),
         other => other.into(),
