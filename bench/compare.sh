@@ -98,7 +98,6 @@ bench=target/release/lockd-bench
 mkdir -p "$out"
 rm -f "$out"/*.json
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 work=$(mktemp -d)
 pids=()
 redis_pids=()

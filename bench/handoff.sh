@@ -11,7 +11,7 @@ scripts/ensure-deps.sh redis-server redis-cli
 cargo build --release --locked --bin lockd --bin lockd-bench >&2
 ulimit -n "$(ulimit -Hn)"  # 10,000 waiters need 10,000 sockets on each side
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/lib.sh
 redis_port=$(free_port)
 lockd_port=$(free_port)
 work=$(mktemp -d)

@@ -11,7 +11,7 @@ clients=${2:-16}
 scripts/ensure-deps.sh redis-server redis-cli
 cargo build --release --locked --bin lockd --bin lockd-bench >&2
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/lib.sh
 work=$(mktemp -d)
 pids=()
 cleanup() {

@@ -39,7 +39,6 @@ bin=${CARGO_TARGET_DIR:-target}/release
 mkdir -p "$out"
 rm -f "$out"/*.json "$out"/*.log
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 work=$(mktemp -d)
 pids=()
 haproxy_pid=""

@@ -22,7 +22,6 @@ cargo build --release --locked --bin lockd --bin lockd-bench >&2
 bin=${CARGO_TARGET_DIR:-target}/release
 mkdir -p "$out"
 rm -f "$out"/*.json "$out"/*.log
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 redis_port=$(free_port)
 lockd_port=$(free_port)
 pids=()

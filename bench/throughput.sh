@@ -27,7 +27,7 @@ scripts/ensure-deps.sh redis-server redis-cli curl python3
 cargo build --release --locked --bin lockd --bin lockd-bench >&2
 mkdir -p "$out"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. bench/lib.sh
 redis_port=$(free_port)
 lockd_port=$(free_port)
 null_port=$(free_port)
