@@ -453,6 +453,8 @@ async fn c04_ttl_milliseconds_stay_milliseconds(app: &TestApp) {
     let name = "c04:ms";
     let sent = Instant::now();
     let a = app.acquire_ttl(name, 1500).await;
+    // The lease was granted before this: it ends by 1500 ms from here.
+    let answered = Instant::now();
     a.expect_status(201);
     let (_, pttl) = app.holder(name).await.expect("A holds");
     // Every bound below is what is left of 1500 ms after the time measured
@@ -503,11 +505,14 @@ async fn c04_ttl_milliseconds_stay_milliseconds(app: &TestApp) {
     );
     assert_eq!(b.header("retry-after").as_deref(), Some("2"));
 
-    tokio::time::sleep_until((sent + Duration::from_millis(1300)).into()).await;
+    // Held past a second (granted after `sent`, it ends 1500 ms after
+    // that at the earliest; 400 ms to spare for this request), and free
+    // once 1500 ms have passed since the answer.
+    tokio::time::sleep_until((sent + Duration::from_millis(1100)).into()).await;
     app.acquire_ttl(name, 1500)
         .await
         .expect_problem(409, "lock-held");
-    tokio::time::sleep_until((sent + Duration::from_millis(1600)).into()).await;
+    tokio::time::sleep_until((answered + Duration::from_millis(1530)).into()).await;
     app.acquire_ttl(name, 1500).await.expect_status(201);
 }
 
@@ -533,18 +538,29 @@ async fn c04_tiny_ttls_are_neither_zero_nor_a_second(app: &TestApp) {
     app.acquire_ttl("c04:one", 1000).await.expect_status(201);
 
     // ttl 999: not 1000, not 0.
+    // Bounds are what is left of 999 ms after the time measured since the
+    // send, so that a slow machine cannot fail them.
     let sent = Instant::now();
+    let since = || u64::try_from(sent.elapsed().as_millis()).expect("fits");
     let a = app.acquire_ttl("c04:999", 999).await;
+    let answered = Instant::now();
     a.expect_status(201);
     assert_lease_ms(Some(a.u64("ttl_ms")), 999);
     let (_, pttl) = app.holder("c04:999").await.expect("held");
-    assert!(pttl > 900 && pttl <= 999, "PTTL {pttl} for ttl 999");
+    let pttl = u64::try_from(pttl).expect("positive");
+    assert!(
+        pttl + since() + 1 >= 999 && pttl <= 999,
+        "PTTL {pttl} for ttl 999"
+    );
     let b = app.acquire_ttl("c04:999", 999).await;
     let problem = b.expect_problem(409, "lock-held");
     let retry = problem["retry_after_ms"].as_u64().expect("retry_after_ms");
-    assert!(retry > 900 && retry <= 999, "retry_after_ms {retry}");
+    assert!(
+        retry + since() + 1 >= 999 && retry <= 999,
+        "retry_after_ms {retry}"
+    );
     assert_eq!(b.header("retry-after").as_deref(), Some("1"));
-    tokio::time::sleep_until((sent + Duration::from_millis(1030)).into()).await;
+    tokio::time::sleep_until((answered + Duration::from_millis(1030)).into()).await;
     app.acquire_ttl("c04:999", 999).await.expect_status(201);
 }
 
