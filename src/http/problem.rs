@@ -542,7 +542,7 @@ impl From<LockError> for ApiError {
             }
             LockError::TooManyWaiters => Self::new(
                 Kind::TooManyWaiters,
-                "too many requests are waiting for locks on this instance; retry later or with wait_ms 0",
+                "too many requests are waiting on this instance (for locks, permits and runs: --max-waiters); retry later or with wait_ms 0",
             )
             .retry_after(UNAVAILABLE_RETRY),
             LockError::TooManyWatchers => Self::new(
