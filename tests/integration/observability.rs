@@ -1184,19 +1184,7 @@ fn uuids_are_recognized() {
 async fn an_abandoned_wait_is_counted_as_cancelled_and_499() {
     let app = TestApp::redis().await;
     app.acquire_ttl("gone:1", 30_000).await.expect_status(201);
-    let impatient = TestApp::client_with_timeout(Duration::from_millis(300));
-    for _ in 0..3 {
-        let hung_up = app
-            .try_send_via(
-                &impatient,
-                Method::POST,
-                "/locks/gone:1?wait_ms=10000",
-                &[],
-                None,
-            )
-            .await;
-        assert!(hung_up.is_err(), "the wait was answered: {hung_up:?}");
-    }
+    app.hang_up_waits("/locks/gone:1?wait_ms=10000", 3).await;
     let counted = eventually(Duration::from_secs(5), || async {
         let text = app.metrics().await;
         metric(

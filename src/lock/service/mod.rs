@@ -1416,23 +1416,49 @@ mod tests {
         assert!(after < Duration::from_secs(1), "answered late: {after:?}");
     }
 
-    /// A release that makes the head waiter's try (a handoff) runs to its
-    /// end when its caller goes away: the waiter is granted the lock, not
-    /// left waiting for an answer nobody gives.
-    #[tokio::test(start_paused = true)]
-    async fn a_handoff_whose_releaser_left_still_grants_the_waiter() {
-        let (store, locks, _stop) = slow_service(Duration::from_millis(100));
+    /// [`parked_behind_a`]'s service, A's token and W's wait.
+    struct Parked {
+        store: Arc<Slow>,
+        locks: Locks,
+        _stop: CancellationToken,
+        a: Token,
+        w: Answered,
+    }
+
+    /// A [`slow_service`] whose acquires take 100 ms, in which A holds
+    /// "k" and W (`w_token`, waiting up to `wait`) waits behind it,
+    /// `parked_for` after it began: its first try found the lock held, and
+    /// it sleeps.
+    async fn parked_behind_a(w_token: &Token, wait: Duration, parked_for: Duration) -> Parked {
+        let (store, locks, stop) = slow_service(Duration::from_millis(100));
         let a = Token::generate();
         locks
             .acquire(request("k", &a, 10_000), Duration::ZERO)
             .await
             .expect("free");
-        let w = waiter(&locks, "k", &Token::generate(), LONG);
+        let w = waiter(&locks, "k", w_token, wait);
         until_waiting(&locks, "k", 1).await;
-        // W's first try (it takes 100 ms) found it held; W sleeps.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(parked_for).await;
         settle().await;
-        assert_eq!(store.tries(), 2);
+        assert_eq!(store.tries(), 2, "A's grant and W's first try");
+        Parked {
+            store,
+            locks,
+            _stop: stop,
+            a,
+            w,
+        }
+    }
+
+    /// A release that makes the head waiter's try (a handoff) runs to its
+    /// end when its caller goes away: the waiter is granted the lock, not
+    /// left waiting for an answer nobody gives.
+    #[tokio::test(start_paused = true)]
+    async fn a_handoff_whose_releaser_left_still_grants_the_waiter() {
+        let parked = parked_behind_a(&Token::generate(), LONG, Duration::from_millis(200)).await;
+        let Parked {
+            store, locks, a, w, ..
+        } = parked;
         let k = name("k");
         let mut release = Box::pin(locks.release(&k, &a));
         // The release is done and W's try is under way: the caller leaves.
@@ -1451,19 +1477,13 @@ mod tests {
     /// moment under a token no client was given).
     #[tokio::test(start_paused = true)]
     async fn a_wait_that_runs_out_during_a_handoff_answers_the_handoffs_grant() {
-        let (store, locks, _stop) = slow_service(Duration::from_millis(100));
-        let a = Token::generate();
-        locks
-            .acquire(request("k", &a, 10_000), Duration::ZERO)
-            .await
-            .expect("free");
         let w_token = Token::generate();
-        let w = waiter(&locks, "k", &w_token, Duration::from_millis(300));
-        until_waiting(&locks, "k", 1).await;
-        // W's first try (100 ms) found it held; W sleeps until 300 ms.
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        settle().await;
-        assert_eq!(store.tries(), 2);
+        // W waits until 300 ms.
+        let wait = Duration::from_millis(300);
+        let parked = parked_behind_a(&w_token, wait, Duration::from_millis(250)).await;
+        let Parked {
+            store, locks, a, w, ..
+        } = parked;
         // The release's try for W takes 100 ms: it ends after W's deadline.
         locks.release(&name("k"), &a).await.expect("held");
         let (outcome, after) = w.await.expect("task");

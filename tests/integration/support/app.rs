@@ -335,6 +335,18 @@ impl TestApp {
             .expect("HTTP client")
     }
 
+    /// Sends `POST path` `n` times from a client that hangs up after
+    /// 300 ms: each must be a wait not answered by then.
+    pub async fn hang_up_waits(&self, path: &str, n: usize) {
+        let impatient = Self::client_with_timeout(Duration::from_millis(300));
+        for _ in 0..n {
+            let hung_up = self
+                .try_send_via(&impatient, Method::POST, path, &[], None)
+                .await;
+            assert!(hung_up.is_err(), "the wait was answered: {hung_up:?}");
+        }
+    }
+
     /// The Redis server (panics for the memory backend).
     pub fn redis_server(&self) -> &RedisServer {
         match &self.store {
