@@ -6,11 +6,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::support::{
-    TestApp, assert_lease_ms, backend_tests, eventually, lock_key, metric, ms_until, random_token,
-    samples,
+    TestApp, assert_lease_ms, assert_pttl_since, backend_tests, eventually, lock_key, metric,
+    ms_until, random_token, samples,
 };
 use futures::future::join_all;
 use reqwest::Method;
@@ -306,6 +306,7 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
     }
 
     // ttl_ms and owner in the query string, for curl.
+    let sent = Instant::now();
     let q = app
         .send(
             Method::POST,
@@ -317,8 +318,9 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
     q.expect_status(201);
     assert_lease_ms(Some(q.u64("ttl_ms")), 1500);
     let (_, pttl) = app.holder("q:1").await.expect("held");
-    assert!(pttl > 1400 && pttl <= 1500, "PTTL {pttl}");
+    assert_pttl_since(pttl, 1500, sent);
     assert_eq!(app.inspect("q:1").await.str("owner"), "cli-1");
+    let sent = Instant::now();
     let e = app
         .send(
             Method::PATCH,
@@ -330,7 +332,7 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
     e.expect_status(200);
     assert_lease_ms(Some(e.u64("ttl_ms")), 2500);
     let (_, pttl) = app.holder("q:1").await.expect("held");
-    assert!(pttl > 2400 && pttl <= 2500, "PTTL {pttl}");
+    assert_pttl_since(pttl, 2500, sent);
 
     // No body at all: the default TTL (30 s).
     let d = app.acquire("q:default", None).await;
@@ -384,6 +386,7 @@ async fn reacquire_with_own_token_renews_with_same_fence_and_resets_ttl(app: &Te
     let (_, pttl) = app.holder(name).await.expect("held");
     assert!(pttl < 1750, "PTTL {pttl} after 300 ms of 2000");
 
+    let sent = Instant::now();
     let again = app
         .acquire(name, Some(json!({ "token": token, "ttl_ms": 5000 })))
         .await;
@@ -393,7 +396,7 @@ async fn reacquire_with_own_token_renews_with_same_fence_and_resets_ttl(app: &Te
     assert_lease_ms(Some(again.u64("ttl_ms")), 5000);
     let (holder, pttl) = app.holder(name).await.expect("held");
     assert_eq!(holder, token);
-    assert!(pttl > 4900 && pttl <= 5000, "PTTL {pttl}: not reset");
+    assert_pttl_since(pttl, 5000, sent);
 
     app.acquire_ttl(name, 5000)
         .await
@@ -526,6 +529,7 @@ async fn extend_and_release_take_the_token_from_the_body_too(app: &TestApp) {
     let grant = app.acquire_ttl(name, 3000).await;
     grant.expect_status(201);
     let token = grant.token();
+    let sent = Instant::now();
     let e = app
         .send_json(
             Method::PATCH,
@@ -537,7 +541,7 @@ async fn extend_and_release_take_the_token_from_the_body_too(app: &TestApp) {
     e.expect_status(200);
     assert_eq!(e.fence(), grant.fence());
     let (_, pttl) = app.holder(name).await.expect("held");
-    assert!(pttl > 6900 && pttl <= 7000, "PTTL {pttl}");
+    assert_pttl_since(pttl, 7000, sent);
     let wrong = app
         .send_json(
             Method::DELETE,
@@ -798,6 +802,7 @@ async fn redis_keys_follow_the_documented_data_model() {
         keys.sort();
         keys
     };
+    let sent = Instant::now();
     let grant = app
         .acquire(name, Some(json!({ "ttl_ms": 5000, "owner": "w-1" })))
         .await;
@@ -812,7 +817,7 @@ async fn redis_keys_follow_the_documented_data_model() {
     assert_eq!(value, token);
     let retention = i64::try_from(app.settings.store.fence_retention.as_millis()).unwrap();
     let (pttl, meta_pttl) = pttls_at_once(redis, &lock, &meta).await;
-    assert!(pttl > 4900 && pttl <= 5000, "lock PTTL {pttl}");
+    assert_pttl_since(pttl, 5000, sent);
     assert!(
         (meta_pttl - pttl - retention).abs() <= 2,
         "meta PTTL {meta_pttl}, lock {pttl}"
@@ -843,12 +848,10 @@ async fn redis_keys_follow_the_documented_data_model() {
     );
 
     // An extend moves both TTLs, and the lease's end.
+    let sent = Instant::now();
     app.extend_ttl(name, &token, 9000).await.expect_status(200);
     let (lock_pttl, meta_pttl) = pttls_at_once(redis, &lock, &meta).await;
-    assert!(
-        lock_pttl > 8900 && lock_pttl <= 9000,
-        "lock PTTL {lock_pttl}"
-    );
+    assert_pttl_since(lock_pttl, 9000, sent);
     assert!(
         (meta_pttl - lock_pttl - retention).abs() <= 2,
         "meta PTTL {meta_pttl}"

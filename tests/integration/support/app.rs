@@ -100,6 +100,20 @@ pub fn assert_lease_ms(ttl_ms: Option<u64>, asked: u64) {
     );
 }
 
+/// Checks that `pttl`, a lease's PTTL read from the store, is what is
+/// left of a lease of `asked` ms granted or extended by a request sent at
+/// `sent`: at most `asked`, and short of it by no more than the time
+/// since (so that a slow machine cannot fail it).
+#[track_caller]
+pub fn assert_pttl_since(pttl: i64, asked: u64, sent: std::time::Instant) {
+    let since = i64::try_from(sent.elapsed().as_millis()).expect("fits");
+    let asked = i64::try_from(asked).expect("fits");
+    assert!(
+        pttl <= asked && pttl + since + 2 >= asked,
+        "PTTL {pttl} for a lease of {asked} ms, {since} ms after the request was sent"
+    );
+}
+
 impl TestApp {
     /// lockd over a fresh redis-server.
     pub async fn redis() -> Self {
