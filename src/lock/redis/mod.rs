@@ -209,7 +209,7 @@ const PROBE_LUA: &str = include_str!("scripts/probe.lua");
 static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(&format!("{}{INSPECT_LUA}", *SHARED_LUA)));
 /// A lock's probe: the marker, the holder as `inspect.lua` reads it, and
-/// the fence counter (KEYS[3]) after it, in one step.
+/// the fence counter (`KEYS[3]`) after it, in one step.
 static PROBE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{}{PROBE_LUA}local function read_holder()\n{INSPECT_LUA}\nend\n\

@@ -57,7 +57,7 @@ static HISTORY: LazyLock<Script> = LazyLock::new(|| {
 /// An admin's break of a run's attempt (`run_break.lua`).
 static BREAK: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("scripts/run_break.lua"), false));
-/// A run's probe: the marker, the fence counter (KEYS[3]), then the run as
+/// A run's probe: the marker, the fence counter (`KEYS[3]`), then the run as
 /// `run_inspect.lua` reads it, in one step.
 static PROBE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(

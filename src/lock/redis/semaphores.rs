@@ -63,7 +63,7 @@ static BREAK: LazyLock<Script> = LazyLock::new(|| {
         include_str!("scripts/sem_break.lua")
     ))
 });
-/// A semaphore's probe: the marker, the fence counter (KEYS[3]), then the
+/// A semaphore's probe: the marker, the fence counter (`KEYS[3]`), then the
 /// permits as `sem_inspect.lua` reads them, in one step.
 static PROBE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(

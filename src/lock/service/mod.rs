@@ -398,7 +398,9 @@ impl Locks {
     /// [`super::ChangeListener::subscribed`]), it calls `look` first and
     /// tries only if that finds it free; when the waiter ahead left
     /// holding the lock, it waits for that lease's release or end. The
-    /// head tries once more at the deadline. `contended` is called once,
+    /// head tries once more at the deadline; a waiter whose try a release
+    /// is making then stays for that try's answer (see
+    /// [`queue::Handoff::time_out`]). `contended` is called once,
     /// when the request first finds it busy: behind others in the queue,
     /// or at its first try. A request that joins behind others first asks
     /// `behind`, which answers it at once when waiting cannot be its

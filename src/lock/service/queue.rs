@@ -564,7 +564,7 @@ impl Place {
     }
 
     /// A mark of this queue's wake-ups so far: taken before a try, so that
-    /// [`Place::leave_holding`] knows whether anything changed since.
+    /// [`Place::leaves_holding`] knows whether anything changed since.
     pub fn mark(&self) -> u64 {
         self.queues.lock().get(&self.subject).map_or(0, |q| q.wakes)
     }
