@@ -8,7 +8,9 @@
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::support::{Reply, TestApp, assert_lease_ms, backend_tests, ms_until, random_token};
+use crate::support::{
+    Reply, TestApp, assert_lease_ms, backend_tests, ms_since, ms_until, random_token,
+};
 use futures::future::join_all;
 use lockd::cli::ServeArgs;
 use lockd::config::Settings;
@@ -251,7 +253,7 @@ async fn c03_extend_with_zero_or_negative_ttl_keeps_the_lock(app: &TestApp) {
     let (holder, pttl_after) = app.holder(name).await.expect("the lock was deleted");
     // Neither reset nor cut short: it lost no more than the time between
     // the two reads.
-    let between = i64::try_from(read_before.elapsed().as_millis()).expect("fits");
+    let between = ms_since(read_before);
     assert_eq!(holder, tok_a);
     assert!(
         pttl_after <= pttl_before && pttl_after + between + 50 >= pttl_before,
@@ -368,7 +370,7 @@ async fn c03_absurd_ttls_are_refused_before_the_store_is_touched(app: &TestApp) 
     let (holder, pttl_after) = app.holder(held).await.expect("A's lock is gone");
     // Neither reset nor cut short: it lost no more than the time between
     // the two reads (a few ms more for Redlock's nodes, read one by one).
-    let between = i64::try_from(read_before.elapsed().as_millis()).expect("fits");
+    let between = ms_since(read_before);
     assert_eq!(holder, tok_a);
     assert!(
         pttl_after <= pttl_before && pttl_after + between + 50 >= pttl_before,
@@ -469,7 +471,7 @@ async fn c04_ttl_milliseconds_stay_milliseconds(app: &TestApp) {
     // since the send (and, with Redlock, its clock-drift allowance), so
     // that a slow machine cannot fail it and a unit error (seconds, or
     // microseconds) always does.
-    let since = || i64::try_from(sent.elapsed().as_millis()).expect("fits");
+    let since = || ms_since(sent);
     let elapsed = since();
     let drift = if app.is_redlock() {
         (1500.0 * app.settings.store.drift_factor) as i64 + 2
@@ -497,10 +499,9 @@ async fn c04_ttl_milliseconds_stay_milliseconds(app: &TestApp) {
 
     // lockd counts a read's whole round trip against the PTTL it read (the
     // answer errs early), so each bound allows that round trip once more.
-    let round_trip = |from: Instant| i64::try_from(from.elapsed().as_millis()).expect("fits");
     let asked = Instant::now();
     let status = app.inspect(name).await;
-    let took = round_trip(asked);
+    let took = ms_since(asked);
     status.expect_status(200);
     let shown = i64::try_from(status.u64("ttl_ms")).expect("fits");
     assert!(
@@ -511,7 +512,7 @@ async fn c04_ttl_milliseconds_stay_milliseconds(app: &TestApp) {
 
     let asked = Instant::now();
     let b = app.acquire_ttl(name, 1500).await;
-    let took = round_trip(asked);
+    let took = ms_since(asked);
     let problem = b.expect_problem(409, "lock-held");
     let retry = problem["retry_after_ms"].as_u64().expect("retry_after_ms");
     let retry = i64::try_from(retry).expect("fits");
@@ -558,13 +559,12 @@ async fn c04_tiny_ttls_are_neither_zero_nor_a_second(app: &TestApp) {
     // Bounds are what is left of 999 ms after the time measured since the
     // send, so that a slow machine cannot fail them.
     let sent = Instant::now();
-    let since = || u64::try_from(sent.elapsed().as_millis()).expect("fits");
+    let since = || ms_since(sent);
     let a = app.acquire_ttl("c04:999", 999).await;
     let answered = Instant::now();
     a.expect_status(201);
     assert_lease_ms(Some(a.u64("ttl_ms")), 999);
     let (_, pttl) = app.holder("c04:999").await.expect("held");
-    let pttl = u64::try_from(pttl).expect("positive");
     assert!(
         pttl + since() + 1 >= 999 && pttl <= 999,
         "PTTL {pttl} for ttl 999"
@@ -572,6 +572,7 @@ async fn c04_tiny_ttls_are_neither_zero_nor_a_second(app: &TestApp) {
     let b = app.acquire_ttl("c04:999", 999).await;
     let problem = b.expect_problem(409, "lock-held");
     let retry = problem["retry_after_ms"].as_u64().expect("retry_after_ms");
+    let retry = i64::try_from(retry).expect("fits");
     assert!(
         retry + since() + 1 >= 999 && retry <= 999,
         "retry_after_ms {retry}"

@@ -106,7 +106,7 @@ pub fn assert_lease_ms(ttl_ms: Option<u64>, asked: u64) {
 /// since (so that a slow machine cannot fail it).
 #[track_caller]
 pub fn assert_pttl_since(pttl: i64, asked: u64, sent: std::time::Instant) {
-    let since = i64::try_from(sent.elapsed().as_millis()).expect("fits");
+    let since = super::ms_since(sent);
     let asked = i64::try_from(asked).expect("fits");
     assert!(
         pttl <= asked && pttl + since + 2 >= asked,

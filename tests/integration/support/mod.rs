@@ -129,6 +129,11 @@ pub fn random_token() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
+/// Milliseconds since `at`, for bounds that allow the time a test took.
+pub fn ms_since(at: std::time::Instant) -> i64 {
+    i64::try_from(at.elapsed().as_millis()).expect("fits")
+}
+
 /// Milliseconds from now until an RFC 3339 time (negative when past).
 pub fn ms_until(rfc3339: &str) -> i64 {
     let t = humantime::parse_rfc3339(rfc3339)
