@@ -22,6 +22,14 @@
 #                    settings, access log at info to a file).
 #   lockd-nohistory  the last lockd with --history-length 0 (HISTORY_OFF=0
 #                    leaves it out).
+#   lease-writes, lease-writes-history
+#                    with LEASE_WRITES=1 (default 0): `lockd-bench
+#                    null-server --writes lease` (and `lease-history`), the
+#                    floor's HTTP sending instead the least Redis work an
+#                    exclusive lease of lockd needs (lock, fence from Redis's
+#                    clock, holder record, change messages; the history
+#                    list): what is left of lockd's Redis CPU beyond it is
+#                    its scripts' logic (no aim; docs/performance.md).
 #   etcd             etcd's lock API through its HTTP gateway, when the
 #                    `etcd` binary is installed (Debian's etcd-server).
 # Workloads, each `lockd-bench cycle` with CLIENTS keep-alive clients for
@@ -70,6 +78,7 @@ out=${4:-target/bench/compare}
 shift $(($# < 4 ? $# : 4))
 waiters=${WAITERS:-10000}
 history_off=${HISTORY_OFF:-1}
+lease_writes=${LEASE_WRITES:-0}
 floor_dir=${FLOOR_DIR:-../shared/floor}
 if [ ! -f "$floor_dir/Cargo.toml" ]; then
   cat >&2 <<EOF
@@ -139,6 +148,16 @@ pids+=($!); add_target floor "http://127.0.0.1:$port" $! "$redis_pid"
 port=$(free_port)
 "$bench" null-server --listen "127.0.0.1:$port" 2>/dev/null &
 pids+=($!); add_target http-alone "http://127.0.0.1:$port" $! ""
+if [ "$lease_writes" = 1 ]; then
+  for writes in lease lease-history; do
+    start_redis "$writes"
+    port=$(free_port)
+    "$bench" null-server --listen "127.0.0.1:$port" --redis-url "$redis_url" \
+      --writes "$writes" 2>/dev/null &
+    label=lease-writes$([ "$writes" = lease-history ] && echo -history || true)
+    pids+=($!); add_target "$label" "http://127.0.0.1:$port" $! "$redis_pid"
+  done
+fi
 lockd_bins=()
 for i in "${!bins[@]}"; do
   label="lockd$([ ${#bins[@]} -gt 1 ] && echo "-$i" || true)"
@@ -242,7 +261,8 @@ import json, os, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 plan = [tuple(p.split("/", 1)) for p in sys.argv[3:]]
 load = lambda name: json.load(open(f"{out}/{name}.json"))
-shown = lambda label: {"http-alone": "HTTP alone"}.get(label, label)
+shown = lambda label: {"http-alone": "HTTP alone", "lease-writes": "lease writes",
+                       "lease-writes-history": "+ history"}.get(label, label)
 rows = {}
 for w, l in plan:
     runs = []
@@ -293,6 +313,13 @@ for l in lockds:
     for k, what in (("shared", "shared lock"), ("run", "run")):
         ratio(f"{what} / lock: {l} CPU", med[k, l][0], med["distinct", l][0], 1.25)
         ratio(f"{what} / lock: {l} Redis CPU", med[k, l][1], med["distinct", l][1], 1.25)
+for w in ("distinct", "reused"):
+    for l, what in (("lease-writes", "lease writes"), ("lease-writes-history", "lease writes with history")):
+        if (w, l) in med and (w, "floor") in med:
+            ratio(f"{w}: {what}, Redis CPU / floor's", med[w, l][1], med[w, "floor"][1], None)
+    if (w, "lease-writes-history") in med and (w, "lease-writes") in med:
+        ratio(f"{w}: lease writes, history on / off, Redis CPU",
+              med[w, "lease-writes-history"][1], med[w, "lease-writes"][1], None)
 if lockds and ("distinct", "lockd-nohistory") in med:
     on = lockds[-1]
     for w in ("distinct", "reused"):

@@ -229,6 +229,11 @@ enum Scenario {
         /// the compare-and-delete script).
         #[arg(long)]
         redis_url: Option<String>,
+        /// What each request sends to that Redis: raw-cycle's commands
+        /// (`floor`), or the least Redis work an exclusive lease of lockd
+        /// needs, without or with its history (`lease`, `lease-history`).
+        #[arg(long, value_enum, default_value_t = null_server::Writes::Floor)]
+        writes: null_server::Writes,
     },
 }
 
@@ -332,9 +337,11 @@ async fn main() -> std::process::ExitCode {
             )
             .await
         }
-        Scenario::NullServer { listen, redis_url } => {
-            null_server::run(listen, redis_url.as_deref()).await
-        }
+        Scenario::NullServer {
+            listen,
+            redis_url,
+            writes,
+        } => null_server::run(listen, redis_url.as_deref(), writes).await,
     };
     match result {
         Ok(figures) => {
