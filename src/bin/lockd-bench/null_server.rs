@@ -79,8 +79,8 @@ pub enum Writes {
     /// raw-cycle's commands: `SET NX PX`, then the compare-and-delete
     /// script.
     Floor,
-    /// The least an exclusive lease of lockd needs ([`LEASE_ACQUIRE`],
-    /// [`LEASE_RELEASE`]), with no history.
+    /// The least Redis work an exclusive lease of lockd needs, one script
+    /// each way, with no history.
     Lease,
     /// The same, with each ended lease pushed to its name's history list.
     LeaseHistory,
