@@ -284,6 +284,55 @@ impl Builder<'_> {
     }
 }
 
+/// A request counted exactly once: with its outcome's label by
+/// [`Counted::finish`], or as `cancelled` when it is dropped first (its
+/// client went away, during a wait most often). `count` records the label
+/// for `name`, with the time since `started`. The shared part of
+/// [`PendingPermit`] and [`PendingRunStart`].
+struct Counted<'a> {
+    metrics: &'a Metrics,
+    name: LockName,
+    started: Instant,
+    count: fn(&Metrics, &LockName, &str, Duration),
+    done: bool,
+}
+
+impl<'a> Counted<'a> {
+    fn new(
+        metrics: &'a Metrics,
+        name: &LockName,
+        started: Instant,
+        count: fn(&Metrics, &LockName, &str, Duration),
+    ) -> Self {
+        Self {
+            metrics,
+            name: name.clone(),
+            started,
+            count,
+            done: false,
+        }
+    }
+
+    /// Counts `label`, once.
+    fn finish(mut self, label: &str) {
+        self.done = true;
+        (self.count)(self.metrics, &self.name, label, self.started.elapsed());
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            (self.count)(
+                self.metrics,
+                &self.name,
+                "cancelled",
+                self.started.elapsed(),
+            );
+        }
+    }
+}
+
 impl Metrics {
     /// Creates and registers every metric, with at most `max_namespaces`
     /// namespaces (besides `other`) in the lock metrics' labels.
@@ -467,11 +516,11 @@ impl Metrics {
 
     /// The `namespace` label of `name`, creating its series when it is new.
     fn namespace(&self, name: &LockName) -> Label {
-        self.namespace_of(name.as_str())
+        self.namespace_label(name.as_str())
     }
 
     /// [`Metrics::namespace`] of a name as text.
-    fn namespace_of(&self, name: &str) -> Label {
+    fn namespace_label(&self, name: &str) -> Label {
         let label = self.namespaces.label(name);
         if let Label::New(ns) = &label {
             self.create_namespace_series(ns);
@@ -681,7 +730,7 @@ impl Metrics {
     fn by_namespace(&self, counts: &[(String, usize)]) -> std::collections::HashMap<Arc<str>, i64> {
         let mut by_ns: std::collections::HashMap<Arc<str>, i64> = std::collections::HashMap::new();
         for (name, count) in counts {
-            let ns: Arc<str> = match self.namespace_of(name) {
+            let ns: Arc<str> = match self.namespace_label(name) {
                 Label::Known(ns) | Label::New(ns) => ns,
                 Label::Other => Arc::from(OTHER),
             };

@@ -4,7 +4,9 @@
 
 use prometheus::{IntCounterVec, IntGaugeVec};
 
-use super::{Builder, Metrics, failure};
+use tokio::time::Instant;
+
+use super::{Builder, Counted, Metrics, failure};
 use crate::lock::run::{Completed, RunMiss, StartRefusal, Started};
 use crate::lock::{LockError, LockName};
 
@@ -100,25 +102,23 @@ impl Metrics {
     /// [`PendingRunStart::finish`], or as `cancelled` if the request is
     /// dropped first (its client went away, during a wait most often).
     pub fn pending_run_start(&self, key: &LockName) -> PendingRunStart<'_> {
-        PendingRunStart {
-            metrics: self,
-            key: key.clone(),
-            done: false,
-        }
+        PendingRunStart(Counted::new(
+            self,
+            key,
+            Instant::now(),
+            |m, key, outcome, _| {
+                m.count_run(key, outcome);
+            },
+        ))
     }
 }
 
 /// A run start being served; see [`Metrics::pending_run_start`].
-pub struct PendingRunStart<'a> {
-    metrics: &'a Metrics,
-    key: LockName,
-    done: bool,
-}
+pub struct PendingRunStart<'a>(Counted<'a>);
 
 impl PendingRunStart<'_> {
     /// Counts the start's outcome.
-    pub fn finish(mut self, outcome: &Result<Result<Started, StartRefusal>, LockError>) {
-        self.done = true;
+    pub fn finish(self, outcome: &Result<Result<Started, StartRefusal>, LockError>) {
         let label = match outcome {
             Ok(Ok(Started::New {
                 took_over: false, ..
@@ -132,15 +132,7 @@ impl PendingRunStart<'_> {
             Ok(Err(StartRefusal::FingerprintMismatch)) => "fingerprint_mismatch",
             Err(e) => failure(e),
         };
-        self.metrics.count_run(&self.key, label);
-    }
-}
-
-impl Drop for PendingRunStart<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.metrics.count_run(&self.key, "cancelled");
-        }
+        self.0.finish(label);
     }
 }
 

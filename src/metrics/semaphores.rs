@@ -8,7 +8,7 @@ use prometheus::{HistogramVec, IntCounterVec, IntGaugeVec};
 use tokio::time::Instant;
 
 use super::namespace::Label;
-use super::{Builder, HOLD_BUCKETS, Metrics, WAIT_BUCKETS, failure};
+use super::{Builder, Counted, HOLD_BUCKETS, Metrics, WAIT_BUCKETS, failure};
 use crate::lock::semaphore::{PermitOutcome, Refusal};
 use crate::lock::{LockError, LockName, Released};
 
@@ -125,17 +125,11 @@ impl SemaphoreMetrics {
 }
 
 /// A permit request being served; see [`Metrics::pending_permit`].
-pub struct PendingPermit<'a> {
-    metrics: &'a Metrics,
-    name: LockName,
-    started: Instant,
-    done: bool,
-}
+pub struct PendingPermit<'a>(Counted<'a>);
 
 impl PendingPermit<'_> {
     /// Counts the outcome and the time it took, waiting included.
-    pub fn finish(mut self, outcome: &Result<Result<PermitOutcome, Refusal>, LockError>) {
-        self.done = true;
+    pub fn finish(self, outcome: &Result<Result<PermitOutcome, Refusal>, LockError>) {
         let result = match outcome {
             Ok(Ok(PermitOutcome::Granted(_))) => "acquired",
             Ok(Ok(PermitOutcome::Renewed(_))) => "reacquired",
@@ -143,17 +137,7 @@ impl PendingPermit<'_> {
             Ok(Err(Refusal::LimitMismatch { .. })) => "limit_mismatch",
             Err(e) => failure(e),
         };
-        self.metrics
-            .count_permit_request(&self.name, result, self.started.elapsed());
-    }
-}
-
-impl Drop for PendingPermit<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.metrics
-                .count_permit_request(&self.name, "cancelled", self.started.elapsed());
-        }
+        self.0.finish(result);
     }
 }
 
@@ -162,12 +146,12 @@ impl Metrics {
     /// `started`: counted by [`PendingPermit::finish`], or as `cancelled`
     /// if the request is dropped first.
     pub fn pending_permit(&self, name: &LockName, started: Instant) -> PendingPermit<'_> {
-        PendingPermit {
-            metrics: self,
-            name: name.clone(),
+        PendingPermit(Counted::new(
+            self,
+            name,
             started,
-            done: false,
-        }
+            Self::count_permit_request,
+        ))
     }
 
     fn count_permit_request(&self, name: &LockName, result: &str, took: Duration) {
