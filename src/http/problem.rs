@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::{IntoResponses, ToSchema};
 
-use crate::lock::{InvalidInput, LaggingWrite, LockError, Mode};
+use crate::lock::{InvalidInput, LaggingWrite, LeaseLeft, LockError, Mode};
 
 /// The media type of a problem document (RFC 9457 §3).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -390,30 +390,58 @@ const PAYLOAD_TOO_LARGE_DETAIL: &str = "the request body is over 65 KiB";
 /// How long a caller should wait after a 503 before trying again.
 const UNAVAILABLE_RETRY: Duration = Duration::from_secs(1);
 
+/// The detail's words for a lock (or a run's attempt) whose key has no TTL
+/// ([`LeaseLeft::NoTtl`]): what holds it, and that no lease end is known.
+pub const NO_TTL_HELD: &str = "its key has no TTL (set by a client other than lockd), so it frees only when that client deletes it";
+
+/// The detail's ending for a retry after `left`: its suggested wait, in
+/// whole seconds, for a key with no TTL; `None` for a lease that ends (the
+/// detail then says when, in its own words).
+pub fn no_ttl_retry(left: LeaseLeft) -> Option<String> {
+    match left {
+        LeaseLeft::AtMost(_) => None,
+        LeaseLeft::NoTtl => Some(format!(
+            "{NO_TTL_HELD}; retry after {} s",
+            retry_after_secs(left.retry_after())
+        )),
+    }
+}
+
 impl ApiError {
     /// The answer to an acquire in `mode` that failed with `e`: as
     /// `From<LockError>`, but a shared request refused 409 `lock-held` is
     /// told that an exclusive holder or an exclusive request that waits
-    /// keeps it out, and not that the lock frees within `retry_after`: a
+    /// keeps it out, and not that the lock frees within the lease left: a
     /// waiting writer goes first, and holds the lock for its own TTL
-    /// after that (docs/locks.md, the writer rule).
+    /// after that (docs/locks.md, the writer rule). A key with no TTL is
+    /// told as for an exclusive request.
     pub fn refused_acquire(e: LockError, mode: Mode) -> Self {
         let why =
             "the lock is held exclusively, or an exclusive request waits for it and goes first";
         match (e, mode) {
-            (LockError::Held { retry_after }, Mode::Shared) => Self::new(
+            (LockError::Held { left }, Mode::Shared) => Self::new(
                 Kind::LockHeld,
-                format!("{why}; try again in {} ms", retry_after.as_millis()),
-            )
-            .retry_after(retry_after),
-            (LockError::WaitTimedOut { retry_after }, Mode::Shared) => Self::new(
-                Kind::LockHeld,
-                format!(
-                    "the shared lease was not granted within wait_ms: {why}; try again in {} ms",
-                    retry_after.as_millis()
+                no_ttl_retry(left).map_or_else(
+                    || format!("{why}; try again in {} ms", left.retry_after().as_millis()),
+                    |no_ttl| format!("the lock is held exclusively: {no_ttl}"),
                 ),
             )
-            .retry_after(retry_after),
+            .retry_after(left.retry_after()),
+            (LockError::WaitTimedOut { left }, Mode::Shared) => Self::new(
+                Kind::LockHeld,
+                no_ttl_retry(left).map_or_else(
+                    || {
+                        format!(
+                            "the shared lease was not granted within wait_ms: {why}; try again in {} ms",
+                            left.retry_after().as_millis()
+                        )
+                    },
+                    |no_ttl| {
+                        format!("the shared lease was not granted within wait_ms: {no_ttl}")
+                    },
+                ),
+            )
+            .retry_after(left.retry_after()),
             (e, _) => e.into(),
         }
     }
@@ -493,22 +521,32 @@ impl From<InvalidInput> for ApiError {
 impl From<LockError> for ApiError {
     fn from(e: LockError) -> Self {
         match e {
-            LockError::Held { retry_after } => Self::new(
+            LockError::Held { left } => Self::new(
                 Kind::LockHeld,
-                format!(
-                    "the lock is held by another holder; it frees in at most {} ms",
-                    retry_after.as_millis()
+                no_ttl_retry(left).map_or_else(
+                    || {
+                        format!(
+                            "the lock is held by another holder; it frees in at most {} ms",
+                            left.retry_after().as_millis()
+                        )
+                    },
+                    |no_ttl| format!("the lock is held by another holder: {no_ttl}"),
                 ),
             )
-            .retry_after(retry_after),
-            LockError::WaitTimedOut { retry_after } => Self::new(
+            .retry_after(left.retry_after()),
+            LockError::WaitTimedOut { left } => Self::new(
                 Kind::LockHeld,
-                format!(
-                    "the lock was not granted within wait_ms; the holder's lease ends in at most {} ms",
-                    retry_after.as_millis()
+                no_ttl_retry(left).map_or_else(
+                    || {
+                        format!(
+                            "the lock was not granted within wait_ms; the holder's lease ends in at most {} ms",
+                            left.retry_after().as_millis()
+                        )
+                    },
+                    |no_ttl| format!("the lock was not granted within wait_ms: {no_ttl}"),
                 ),
             )
-            .retry_after(retry_after),
+            .retry_after(left.retry_after()),
             LockError::QuorumUnavailable { answered, needed } => {
                 tracing::warn!(answered, needed, "Redlock quorum unavailable");
                 let mut error = Self::new(
@@ -720,5 +758,32 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn a_key_with_no_ttl_suggests_a_retry_and_claims_no_lease_end() {
+        let no_ttl = LeaseLeft::NoTtl;
+        for (mode, e) in [
+            (Mode::Exclusive, LockError::Held { left: no_ttl }),
+            (Mode::Exclusive, LockError::WaitTimedOut { left: no_ttl }),
+            (Mode::Shared, LockError::Held { left: no_ttl }),
+            (Mode::Shared, LockError::WaitTimedOut { left: no_ttl }),
+        ] {
+            let error = ApiError::refused_acquire(e, mode);
+            assert_eq!(error.kind, Kind::LockHeld);
+            assert!(error.detail.contains("no TTL"), "{}", error.detail);
+            assert!(!error.detail.contains(" ms"), "{}", error.detail);
+            assert_eq!(error.retry_after, Some(Duration::from_secs(1)));
+        }
+        // A lease that ends is told as before.
+        let held: ApiError = LockError::Held {
+            left: LeaseLeft::AtMost(Duration::from_millis(2500)),
+        }
+        .into();
+        assert_eq!(
+            held.detail,
+            "the lock is held by another holder; it frees in at most 2500 ms"
+        );
+        assert_eq!(held.retry_after, Some(Duration::from_millis(2500)));
     }
 }

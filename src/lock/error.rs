@@ -6,12 +6,13 @@ use std::time::Duration;
 /// What can go wrong with a lock operation.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    /// Another holder has the lock. `retry_after` is the holder's remaining
-    /// lease: the earliest moment the lock can be free without a release.
+    /// Another holder has the lock. `left` is the holder's remaining
+    /// lease: how long until the lock can be free without a release, or
+    /// that it has no end (a key set without a TTL).
     #[error("the lock is held by another holder")]
     Held {
         /// The holder's remaining lease.
-        retry_after: Duration,
+        left: LeaseLeft,
     },
     /// Nobody holds the lock (it was released, or its lease ran out).
     #[error("nobody holds the lock")]
@@ -19,12 +20,12 @@ pub enum LockError {
     /// The lock is held under another token.
     #[error("the lock is held under another token")]
     NotOwner,
-    /// The lock stayed held for the whole wait. `retry_after` is the holder's
-    /// remaining lease when the wait ended.
+    /// The lock stayed held for the whole wait. `left` is the holder's
+    /// remaining lease when the wait ended, as the waiters last learned it.
     #[error("the lock was not granted within the wait")]
     WaitTimedOut {
         /// The holder's remaining lease.
-        retry_after: Duration,
+        left: LeaseLeft,
     },
     /// The request's token holds the lock in the other mode (`held`): a
     /// shared holder asking for exclusive (an upgrade) or the reverse.
@@ -97,6 +98,36 @@ pub enum LockError {
     Backend(String),
 }
 
+/// How long a refused lock's holder has left, as the store told it
+/// ([`LockError::Held`], [`LockError::WaitTimedOut`]): a bound on the
+/// lease, or none at all. Ordered from the soonest end to no end
+/// ([`LeaseLeft::AtMost`] by its duration, then [`LeaseLeft::NoTtl`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LeaseLeft {
+    /// The lease ends within this long at the latest (at least 1 ms, to
+    /// the millisecond): the lock frees then without a release.
+    AtMost(Duration),
+    /// The lock's key has no expiry (PTTL -1): a client other than lockd
+    /// set it without a TTL, and it frees only when that client deletes
+    /// it. A waiter looks again after [`NO_TTL_RETRY`].
+    NoTtl,
+}
+
+/// How long to wait before trying again a lock held by a key with no TTL
+/// ([`LeaseLeft::NoTtl`]): a suggestion, not a lease's end.
+pub const NO_TTL_RETRY: Duration = Duration::from_secs(1);
+
+impl LeaseLeft {
+    /// How long to wait before trying again: the remaining lease
+    /// ([`LeaseLeft::AtMost`]), or [`NO_TTL_RETRY`] for a key with no TTL.
+    pub fn retry_after(self) -> Duration {
+        match self {
+            Self::AtMost(left) => left,
+            Self::NoTtl => NO_TTL_RETRY,
+        }
+    }
+}
+
 /// The write that too few replicas acknowledged, for
 /// [`LockError::ReplicationLagging`]: what the caller may count on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +186,10 @@ mod tests {
             LockError::NotHeld,
             LockError::NotOwner,
             LockError::Held {
-                retry_after: Duration::from_millis(1),
+                left: LeaseLeft::AtMost(Duration::from_millis(1)),
+            },
+            LockError::Held {
+                left: LeaseLeft::NoTtl,
             },
         ] {
             assert!(!answer.is_transient() && answer.is_answer(), "{answer:?}");
@@ -163,5 +197,14 @@ mod tests {
         let refused = LockError::Backend("WRONGTYPE".into());
         assert!(!refused.is_transient() && !refused.is_answer());
         assert!(!LockError::Cancelled.is_transient());
+    }
+
+    #[test]
+    fn a_lease_with_no_ttl_suggests_a_retry_and_sorts_after_every_bound() {
+        let ms = Duration::from_millis;
+        assert_eq!(LeaseLeft::AtMost(ms(250)).retry_after(), ms(250));
+        assert_eq!(LeaseLeft::NoTtl.retry_after(), NO_TTL_RETRY);
+        assert!(LeaseLeft::AtMost(ms(1)) < LeaseLeft::AtMost(ms(2)));
+        assert!(LeaseLeft::AtMost(Duration::MAX) < LeaseLeft::NoTtl);
     }
 }

@@ -15,7 +15,9 @@
 //!   lease).
 //! - [`run`]: the rules of a run, a job that runs once per key (running
 //!   under an attempt's lease, done with a result kept, or pending).
-//! - [`error`]: [`LockError`], the one error type of every operation.
+//! - [`error`]: [`LockError`], the one error type of every operation, and
+//!   [`LeaseLeft`], a refused lock's remaining lease (or none: a key with
+//!   no TTL).
 //! - [`fence`]: the fencing-token rule, max(counter + 1, clock in µs),
 //!   which every backend follows.
 //! - [`history`]: a name's last leases and how each ended, folded from
@@ -157,7 +159,7 @@ pub mod subject;
 pub mod types;
 
 pub use change::Change;
-pub use error::{LaggingWrite, LockError};
+pub use error::{LaggingWrite, LeaseLeft, LockError, NO_TTL_RETRY};
 pub(crate) use lease::unix_millis;
 pub use lease::{AcquireRequest, Acquired, ExtendTtl, Lease, LockInfo, ProbedLock, Released};
 pub use node::{Backend, ChangeListener, LockNode, Node, RunNode, SemaphoreNode, WaitInterest};

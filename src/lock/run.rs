@@ -25,7 +25,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::{Lease, LockName, Meta, Owner, Token, Ttl};
+use super::{Lease, LeaseLeft, LockName, Meta, Owner, Token, Ttl};
 
 /// The largest result a run may store, in bytes of JSON: the most
 /// `--max-result-bytes` may be (64 KiB).
@@ -182,11 +182,11 @@ pub enum Started {
 /// Why a start was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartRefusal {
-    /// Another attempt holds the run; its lease ends in at most
-    /// `retry_after`.
+    /// Another attempt holds the run; its lease ends when `left` runs out
+    /// (or never by itself: a key a foreign client set with no TTL).
     InProgress {
         /// What is left of the live attempt's lease.
-        retry_after: Duration,
+        left: LeaseLeft,
         /// Whether the caller waited (`wait_ms`) before this refusal.
         waited: bool,
     },

@@ -1216,6 +1216,44 @@ async fn reacquire_with_a_new_owner_label_updates_it(app: &TestApp) {
     assert_eq!(app.inspect("own:k").await.str("owner"), "new");
 }
 
+/// A lock key a foreign client set with no TTL (`SET` without `PX`) frees
+/// only when that client deletes it: the 409 says so, suggests a retry
+/// (`Retry-After`), and claims no lease end, exclusive or shared.
+#[tokio::test]
+async fn a_key_set_with_no_ttl_is_409_without_a_lease_end() {
+    let app = TestApp::redis().await;
+    let name = "no-ttl:k";
+    app.redis_server()
+        .cmd::<()>(::redis::cmd("SET").arg(lock_key(name)).arg("foreign"))
+        .await;
+    assert_eq!(app.redis_server().pttl(&lock_key(name)).await, -1);
+    let shared = json!({ "ttl_ms": 5000, "mode": "shared" });
+    for (r, mode) in [
+        (app.acquire_ttl(name, 5000).await, "exclusive"),
+        (app.acquire(name, Some(shared)).await, "shared"),
+    ] {
+        let problem = r.expect_problem(409, "lock-held");
+        let detail = problem["detail"].as_str().expect("detail");
+        assert!(detail.contains("no TTL"), "{mode}: {detail}");
+        assert!(
+            !detail.contains("at most") && !detail.contains("try again in"),
+            "{mode}: a lease end is claimed: {detail}"
+        );
+        assert_eq!(r.header("retry-after").as_deref(), Some("1"), "{mode}");
+        assert_eq!(problem["retry_after_ms"], 1000, "{mode}: {problem}");
+    }
+    assert_eq!(
+        app.redis_server().lock_token(name).await.as_deref(),
+        Some("foreign"),
+        "untouched"
+    );
+    // Once that client deletes it, the lock is granted.
+    app.redis_server()
+        .cmd::<()>(::redis::cmd("DEL").arg(lock_key(name)))
+        .await;
+    app.acquire_ttl(name, 5000).await.expect_status(201);
+}
+
 #[tokio::test]
 async fn a_key_of_the_wrong_type_is_a_500_and_leaves_no_half_written_lock() {
     let app = TestApp::redis().await;

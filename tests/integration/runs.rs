@@ -10,7 +10,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::support::{
-    EventStream, Reply, TestApp, eventually, metric, random_token, shared_cluster,
+    EventStream, PREFIX, Reply, TestApp, eventually, metric, random_token, shared_cluster,
 };
 
 crate::support::redis_and_memory_tests!(
@@ -599,6 +599,27 @@ async fn runs_work_on_a_redis_cluster() {
     reply.expect_status(200);
     assert_eq!(reply.json()["result"], json!([1, 2, 3]));
     assert_eq!(status(&app, &key).await.str("state"), "done");
+}
+
+/// A run's attempt key that a foreign client set with no TTL is answered
+/// 409 `run-in-progress` saying so, with a suggested retry and no lease
+/// end claimed (not a 500 for the PTTL of -1).
+#[tokio::test]
+async fn an_attempt_key_with_no_ttl_is_409_without_a_lease_end() {
+    let app = TestApp::redis().await;
+    let attempt = format!("{PREFIX}run:{{no-ttl}}:attempt");
+    app.redis_server()
+        .cmd::<()>(::redis::cmd("SET").arg(&attempt).arg("foreign"))
+        .await;
+    let r = start(&app, "no-ttl", None, json!({ "ttl_ms": 5000 })).await;
+    let problem = r.expect_problem(409, "run-in-progress");
+    let detail = problem["detail"].as_str().expect("detail");
+    assert!(detail.contains("no TTL"), "{detail}");
+    assert!(
+        !detail.contains("at most"),
+        "a lease end is claimed: {detail}"
+    );
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
 }
 
 /// Redlock keeps no runs: every run route answers 501 with the reason,

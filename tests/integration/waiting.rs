@@ -547,6 +547,59 @@ async fn a_waiter_looks_once_more_when_its_wait_ends() {
     assert_eq!(app.holder_token(name).await, Some(b.token()));
 }
 
+/// A wait on a lock key a foreign client set with no TTL runs out with a
+/// 409 that says the key has no TTL, suggests a retry (`Retry-After`),
+/// and claims no lease end.
+#[tokio::test]
+async fn a_wait_on_a_key_with_no_ttl_runs_out_without_a_lease_end() {
+    let app = TestApp::redis().await;
+    let name = "no-ttl-wait";
+    app.redis_server()
+        .cmd::<()>(::redis::cmd("SET").arg(lock_key(name)).arg("foreign"))
+        .await;
+    for wait_ms in [300, 1500] {
+        let r = acquire_waiting(&app, name, 5000, wait_ms).await;
+        let problem = r.expect_problem(409, "lock-held");
+        let detail = problem["detail"].as_str().expect("detail");
+        assert!(
+            detail.contains("within wait_ms") && detail.contains("no TTL"),
+            "wait {wait_ms}: {detail}"
+        );
+        assert!(
+            !detail.contains("at most"),
+            "wait {wait_ms}: a lease end is claimed: {detail}"
+        );
+        assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    }
+    assert_eq!(waiters(&app).await, 0);
+}
+
+/// A waiter on a key with no TTL looks again each second (the suggested
+/// retry), so the key's delete (no event) grants it long before its wait
+/// would end.
+#[tokio::test]
+async fn a_waiter_on_a_key_with_no_ttl_looks_again_each_second() {
+    let app = TestApp::redis().await;
+    let name = "no-ttl-relook";
+    app.redis_server()
+        .cmd::<()>(::redis::cmd("SET").arg(lock_key(name)).arg("foreign"))
+        .await;
+    let asked = Instant::now();
+    let (b, ()) = tokio::join!(acquire_waiting(&app, name, 5000, 30_000), async {
+        until_waiters(&app, 1).await;
+        app.redis_server()
+            .cmd::<()>(::redis::cmd("DEL").arg(lock_key(name)))
+            .await;
+    });
+    b.expect_status(201);
+    let waited = asked.elapsed();
+    assert!(
+        waited < Duration::from_secs(20),
+        "granted after {waited:?}: not at a re-look, only when the 30 s wait ended"
+    );
+    assert_eq!(app.holder_token(name).await, Some(b.token()));
+}
+
 // ---------------------------------------------------------------------------
 // C11 contention: waiters do not starve everyone else
 // ---------------------------------------------------------------------------

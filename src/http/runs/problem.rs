@@ -4,7 +4,7 @@
 
 use axum::http::StatusCode;
 
-use crate::http::problem::{ApiError, Kind, LeaseProblem};
+use crate::http::problem::{ApiError, Kind, LeaseProblem, no_ttl_retry};
 use crate::lock::run::{RunMiss, StartRefusal};
 
 /// Every problem type only a run answers with.
@@ -55,23 +55,23 @@ pub fn run_not_found() -> ApiError {
 impl From<StartRefusal> for ApiError {
     fn from(refusal: StartRefusal) -> Self {
         match refusal {
-            StartRefusal::InProgress {
-                retry_after,
-                waited,
-            } => {
+            StartRefusal::InProgress { left, waited } => {
                 let then = if waited {
                     "it did not end within wait_ms; retry then"
                 } else {
                     "retry then, or start with wait_ms"
                 };
-                ApiError::new(
-                    Kind::Leased(&RUN_IN_PROGRESS),
-                    format!(
-                        "another attempt is running this job; its lease ends in at most {} ms, when it completes, is abandoned or runs out; {then}",
-                        retry_after.as_millis()
-                    ),
-                )
-                .retry_after(retry_after)
+                let detail = no_ttl_retry(left).map_or_else(
+                    || {
+                        format!(
+                            "another attempt is running this job; its lease ends in at most {} ms, when it completes, is abandoned or runs out; {then}",
+                            left.retry_after().as_millis()
+                        )
+                    },
+                    |no_ttl| format!("another attempt is running this job: {no_ttl}"),
+                );
+                ApiError::new(Kind::Leased(&RUN_IN_PROGRESS), detail)
+                    .retry_after(left.retry_after())
             }
             StartRefusal::FingerprintMismatch => ApiError::new(
                 Kind::Leased(&FINGERPRINT_MISMATCH),

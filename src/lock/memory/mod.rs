@@ -35,9 +35,9 @@ use super::run::{
 };
 use super::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
-    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Meta, Mode, Node, Released, RunNode, SemaphoreNode, Subject, Token, Ttl,
-    WaitInterest, unix_millis,
+    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LeaseLeft, LockError,
+    LockInfo, LockName, LockNode, Meta, Mode, Node, Released, RunNode, SemaphoreNode, Subject,
+    Token, Ttl, WaitInterest, unix_millis,
 };
 
 struct Holder {
@@ -367,7 +367,7 @@ impl LockNode for MemoryBackend {
         if let Some(holder) = state.live(&req.name, now) {
             if holder.token != req.token {
                 return Err(LockError::Held {
-                    retry_after: (holder.expires - now).max(Duration::from_millis(1)),
+                    left: LeaseLeft::AtMost((holder.expires - now).max(Duration::from_millis(1))),
                 });
             }
             holder.expires = now + req.ttl.as_duration();
@@ -391,7 +391,7 @@ impl LockNode for MemoryBackend {
         }
         if req.renew_only {
             return Err(LockError::Held {
-                retry_after: Duration::from_millis(1),
+                left: LeaseLeft::AtMost(Duration::from_millis(1)),
             });
         }
         let fence = state.next_fence(&req.name, now, self.fence_retention);
@@ -679,8 +679,8 @@ mod tests {
             .expect("free");
         tokio::time::advance(Duration::from_millis(400)).await;
         match store.acquire(&request("k", &Token::generate(), 1000)).await {
-            Err(LockError::Held { retry_after }) => {
-                assert_eq!(retry_after, Duration::from_millis(600));
+            Err(LockError::Held { left }) => {
+                assert_eq!(left, LeaseLeft::AtMost(Duration::from_millis(600)));
             }
             other => panic!("expected Held, got {other:?}"),
         }

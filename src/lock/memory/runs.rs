@@ -11,7 +11,9 @@ use crate::lock::run::{
     Attempt, Completed, DoneRun, LastEnd, ProbedRun, RunInfo, RunMiss, RunResult, StartRefusal,
     StartRequest, Started,
 };
-use crate::lock::{Change, ExtendTtl, Kind, LockError, LockName, Token, Ttl, unix_millis};
+use crate::lock::{
+    Change, ExtendTtl, Kind, LeaseLeft, LockError, LockName, Token, Ttl, unix_millis,
+};
 
 /// A run's record, as the Redis backend's `run:{K}:record` hash and its
 /// `:attempt` key together.
@@ -119,7 +121,7 @@ impl MemoryBackend {
                 {
                     if *token != req.token {
                         return Ok(Err(StartRefusal::InProgress {
-                            retry_after: *expires - now,
+                            left: LeaseLeft::AtMost(*expires - now),
                             waited: false,
                         }));
                     }

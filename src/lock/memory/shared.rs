@@ -14,8 +14,8 @@ use super::{MemoryBackend, State, lease};
 use crate::lock::history::BrokenLease;
 use crate::lock::semaphore::{Limit, PermitRequest, Permits, Taken};
 use crate::lock::{
-    AcquireRequest, Acquired, Change, ExtendTtl, Kind, Lease, LockError, LockInfo, LockName, Mode,
-    Released, Token, unix_millis,
+    AcquireRequest, Acquired, Change, ExtendTtl, Kind, Lease, LeaseLeft, LockError, LockInfo,
+    LockName, Mode, Released, Token, unix_millis,
 };
 
 /// The shared leases of one name, and the exclusive requests waiting for
@@ -115,7 +115,9 @@ impl MemoryBackend {
             return Some(LockError::ModeMismatch { held: Mode::Shared });
         }
         state.note_writer(req, now, last);
-        Some(LockError::Held { retry_after: last })
+        Some(LockError::Held {
+            left: LeaseLeft::AtMost(last),
+        })
     }
 
     /// Takes a shared lease, or renews the one `req.token` holds (see
@@ -133,7 +135,7 @@ impl MemoryBackend {
                 });
             }
             return Err(LockError::Held {
-                retry_after: (holder.expires - now).max(Duration::from_millis(1)),
+                left: LeaseLeft::AtMost((holder.expires - now).max(Duration::from_millis(1))),
             });
         }
         let at = self.now_us();
@@ -144,12 +146,12 @@ impl MemoryBackend {
         self.tell_ended_shared(&req.name, lock);
         if !renewing && req.renew_only {
             return Err(LockError::Held {
-                retry_after: Duration::from_millis(1),
+                left: LeaseLeft::AtMost(Duration::from_millis(1)),
             });
         }
         if !renewing && let Some(waits) = lock.writer_waits(now) {
             return Err(LockError::Held {
-                retry_after: waits.max(Duration::from_millis(1)),
+                left: LeaseLeft::AtMost(waits.max(Duration::from_millis(1))),
             });
         }
         let permit = PermitRequest {
@@ -189,7 +191,7 @@ impl MemoryBackend {
                 Ok(Acquired::Renewed(lease(fence, req.ttl)))
             }
             Taken::Refused(_) => Err(LockError::Held {
-                retry_after: Duration::from_millis(1),
+                left: LeaseLeft::AtMost(Duration::from_millis(1)),
             }),
         }
     }

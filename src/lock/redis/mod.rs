@@ -105,9 +105,9 @@ use super::run::{
 };
 use super::semaphore::{Permit, PermitInfo, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
 use super::{
-    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, Meta, Mode, Node, Released, RunNode, SemaphoreNode, Subject, Token, Ttl,
-    WaitInterest, unix_millis,
+    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LeaseLeft, LockError,
+    LockInfo, LockName, LockNode, Meta, Mode, Node, Released, RunNode, SemaphoreNode, Subject,
+    Token, Ttl, WaitInterest, unix_millis,
 };
 use crate::backoff::ExponentialBackoff;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -1170,12 +1170,14 @@ impl LockNode for RedisBackend {
                 held: req.mode.other(),
             }),
             // PTTL is -1 only for a key a foreign client set without a TTL:
-            // there is no expiry to wait for, so suggest one second.
-            _ if value < 0 => Err(LockError::Held {
-                retry_after: Duration::from_secs(1),
+            // there is no expiry to wait for.
+            _ if value == -1 => Err(LockError::Held {
+                left: LeaseLeft::NoTtl,
             }),
+            // -2: a renew-only request found the lock free (nothing to
+            // renew; the caller reads no lease from it), 1 ms as memory's.
             _ => Err(LockError::Held {
-                retry_after: positive_ms(value),
+                left: LeaseLeft::AtMost(positive_ms(value)),
             }),
         }
     }

@@ -19,7 +19,8 @@ use crate::lock::run::{
     StartRequest, Started,
 };
 use crate::lock::{
-    ExtendTtl, Kind, LaggingWrite, Lease, LockError, LockName, Meta, Token, Ttl, unix_millis,
+    ExtendTtl, Kind, LaggingWrite, Lease, LeaseLeft, LockError, LockName, Meta, Token, Ttl,
+    unix_millis,
 };
 
 /// The shared part of the run scripts (`read_record`, `ms`).
@@ -116,6 +117,14 @@ impl Answer {
 
     /// The next field as a number.
     fn number(&mut self) -> Result<u64, LockError> {
+        let text = self.text()?;
+        text.parse()
+            .map_err(|_| LockError::Backend(format!("a run script answered {text:?}")))
+    }
+
+    /// The next field as a signed number (a PTTL, which is -1 for a key
+    /// with no TTL).
+    fn signed(&mut self) -> Result<i64, LockError> {
         let text = self.text()?;
         text.parse()
             .map_err(|_| LockError::Backend(format!("a run script answered {text:?}")))
@@ -221,7 +230,13 @@ impl RedisBackend {
             4 => Err(StartRefusal::FingerprintMismatch),
             3 => Ok(Started::Done(answer.done()?)),
             0 => Err(StartRefusal::InProgress {
-                retry_after: Duration::from_millis(answer.number()?),
+                // PTTL -1: a foreign client set the attempt's key with no TTL.
+                left: match answer.signed()? {
+                    -1 => LeaseLeft::NoTtl,
+                    ms => LeaseLeft::AtMost(Duration::from_millis(
+                        u64::try_from(ms).unwrap_or(0).max(1),
+                    )),
+                },
                 waited: false,
             }),
             1 => {

@@ -48,9 +48,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, LockNode, LockStore, Mode, Released, RunStore, SemaphoreStore, Store, Subject, Token,
-    Ttl, WaitInterest,
+    AcquireRequest, Acquired, ChangeListener, ExtendTtl, Kind, Lease, LeaseLeft, LockError,
+    LockInfo, LockName, LockNode, LockStore, Mode, Released, RunStore, SemaphoreStore, Store,
+    Subject, Token, Ttl, WaitInterest,
 };
 
 mod listing;
@@ -157,18 +157,20 @@ impl Redlock {
 }
 
 /// When a refused lock can be free on a quorum: the `k`-th shortest of the
-/// holders' remaining leases, where `k` more nodes must free up.
-fn retry_after(mut held: Vec<Duration>, free_now: usize, quorum: usize) -> Duration {
+/// holders' remaining leases, where `k` more nodes must free up. A node
+/// whose key has no TTL ([`LeaseLeft::NoTtl`]) sorts after every lease
+/// that ends: when the `k`-th is such a node, no end can be told.
+fn retry_after(mut held: Vec<LeaseLeft>, free_now: usize, quorum: usize) -> LeaseLeft {
     held.sort_unstable();
     let missing = quorum.saturating_sub(free_now);
     match missing {
         // A quorum was free, but the validity ran out: try again soon.
-        0 => Duration::from_millis(10),
+        0 => LeaseLeft::AtMost(Duration::from_millis(10)),
         k => held
             .get(k - 1)
             .or(held.last())
             .copied()
-            .unwrap_or(Duration::from_secs(1)),
+            .unwrap_or(LeaseLeft::AtMost(Duration::from_secs(1))),
     }
 }
 
@@ -247,7 +249,7 @@ impl LockStore for Redlock {
         let held = answers.held();
         let free = answers.answered() - held.len();
         Err(LockError::Held {
-            retry_after: retry_after(held, free, self.quorum),
+            left: retry_after(held, free, self.quorum),
         })
     }
 
@@ -583,12 +585,17 @@ mod tests {
 
     #[test]
     fn a_refused_lock_is_retried_when_enough_holders_have_expired() {
-        let ms = Duration::from_millis;
+        let ms = |n| LeaseLeft::AtMost(Duration::from_millis(n));
         // 5 nodes, 3 held (100, 300, 200 ms left), 2 free: one more must free.
         assert_eq!(retry_after(vec![ms(100), ms(300), ms(200)], 2, 3), ms(100));
         // None free: three must free up, the third shortest lease.
         assert_eq!(retry_after(vec![ms(100), ms(300), ms(200)], 0, 2), ms(200));
         // A quorum was free: the validity ran out, try again soon.
         assert_eq!(retry_after(vec![], 3, 2), ms(10));
+        // A key with no TTL on one node: the quorum frees with the others.
+        let no_ttl = LeaseLeft::NoTtl;
+        assert_eq!(retry_after(vec![no_ttl, ms(300), ms(200)], 0, 2), ms(300));
+        // On two: a quorum of 2 never frees by itself.
+        assert_eq!(retry_after(vec![no_ttl, no_ttl, ms(200)], 0, 2), no_ttl);
     }
 }

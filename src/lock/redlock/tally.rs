@@ -6,13 +6,12 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::join_all;
 
 use std::cmp::Ordering;
 
-use crate::lock::{LockError, LockInfo, LockNode, Token};
+use crate::lock::{LeaseLeft, LockError, LockInfo, LockNode, Token};
 
 /// Which nodes' answers count toward a quorum.
 #[derive(Debug, Clone)]
@@ -139,10 +138,10 @@ impl<T> Tally<T> {
 
     /// The remaining leases reported by the nodes that count and found the
     /// lock held by another token.
-    pub(super) fn held(&self) -> Vec<Duration> {
+    pub(super) fn held(&self) -> Vec<LeaseLeft> {
         self.counted()
             .filter_map(|(_, a)| match a {
-                Err(LockError::Held { retry_after }) => Some(*retry_after),
+                Err(LockError::Held { left }) => Some(*left),
                 _ => None,
             })
             .collect()
@@ -230,6 +229,7 @@ pub(super) fn agreed(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn tally(answers: Vec<Option<Result<u8, LockError>>>, counts: Vec<bool>) -> Tally<u8> {
         Tally { answers, counts }
@@ -242,7 +242,7 @@ mod tests {
                 Some(Ok(1)),
                 Some(Ok(2)),
                 Some(Err(LockError::Held {
-                    retry_after: Duration::from_millis(5),
+                    left: LeaseLeft::AtMost(Duration::from_millis(5)),
                 })),
                 Some(Err(LockError::Unavailable("down".into()))),
                 None,
@@ -252,7 +252,7 @@ mod tests {
         assert_eq!(t.oks().count(), 2, "every success");
         assert_eq!(t.granted(), 1, "the node in its restart delay is left out");
         assert_eq!(t.answered(), 2);
-        assert_eq!(t.held(), [Duration::from_millis(5)]);
+        assert_eq!(t.held(), [LeaseLeft::AtMost(Duration::from_millis(5))]);
         assert_eq!(t.answering(), [true, true, true, false, false]);
         assert_eq!(t.unanswered(), [3]);
         assert!(t.told(2).is_ok());

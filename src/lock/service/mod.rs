@@ -39,12 +39,12 @@ use std::task::{Context, Poll};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use self::queue::{Begin, Handoff, Hint, Leaving, Offer, WaitQueues};
+use self::queue::{Begin, Handoff, Hint, LeaseEnd, Leaving, Offer, WaitQueues};
 use self::watch::{SharedInterest, Watch, Watches};
 use super::reaper::{Attempt, Reap, Reaped};
 use super::{
-    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LockError, LockInfo,
-    LockName, Mode, Released, Store, Subject, Token,
+    AcquireRequest, Acquired, Change, ChangeListener, ExtendTtl, Kind, Lease, LeaseLeft, LockError,
+    LockInfo, LockName, Mode, Released, Store, Subject, Token,
 };
 
 /// The most random delay added to a retry at the holder's lease end, so that
@@ -70,11 +70,13 @@ enum Tried<T, R> {
     /// right behind it in the queue try at once (see
     /// [`queue::Place::admits_sharers`]).
     Shares(T),
-    /// Held (or full): it may free in `retry_after` without a release;
-    /// `refusal` is the answer should the wait end now.
+    /// Held (or full): it may free when `left` runs out without a release
+    /// (the head tries again then, or after [`LeaseLeft::retry_after`]'s
+    /// suggestion for a key with no TTL); `refusal` is the answer should
+    /// the wait end now.
     Busy {
         /// Until the holder's (or the earliest permit's) lease ends.
-        retry_after: Duration,
+        left: LeaseLeft,
         /// The refusal to answer if the wait ends.
         refusal: R,
     },
@@ -87,11 +89,12 @@ type Judge<'a, T, R> = dyn Fn(Result<Acquired, LockError>) -> Tried<T, R> + Send
 enum Waited<T, R> {
     /// A try answered the request.
     Ended(T),
-    /// Still busy when the wait ran out: it may free in `retry_after`;
+    /// Still busy when the wait ran out: it may free when `left` runs out;
     /// `refusal` is the last try's (`None` when this waiter never tried).
     TimedOut {
-        /// Until the lease the waiter last learned of ends.
-        retry_after: Duration,
+        /// Until the lease the waiters last learned of ends (or no end: a
+        /// key with no TTL).
+        left: LeaseLeft,
         /// The last try's refusal.
         refusal: Option<R>,
     },
@@ -353,10 +356,7 @@ impl Locks {
             ..req.clone()
         }));
         let judge = |outcome| match outcome {
-            Err(LockError::Held { retry_after }) => Tried::Busy {
-                retry_after,
-                refusal: (),
-            },
+            Err(LockError::Held { left }) => Tried::Busy { left, refusal: () },
             // Only under a token lockd generated: a client's token may be
             // the next waiter's too (a retry), whose try renews at once.
             Ok(Acquired::Granted(lease)) if req.mode == Mode::Exclusive && req.token_generated => {
@@ -386,7 +386,7 @@ impl Locks {
             .await?;
         match waited {
             Waited::Ended(outcome) => outcome,
-            Waited::TimedOut { retry_after, .. } => Err(LockError::WaitTimedOut { retry_after }),
+            Waited::TimedOut { left, .. } => Err(LockError::WaitTimedOut { left }),
         }
     }
 
@@ -536,9 +536,9 @@ impl Locks {
                     },
                 };
                 match held_until {
-                    Looked::HeldFor(retry_after) => {
-                        let lease_end = Instant::now() + retry_after;
-                        place.note_lease_end(lease_end);
+                    Looked::HeldFor(left) => {
+                        let lease_end = Instant::now() + left;
+                        place.note_lease_end(LeaseEnd::By(lease_end));
                         retry_at = lease_end + jitter();
                     }
                     Looked::Unknown => {}
@@ -547,14 +547,16 @@ impl Locks {
             }
             match tried {
                 Some(Tried::Busy {
-                    retry_after,
+                    left,
                     refusal: busy,
                 }) => {
                     busy_once();
                     refusal = Some(busy);
-                    let lease_end = Instant::now() + retry_after;
-                    place.note_lease_end(lease_end);
-                    retry_at = lease_end + jitter();
+                    let now = Instant::now();
+                    place.note_lease_end(LeaseEnd::after(now, left));
+                    // A key with no TTL: look again after the suggested
+                    // retry (a release event wakes the head sooner).
+                    retry_at = now + left.retry_after() + jitter();
                 }
                 Some(Tried::Ended(outcome)) => return Ok(Waited::Ended(outcome)),
                 Some(Tried::Shares(outcome)) => {
@@ -571,10 +573,9 @@ impl Locks {
                 Some(Err(e)) => return Err(e),
                 Some(Ok(())) if awaits_hand => {}
                 Some(Ok(())) => {
-                    let lease_end = place.lease_end().unwrap_or(retry_at);
-                    let retry_after = lease_end.saturating_duration_since(Instant::now());
+                    let lease_end = place.lease_end().unwrap_or(LeaseEnd::By(retry_at));
                     return Ok(Waited::TimedOut {
-                        retry_after: retry_after.max(Duration::from_millis(1)),
+                        left: lease_end.left_at(Instant::now()),
                         refusal,
                     });
                 }
@@ -1018,8 +1019,8 @@ mod tests {
         let b = waiter(&locks, "k", &Token::generate(), Duration::from_secs(2));
         let (outcome, after) = b.await.expect("task");
         match outcome {
-            Err(LockError::WaitTimedOut { retry_after }) => {
-                assert_eq!(retry_after, Duration::from_secs(8));
+            Err(LockError::WaitTimedOut { left }) => {
+                assert_eq!(left, LeaseLeft::AtMost(Duration::from_secs(8)));
             }
             other => panic!("expected WaitTimedOut, got {other:?}"),
         }
@@ -1035,7 +1036,7 @@ mod tests {
             .acquire(request("k", &Token::generate(), 10_000), Duration::ZERO)
             .await;
         assert!(
-            matches!(outcome, Err(LockError::Held { retry_after }) if retry_after == Duration::from_secs(10)),
+            matches!(outcome, Err(LockError::Held { left }) if left == LeaseLeft::AtMost(Duration::from_secs(10))),
             "{outcome:?}"
         );
     }

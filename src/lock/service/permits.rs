@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::{Attached, Locks, Looked, Orphan, Tried, Waited};
 use crate::lock::reaper::{Attempt, Reap, Reaped};
 use crate::lock::semaphore::{Permit, PermitOutcome, PermitRequest, Refusal, SemaphoreInfo};
-use crate::lock::{ExtendTtl, LockError, LockName, Released, SemaphoreStore, Subject, Token};
+use crate::lock::{
+    ExtendTtl, LeaseLeft, LockError, LockName, Released, SemaphoreStore, Subject, Token,
+};
 
 /// The most semaphores [`Known`] remembers.
 const MAX_KNOWN: usize = 1_000;
@@ -157,7 +159,7 @@ impl Locks {
                 || async {
                     match store.take_permit(req).await {
                         Ok(Err(refusal @ Refusal::Full { retry_after, .. })) => Tried::Busy {
-                            retry_after,
+                            left: LeaseLeft::AtMost(retry_after),
                             refusal,
                         },
                         other => Tried::Ended(other),
@@ -171,14 +173,13 @@ impl Locks {
             .await?;
         match waited {
             Waited::Ended(outcome) => outcome,
-            Waited::TimedOut {
-                retry_after,
-                refusal,
-            } => {
+            Waited::TimedOut { left, refusal } => {
                 let limit = match refusal {
                     Some(Refusal::Full { limit, .. }) => limit,
                     _ => req.limit,
                 };
+                // A permit's lease always ends (its score is its end).
+                let retry_after = left.retry_after();
                 Ok(Err(Refusal::Full { retry_after, limit }))
             }
         }

@@ -27,7 +27,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::lock::{
-    AcquireRequest, Acquired, Change, ChangeListener, LockError, Subject, WaitInterest,
+    AcquireRequest, Acquired, Change, ChangeListener, LeaseLeft, LockError, Subject, WaitInterest,
 };
 
 struct Waiter {
@@ -232,7 +232,7 @@ impl Drop for Offer {
 struct Queue {
     waiters: VecDeque<Waiter>,
     /// When the holder's lease ends, as the last failed try learned it.
-    lease_end: Option<Instant>,
+    lease_end: Option<LeaseEnd>,
     /// Whether the store was told that this lock is waited for.
     subscribed: bool,
     /// Whether the head should look before it retries (see
@@ -496,6 +496,37 @@ pub enum Hint {
     HeldUntil(Instant),
 }
 
+/// When the holder's lease ends, as a failed try learned it (see
+/// [`Place::note_lease_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// By this instant at the latest.
+    By(Instant),
+    /// Never by itself: the lock's key has no TTL ([`LeaseLeft::NoTtl`]).
+    NoTtl,
+}
+
+impl LeaseEnd {
+    /// The end of a lease with `left` to run at `now`.
+    pub fn after(now: Instant, left: LeaseLeft) -> Self {
+        match left {
+            LeaseLeft::AtMost(left) => Self::By(now + left),
+            LeaseLeft::NoTtl => Self::NoTtl,
+        }
+    }
+
+    /// What is left of the lease at `now` (at least 1 ms).
+    pub fn left_at(self, now: Instant) -> LeaseLeft {
+        match self {
+            Self::By(end) => LeaseLeft::AtMost(
+                end.saturating_duration_since(now)
+                    .max(std::time::Duration::from_millis(1)),
+            ),
+            Self::NoTtl => LeaseLeft::NoTtl,
+        }
+    }
+}
+
 /// A place in a subject's queue.
 pub struct Place {
     queues: Arc<WaitQueues>,
@@ -532,10 +563,10 @@ impl Place {
     /// tells the store's [`WaitInterest`] that it is waited for. Shared
     /// waiters admitted with the head's group wait as others do again: it
     /// is held.
-    pub fn note_lease_end(&self, at: Instant) {
+    pub fn note_lease_end(&self, end: LeaseEnd) {
         if let Some(queue) = self.queues.lock().get_mut(&self.subject) {
             queue.bar_sharers();
-            queue.lease_end = Some(at);
+            queue.lease_end = Some(end);
             if !queue.subscribed
                 && let Some(interest) = self.queues.interest.get()
             {
@@ -593,7 +624,7 @@ impl Place {
 
     /// When the holder's lease ends, as the last failed try of any waiter of
     /// this lock learned it.
-    pub fn lease_end(&self) -> Option<Instant> {
+    pub fn lease_end(&self) -> Option<LeaseEnd> {
         self.queues
             .lock()
             .get(&self.subject)
@@ -718,14 +749,14 @@ mod tests {
         drop(queues.join(&lock("free")).expect("room"));
         let a = queues.join(&lock("k")).expect("room");
         let b = queues.join(&lock("k")).expect("room");
-        a.note_lease_end(Instant::now());
-        b.note_lease_end(Instant::now());
+        a.note_lease_end(LeaseEnd::By(Instant::now()));
+        b.note_lease_end(LeaseEnd::By(Instant::now()));
         drop(a);
         assert_eq!(*told.0.lock().expect("told"), ["+k"]);
         drop(b);
         // A new episode subscribes again.
         let c = queues.join(&lock("k")).expect("room");
-        c.note_lease_end(Instant::now());
+        c.note_lease_end(LeaseEnd::By(Instant::now()));
         drop(c);
         assert_eq!(*told.0.lock().expect("told"), ["+k", "-k", "+k", "-k"]);
     }
@@ -751,7 +782,7 @@ mod tests {
         assert!(r4.is_head() && r5.is_head());
         let r6 = join(true);
         assert!(r6.is_head(), "a reader joining the admitted group tries");
-        r5.note_lease_end(Instant::now());
+        r5.note_lease_end(LeaseEnd::By(Instant::now()));
         assert!(r2.is_head() && !r4.is_head() && !r6.is_head());
         let r7 = join(true);
         assert!(!r7.is_head());

@@ -82,11 +82,8 @@ impl Locks {
                 || {},
                 || async {
                     match store.start_run(req).await {
-                        Ok(Err(refusal @ StartRefusal::InProgress { retry_after, .. })) => {
-                            Tried::Busy {
-                                retry_after,
-                                refusal,
-                            }
+                        Ok(Err(refusal @ StartRefusal::InProgress { left, .. })) => {
+                            Tried::Busy { left, refusal }
                         }
                         // Only under a token lockd generated (see
                         // `Locks::acquire_or_wait`).
@@ -106,10 +103,9 @@ impl Locks {
             .await?;
         match waited {
             Waited::Ended(outcome) => outcome,
-            Waited::TimedOut { retry_after, .. } => Ok(Err(StartRefusal::InProgress {
-                retry_after,
-                waited: true,
-            })),
+            Waited::TimedOut { left, .. } => {
+                Ok(Err(StartRefusal::InProgress { left, waited: true }))
+            }
         }
     }
 

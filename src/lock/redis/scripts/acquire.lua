@@ -22,7 +22,8 @@
 -- {2, fence} when this token already
 -- held the lock (its lease is reset to the TTL, the fence is unchanged, the
 -- owner label and metadata replaced when given), {0, pttl} when another token
--- holds it or shared leases are live (pttl: until the last of them ends),
+-- holds it (pttl -1: its key has no TTL, set by a client other than lockd)
+-- or shared leases are live (pttl: until the last of them ends),
 -- {3, 0} when this token holds a shared lease (nothing is changed).
 -- A request that waits and is refused for shared leases is recorded among
 -- the waiting writers (until its wait ends, or a second after the last

@@ -5,7 +5,8 @@
 -- used: a shared request that waits keeps no one out).
 -- Returns {1, fence} for a new shared lease, {2, fence} when `token` held
 -- one (its lease is reset, the fence unchanged, never a second lease),
--- {0, retry_ms} when an exclusive holder is live (until its lease ends) or
+-- {0, retry_ms} when an exclusive holder is live (until its lease ends; -1
+-- when its key has no TTL, set by a client other than lockd) or
 -- an exclusive request waits (until it stops waiting at the latest),
 -- {3, 0} when `token` holds the lock exclusively (nothing is changed).
 -- Publishes `shared FENCE TTL GRANTED OWNER[\nMETA]` for a new lease, `extended
@@ -19,7 +20,8 @@ if holder then
   end
   local pttl = redis.call('PTTL', KEYS[1])
   if pttl < 0 then
-    pttl = 1000
+    -- A key a foreign client set without a TTL: no end to tell.
+    return {0, -1}
   end
   return {0, math.max(1, pttl)}
 end
