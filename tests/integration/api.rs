@@ -289,10 +289,11 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
     // The longest name, with every character of the alphabet.
     let alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-:@";
     let longest = format!("{alphabet}{}", "z".repeat(200 - alphabet.len()));
+    let sent = Instant::now();
     let a = app.acquire_ttl(&longest, 3_600_000).await;
     a.expect_status(201);
     assert_eq!(a.str("name"), longest);
-    assert_lease_ms(Some(a.u64("ttl_ms")), 3_600_000);
+    assert_lease_ms(Some(a.u64("ttl_ms")), 3_600_000, sent);
     let (holder, pttl) = app.holder(&longest).await.expect("held");
     assert_eq!(holder, a.token());
     assert!(pttl > 3_599_000 && pttl <= 3_600_000, "PTTL {pttl}");
@@ -316,7 +317,7 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
         )
         .await;
     q.expect_status(201);
-    assert_lease_ms(Some(q.u64("ttl_ms")), 1500);
+    assert_lease_ms(Some(q.u64("ttl_ms")), 1500, sent);
     let (_, pttl) = app.holder("q:1").await.expect("held");
     assert_pttl_since(pttl, 1500, sent);
     assert_eq!(app.inspect("q:1").await.str("owner"), "cli-1");
@@ -330,21 +331,24 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
         )
         .await;
     e.expect_status(200);
-    assert_lease_ms(Some(e.u64("ttl_ms")), 2500);
+    assert_lease_ms(Some(e.u64("ttl_ms")), 2500, sent);
     let (_, pttl) = app.holder("q:1").await.expect("held");
     assert_pttl_since(pttl, 2500, sent);
 
     // No body at all: the default TTL (30 s).
+    let sent = Instant::now();
     let d = app.acquire("q:default", None).await;
     d.expect_status(201);
-    assert_lease_ms(Some(d.u64("ttl_ms")), 30_000);
+    assert_lease_ms(Some(d.u64("ttl_ms")), 30_000, sent);
     let (_, pttl) = app.holder("q:default").await.expect("held");
     assert!(pttl > 29_000 && pttl <= 30_000, "PTTL {pttl}");
+    let sent = Instant::now();
     let e = app.extend("q:default", &d.token(), None).await;
     e.expect_status(200);
-    assert_lease_ms(Some(e.u64("ttl_ms")), 30_000);
+    assert_lease_ms(Some(e.u64("ttl_ms")), 30_000, sent);
 
     // A JSON body is read whatever its Content-Type (curl -d).
+    let sent = Instant::now();
     let f = app
         .send(
             Method::POST,
@@ -354,7 +358,7 @@ async fn boundary_values_and_query_forms_are_accepted(app: &TestApp) {
         )
         .await;
     f.expect_status(201);
-    assert_lease_ms(Some(f.u64("ttl_ms")), 4000);
+    assert_lease_ms(Some(f.u64("ttl_ms")), 4000, sent);
 
     // A client-chosen token of 16 and of 128 characters.
     for len in [16, 128] {
@@ -393,7 +397,7 @@ async fn reacquire_with_own_token_renews_with_same_fence_and_resets_ttl(app: &Te
     again.expect_status(200);
     assert_eq!(again.token(), token);
     assert_eq!(again.fence(), fence, "a renewal must keep the fence");
-    assert_lease_ms(Some(again.u64("ttl_ms")), 5000);
+    assert_lease_ms(Some(again.u64("ttl_ms")), 5000, sent);
     let (holder, pttl) = app.holder(name).await.expect("held");
     assert_eq!(holder, token);
     assert_pttl_since(pttl, 5000, sent);
@@ -1027,11 +1031,13 @@ async fn bodies_must_be_json_objects_and_uncompressed(app: &TestApp) {
 /// (or sending an empty one) means the defaults.
 async fn a_json_null_body_is_refused_and_an_absent_one_is_not(app: &TestApp) {
     let json = ("Content-Type", "application/json");
+    let sent = Instant::now();
     let taken = app.send(Method::POST, "/locks/null:k", &[json], None).await;
     taken.expect_status(201);
     assert_lease_ms(
         Some(taken.u64("ttl_ms")),
         app.settings.limits.default_ttl.as_millis(),
+        sent,
     );
     let token = taken.token();
     let holder = [json, ("Lock-Token", token.as_str())];

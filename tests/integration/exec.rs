@@ -336,6 +336,8 @@ async fn c09_a_waiting_exec_counts_its_lease_from_the_grant_not_the_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_child_sees_a_fence_that_grows_across_runs() {
     let app = TestApp::redis().await;
+    // Each run's extend is sent after this.
+    let sent = Instant::now();
     let dir = Scratch::new();
     let server = app.url("");
     let name = "exec:fence";
@@ -391,7 +393,7 @@ async fn the_child_sees_a_fence_that_grows_across_runs() {
         let extended: Value = serde_json::from_str(&dir.read(&format!("extend-{fence}")))
             .expect("lockd extend printed JSON");
         assert_eq!(extended["fence"], fence);
-        assert_lease_ms(extended["ttl_ms"].as_u64(), 20000);
+        assert_lease_ms(extended["ttl_ms"].as_u64(), 20000, sent);
         fences.push(fence);
         tokens.push(run[2].clone());
     }
@@ -1184,6 +1186,7 @@ async fn shell_subcommands_print_json_and_exit_by_status() {
     let app = TestApp::redis().await;
     let dir = Scratch::new();
     let server = app.url("");
+    let sent = Instant::now();
     let name = "shell:job";
 
     let acquired = run(shell(
@@ -1196,7 +1199,7 @@ async fn shell_subcommands_print_json_and_exit_by_status() {
     let grant = acquired.json();
     let token = grant["token"].as_str().expect("a token").to_owned();
     assert_eq!(grant["name"], name);
-    assert_lease_ms(grant["ttl_ms"].as_u64(), 30000);
+    assert_lease_ms(grant["ttl_ms"].as_u64(), 30000, sent);
     assert!(grant["fence"].as_u64().is_some(), "{grant}");
     assert!(acquired.stderr.is_empty(), "{}", acquired.stderr);
     assert_eq!(
@@ -1218,12 +1221,13 @@ async fn shell_subcommands_print_json_and_exit_by_status() {
     assert_eq!(held["fence"], grant["fence"]);
     assert!(!status.stdout.contains(&token), "status shows the token");
 
+    let sent = Instant::now();
     // The token from LOCKD_TOKEN, the name from LOCKD_NAME.
     let mut extend = shell(&dir, &server, &["extend", "--ttl-ms", "40000"]);
     extend.env("LOCKD_TOKEN", &token).env("LOCKD_NAME", name);
     let extended = run(extend).await;
     extended.expect(0);
-    assert_lease_ms(extended.json()["ttl_ms"].as_u64(), 40000);
+    assert_lease_ms(extended.json()["ttl_ms"].as_u64(), 40000, sent);
     assert_eq!(extended.json()["fence"], grant["fence"]);
 
     // A wrong token is someone else's problem: 409.
@@ -1639,11 +1643,12 @@ async fn shell_subcommands_pass_over_a_dead_first_server_in_lockd_server() {
     status.expect(0);
     assert_eq!(status.json()["held"], true);
 
+    let sent = Instant::now();
     let mut extend = shell(&["extend", name, "--ttl-ms", "40000"]);
     extend.env("LOCKD_TOKEN", &token);
     let extended = run(extend).await;
     extended.expect(0);
-    assert_lease_ms(extended.json()["ttl_ms"].as_u64(), 40000);
+    assert_lease_ms(extended.json()["ttl_ms"].as_u64(), 40000, sent);
 
     let mut release = shell(&["release", name]);
     release.env("LOCKD_TOKEN", &token);
@@ -1948,6 +1953,7 @@ async fn shell_subcommands_take_extend_list_and_give_back_permits() {
 
     // The token from LOCKD_TOKEN, the name from LOCKD_NAME, the kind from
     // LOCKD_SEMAPHORE, as a command under `lockd exec --semaphore` has them.
+    let sent = Instant::now();
     let mut extend = shell(&dir, &server, &["extend", "--ttl-ms", "40000"]);
     extend
         .env("LOCKD_TOKEN", &token)
@@ -1955,7 +1961,7 @@ async fn shell_subcommands_take_extend_list_and_give_back_permits() {
         .env("LOCKD_SEMAPHORE", "1");
     let extended = run(extend).await;
     extended.expect(0);
-    assert_lease_ms(extended.json()["ttl_ms"].as_u64(), 40000);
+    assert_lease_ms(extended.json()["ttl_ms"].as_u64(), 40000, sent);
     assert_eq!(extended.json()["fence"], grant["fence"]);
 
     let mut release = shell(&dir, &server, &["release", "--semaphore", name]);

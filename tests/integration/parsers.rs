@@ -7,7 +7,9 @@
 //! Each rule is restated here from docs/api.md, independently of the parser,
 //! so that a parser and its rule cannot drift apart unnoticed.
 
-use crate::support::{TestApp, WIRE_SLACK_MS, assert_lease_ms};
+use std::time::Instant;
+
+use crate::support::{TestApp, assert_lease_ms, lease_slack_ms};
 use lockd::lock::{LockName, Owner, Token, Ttl};
 use proptest::prelude::*;
 use reqwest::Method;
@@ -151,6 +153,7 @@ async fn acquire_once(app: &TestApp, name: &str, ttl: Option<&str>, token: Optio
         .into_iter()
         .collect();
     let sent_token = headers.first().map(|(_, t)| *t);
+    let sent = Instant::now();
     let reply = app.send(Method::POST, &path, &headers, None).await;
     let valid = name_rule(name)
         && ttl.is_none_or(|t| ttl_rule(t, max).is_some())
@@ -166,7 +169,7 @@ async fn acquire_once(app: &TestApp, name: &str, ttl: Option<&str>, token: Optio
             if let Some(ttl) = ttl {
                 // What is left of the lease: the TTL less the time on the
                 // wire.
-                assert_lease_ms(body["ttl_ms"].as_u64(), ttl_rule(ttl, max).unwrap());
+                assert_lease_ms(body["ttl_ms"].as_u64(), ttl_rule(ttl, max).unwrap(), sent);
             }
             if let Some(token) = sent_token {
                 assert_eq!(body["token"], token);
@@ -202,7 +205,7 @@ async fn acquire_once(app: &TestApp, name: &str, ttl: Option<&str>, token: Optio
         503 if valid
             && ttl
                 .and_then(|t| ttl_rule(t, max))
-                .is_some_and(|ms| ms <= WIRE_SLACK_MS) =>
+                .is_some_and(|ms| ms <= lease_slack_ms(sent)) =>
         {
             reply.expect_problem(503, "backend-unavailable");
         }

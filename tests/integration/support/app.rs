@@ -84,19 +84,27 @@ pub fn with_acks(settings: &mut Settings, n: usize) {
     settings.store.replica_ack_timeout = Duration::from_millis(800);
 }
 
-/// How much of a lease the time on the wire may take in these tests: a
-/// grant or an extend reports the TTL less the time since lockd sent the
-/// script, in whole milliseconds.
-pub const WIRE_SLACK_MS: u64 = 50;
+/// How much of a lease a request sent at `sent` may have lost by its
+/// answer, in ms: the time since, and 4 ms for Redlock's fixed drift
+/// allowance (2 ms) and the rounding down of the elapsed time on both
+/// sides. A grant or an extend reports the TTL less the time since lockd
+/// sent the script (and Redlock its drift), in whole milliseconds.
+pub fn lease_slack_ms(sent: std::time::Instant) -> u64 {
+    u64::try_from(super::ms_since(sent)).expect("not negative") + 4
+}
 
-/// Checks that `ttl_ms` is what is left of a lease of `asked` ms just
-/// granted or extended: at most `asked`, and within [`WIRE_SLACK_MS`].
+/// Checks that `ttl_ms` is what is left of a lease of `asked` ms granted
+/// or extended by a request sent at `sent`: at most `asked` (never more
+/// than the lease), and short of it by no more than [`lease_slack_ms`],
+/// so that a slow machine cannot fail it.
 #[track_caller]
-pub fn assert_lease_ms(ttl_ms: Option<u64>, asked: u64) {
+pub fn assert_lease_ms(ttl_ms: Option<u64>, asked: u64, sent: std::time::Instant) {
     let ttl_ms = ttl_ms.expect("a ttl_ms");
+    let slack = lease_slack_ms(sent);
     assert!(
-        ttl_ms <= asked && ttl_ms + WIRE_SLACK_MS >= asked,
-        "ttl_ms {ttl_ms} for a lease of {asked} ms"
+        ttl_ms <= asked && ttl_ms + slack >= asked,
+        "ttl_ms {ttl_ms} for a lease of {asked} ms, sent {} ms before",
+        slack - 4
     );
 }
 
@@ -203,7 +211,7 @@ impl TestApp {
     /// `tweak`. Its drift factor is 0: Redlock reports the validity of a
     /// lease, `ttl − elapsed − (ttl × drift_factor + 2 ms)`, and with the
     /// default 1 % a lease of 30 s would read 300 ms short, past the
-    /// [`WIRE_SLACK_MS`] the conformance tests allow for the time on the
+    /// [`lease_slack_ms`] the conformance tests allow for the time on the
     /// wire. The drift allowance has tests of its own (`lock::redlock`).
     /// Each node gets the single Redis's timeout (`redis_timeout_ms`, not
     /// the 50 ms `node_timeout_ms` default), so that a test's bursts of concurrent
