@@ -9,7 +9,8 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    Reply, TestApp, assert_lease_ms, backend_tests, ms_since, ms_until, random_token,
+    Reply, TestApp, assert_lease_ms, assert_pttl_since, backend_tests, ms_since, ms_until,
+    random_token,
 };
 use futures::future::join_all;
 use lockd::cli::ServeArgs;
@@ -671,11 +672,12 @@ async fn c05_script_flush_is_transparent() {
         .await;
     assert_eq!(loaded, [false]);
 
+    let sent = Instant::now();
     let extended = app.extend_ttl("k", &tok_a, 20_000).await;
     extended.expect_status(200);
     assert_eq!(extended.fence(), a.fence());
     let (_, pttl) = app.holder("k").await.expect("A holds");
-    assert!(pttl > 19_000 && pttl <= 20_000, "PTTL {pttl}");
+    assert_pttl_since(pttl, 20_000, sent);
 
     let _: () = redis.cmd(::redis::cmd("SCRIPT").arg("FLUSH")).await;
     app.inspect("k").await.expect_status(200);

@@ -13,7 +13,9 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use crate::support::{Reply, TestApp, eventually, metric, ms_until, random_token, shared_cluster};
+use crate::support::{
+    Reply, TestApp, assert_lease_ms, eventually, metric, ms_until, random_token, shared_cluster,
+};
 
 crate::support::redis_and_memory_tests!(
     c18_semaphore_reacquire_takes_no_second_permit,
@@ -554,15 +556,17 @@ async fn extend_resets_the_lease_to_the_given_or_own_ttl(app: &TestApp) {
     let held = take(app, "ext", json!({"limit": 2, "ttl_ms": 3_000})).await;
     held.expect_status(201);
     let token = held.token();
+    let sent = Instant::now();
     let longer = extend(app, "ext", &token, Some(json!({"ttl_ms": 20_000}))).await;
     longer.expect_status(200);
     assert_eq!(longer.fence(), held.fence());
     assert_eq!(longer.u64("limit"), 2);
-    assert!(longer.u64("ttl_ms") > 19_000, "{}", longer.text);
+    assert_lease_ms(Some(longer.u64("ttl_ms")), 20_000, sent);
     // Without a TTL: the permit's own, now 20 s.
+    let sent = Instant::now();
     let own = extend(app, "ext", &token, None).await;
     own.expect_status(200);
-    assert!(own.u64("ttl_ms") > 19_000, "{}", own.text);
+    assert_lease_ms(Some(own.u64("ttl_ms")), 20_000, sent);
     // The token may come in the body too.
     let in_body = app
         .send_json(
@@ -1084,7 +1088,7 @@ async fn a_holders_retry_queued_behind_a_waiter_renews_at_once(app: &TestApp) {
     .await;
     again.expect_status(200);
     assert_eq!(again.fence(), held.fence());
-    assert!(again.u64("ttl_ms") > 39_000, "{}", again.text);
+    assert_lease_ms(Some(again.u64("ttl_ms")), 40_000, started);
     assert!(
         started.elapsed() < Duration::from_millis(1_000),
         "renewed after {:?}",
