@@ -77,8 +77,16 @@ where
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self(T::default()));
         }
-        let Unique(value) = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}")))?;
+        let Unique(value) = serde_json::from_slice(&bytes).map_err(|e| {
+            // A key given twice is named only when it may be echoed.
+            let words = e.to_string();
+            match words.split_once("duplicate key `") {
+                Some((_, rest)) if !rest.split('`').next().is_some_and(echoable) => {
+                    ApiError::invalid(NOT_ECHOED_FIELD)
+                }
+                _ => ApiError::invalid(format!("invalid JSON body: {words}")),
+            }
+        })?;
         if !value.is_object() {
             return Err(ApiError::invalid(
                 "the JSON body must be an object, or left out",
@@ -90,6 +98,12 @@ where
         }
     }
 }
+
+/// The 400 of a body whose field at fault has a name that may not be
+/// echoed ([`echoable`]).
+const NOT_ECHOED_FIELD: &str = "invalid JSON body: a field's name is not one this route takes, \
+                                or is given twice (not echoed: it is over 64 characters, or has \
+                                whitespace, `:`, `,` or a quote in it)";
 
 /// The 400 of a body object that `T` refused: naming the field at fault
 /// (the first that `T` refuses on its own), with the rule of that field
@@ -115,7 +129,10 @@ fn body_refusal<T: DeserializeOwned>(
         {
             ApiError::invalid(rule)
         }
-        Some((key, e)) => ApiError::invalid(format!("invalid JSON body: `{key}`: {e}")),
+        Some((key, e)) if echoable(key) => {
+            ApiError::invalid(format!("invalid JSON body: `{key}`: {e}"))
+        }
+        Some(_) => ApiError::invalid(NOT_ECHOED_FIELD),
         None => ApiError::invalid(format!("invalid JSON body: {error}")),
     }
 }
@@ -135,6 +152,23 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for StrictQuery<T>
     }
 }
 
+/// The most characters of a client's parameter name that a `detail`
+/// echoes.
+const ECHOED_NAME_CHARS: usize = 64;
+
+/// Whether a parameter name a client sent (a query parameter's, a body
+/// field's) may be echoed in a `detail`: not empty, at most
+/// [`ECHOED_NAME_CHARS`] characters, and no whitespace, `:`, `,` or quote
+/// (`` ` `` or `"`). One that is not may hold `: ` (so where it ends in
+/// serde's words cannot be told), or a quote that ends the detail's
+/// quoted part early: the access log masks a detail's quoted parts, and
+/// would keep what stood outside them (a token put in a name, say).
+fn echoable(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().nth(ECHOED_NAME_CHARS).is_none()
+        && !name.contains(|c: char| c.is_whitespace() || matches!(c, ':' | ',' | '`' | '"'))
+}
+
 /// The words of a refused query string, from axum's rejection text
 /// (`Failed to deserialize query string: PATH: serde's words`), naming the
 /// parameter at fault.
@@ -142,18 +176,10 @@ fn query_refusal(text: &str) -> String {
     let words = text
         .strip_prefix("Failed to deserialize query string: ")
         .unwrap_or(text);
-    // serde_path_to_error's `field: ` before serde's own words. A client's
-    // parameter name is echoed only when it is plain (no space, `:`, `,`
-    // or quote): one that is not may hold `: ` (so where it ends cannot be
-    // told), and would stand outside any quotes, where the access log,
-    // which masks a detail's quoted parts, would keep it (a token put in a
-    // parameter's name, say).
     const NOT_PLAIN: &str = "invalid query string: a parameter's name is not one this route \
-                             takes (and has a space, `:`, `,` or a quote in it)";
-    let plain = |s: &str| {
-        !s.is_empty()
-            && !s.contains(|c: char| c.is_whitespace() || matches!(c, ':' | ',' | '`' | '"'))
-    };
+                             takes (not echoed: it is over 64 characters, or has whitespace, \
+                             `:`, `,` or a quote in it)";
+    let plain = echoable;
     let whole = words;
     let words = match words.split_once(": ") {
         Some((path, rest)) if plain(path) => rest,
