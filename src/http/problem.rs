@@ -588,6 +588,20 @@ impl From<LockError> for ApiError {
                 "too many watches are open on this instance; retry later or on another instance",
             )
             .retry_after(UNAVAILABLE_RETRY),
+            LockError::LeaseSpent { ttl } => {
+                tracing::warn!(
+                    ttl_ms = ttl.as_millis(),
+                    "the lease ran out before Redis's answer arrived"
+                );
+                Self::new(
+                    Kind::BackendUnavailable,
+                    format!(
+                        "the lease of {} ms ran out before the lock store's answer arrived (the round trip took longer): nothing is held; try again, or ask for a longer ttl_ms",
+                        ttl.as_millis()
+                    ),
+                )
+                .retry_after(UNAVAILABLE_RETRY)
+            }
             LockError::ShuttingDown => Self::new(
                 Kind::ShuttingDown,
                 "the service is shutting down; retry on another instance or shortly",
@@ -758,6 +772,26 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
+    }
+
+    /// A lease that ran out before Redis's answer says so, not that the
+    /// store could not be reached.
+    #[test]
+    fn a_lease_spent_before_the_answer_is_told_as_such() {
+        let spent: ApiError = LockError::LeaseSpent {
+            ttl: Duration::from_millis(1),
+        }
+        .into();
+        assert_eq!(spent.kind, Kind::BackendUnavailable);
+        assert!(
+            spent
+                .detail
+                .starts_with("the lease of 1 ms ran out before the lock store's answer arrived"),
+            "{}",
+            spent.detail
+        );
+        assert!(spent.detail.contains("nothing is held"), "{}", spent.detail);
+        assert_eq!(spent.retry_after, Some(UNAVAILABLE_RETRY));
     }
 
     #[test]

@@ -36,6 +36,16 @@ pub enum LockError {
         /// The mode the token holds the lock in.
         held: super::Mode,
     },
+    /// The store granted or renewed the lease, but its answer arrived
+    /// after the lease (`ttl`) had run out: nothing is held (a new grant
+    /// is released again). A TTL shorter than the store's round trip, most
+    /// often a `ttl_ms` of a few ms. Transient: a faster round trip, or a
+    /// longer TTL, gets a lease.
+    #[error("the lease ran out before the store's answer arrived")]
+    LeaseSpent {
+        /// The lease asked for.
+        ttl: Duration,
+    },
     /// The instance's wait queues are full (`max_waiters`).
     #[error("too many requests are waiting")]
     TooManyWaiters,
@@ -155,6 +165,7 @@ impl LockError {
         matches!(
             self,
             Self::Unavailable(_)
+                | Self::LeaseSpent { .. }
                 | Self::QuorumUnavailable { .. }
                 | Self::ReplicationLagging { .. }
                 | Self::TimedOut

@@ -786,6 +786,31 @@ async fn healthz_and_readyz_answer_while_the_store_is_up(app: &TestApp) {
     assert_eq!(ready.str("status"), "ready");
 }
 
+/// A lease shorter than the round trip to Redis (a `ttl_ms` of 1) may run
+/// out before Redis's answer arrives: then the answer is a 503 that says
+/// so and that nothing is held, not that Redis could not be reached (found
+/// by a new-user trial), and the lock is free then. A grant is a 201.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_runs_out_before_the_answer_says_so() {
+    let app = TestApp::redis().await;
+    for i in 0..50 {
+        let name = format!("spent:{i}");
+        let r = app.acquire_ttl(&name, 1).await;
+        if r.status == 503 {
+            let problem = r.expect_problem(503, "backend-unavailable");
+            let detail = problem["detail"].as_str().unwrap_or("");
+            assert!(
+                detail.contains("ran out before the lock store's answer arrived")
+                    && detail.contains("nothing is held"),
+                "{problem}"
+            );
+            assert_eq!(app.holder(&name).await, None, "{name} is held after a 503");
+        } else {
+            r.expect_status(201);
+        }
+    }
+}
+
 /// The Redis keys of a lock are exactly the documented ones, with the
 /// documented values and TTLs: the lock key, its fence counter (kept the
 /// fence retention after the last grant), its holder hash (kept the fence

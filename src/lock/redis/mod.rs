@@ -1154,17 +1154,13 @@ impl LockNode for RedisBackend {
                     let _ = self
                         .run::<(i64, String)>(&self.release_call(&keys, &req.token))
                         .await;
-                    Err(LockError::Unavailable(format!(
-                        "Redis granted the lock after its {} ms lease had passed",
-                        req.ttl.as_millis()
-                    )))
+                    Err(LockError::LeaseSpent {
+                        ttl: req.ttl.as_duration(),
+                    })
                 }
             },
-            2 => lease().map(Acquired::Renewed).ok_or_else(|| {
-                LockError::Unavailable(format!(
-                    "Redis renewed the lease after its {} ms had passed",
-                    req.ttl.as_millis()
-                ))
+            2 => lease().map(Acquired::Renewed).ok_or(LockError::LeaseSpent {
+                ttl: req.ttl.as_duration(),
             }),
             3 => Err(LockError::ModeMismatch {
                 held: req.mode.other(),
