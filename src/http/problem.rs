@@ -419,31 +419,38 @@ impl ApiError {
         let why =
             "the lock is held exclusively, or an exclusive request waits for it and goes first";
         match (e, mode) {
-            (LockError::Held { left }, Mode::Shared) => Self::new(
-                Kind::LockHeld,
-                no_ttl_retry(left).map_or_else(
-                    || format!("{why}; try again in {} ms", left.retry_after().as_millis()),
-                    |no_ttl| format!("the lock is held exclusively: {no_ttl}"),
-                ),
-            )
-            .retry_after(left.retry_after()),
-            (LockError::WaitTimedOut { left }, Mode::Shared) => Self::new(
-                Kind::LockHeld,
-                no_ttl_retry(left).map_or_else(
-                    || {
-                        format!(
-                            "the shared lease was not granted within wait_ms: {why}; try again in {} ms",
-                            left.retry_after().as_millis()
-                        )
-                    },
-                    |no_ttl| {
-                        format!("the shared lease was not granted within wait_ms: {no_ttl}")
-                    },
-                ),
-            )
-            .retry_after(left.retry_after()),
+            (LockError::Held { left }, Mode::Shared) => Self::lock_held(
+                left,
+                |ms| format!("{why}; try again in {ms} ms"),
+                |no_ttl| format!("the lock is held exclusively: {no_ttl}"),
+            ),
+            (LockError::WaitTimedOut { left }, Mode::Shared) => Self::lock_held(
+                left,
+                |ms| {
+                    format!(
+                        "the shared lease was not granted within wait_ms: {why}; try again in {ms} ms"
+                    )
+                },
+                |no_ttl| format!("the shared lease was not granted within wait_ms: {no_ttl}"),
+            ),
             (e, _) => e.into(),
         }
+    }
+
+    /// A 409 `lock-held` for a holder with `left` of its lease, its
+    /// `Retry-After` that lease (or the suggestion for a key with no TTL):
+    /// `ends(ms)` words the detail of a lease that ends within `ms`,
+    /// `no_end(words)` that of a key with no TTL ([`no_ttl_retry`]'s words).
+    fn lock_held(
+        left: LeaseLeft,
+        ends: impl FnOnce(u128) -> String,
+        no_end: impl FnOnce(&str) -> String,
+    ) -> Self {
+        let detail = match no_ttl_retry(left) {
+            None => ends(left.retry_after().as_millis()),
+            Some(words) => no_end(&words),
+        };
+        Self::new(Kind::LockHeld, detail).retry_after(left.retry_after())
     }
 
     /// An error of `kind` with `detail` for the caller.
@@ -521,32 +528,16 @@ impl From<InvalidInput> for ApiError {
 impl From<LockError> for ApiError {
     fn from(e: LockError) -> Self {
         match e {
-            LockError::Held { left } => Self::new(
-                Kind::LockHeld,
-                no_ttl_retry(left).map_or_else(
-                    || {
-                        format!(
-                            "the lock is held by another holder; it frees in at most {} ms",
-                            left.retry_after().as_millis()
-                        )
-                    },
-                    |no_ttl| format!("the lock is held by another holder: {no_ttl}"),
-                ),
-            )
-            .retry_after(left.retry_after()),
-            LockError::WaitTimedOut { left } => Self::new(
-                Kind::LockHeld,
-                no_ttl_retry(left).map_or_else(
-                    || {
-                        format!(
-                            "the lock was not granted within wait_ms; the holder's lease ends in at most {} ms",
-                            left.retry_after().as_millis()
-                        )
-                    },
-                    |no_ttl| format!("the lock was not granted within wait_ms: {no_ttl}"),
-                ),
-            )
-            .retry_after(left.retry_after()),
+            LockError::Held { left } => Self::lock_held(
+                left,
+                |ms| format!("the lock is held by another holder; it frees in at most {ms} ms"),
+                |no_ttl| format!("the lock is held by another holder: {no_ttl}"),
+            ),
+            LockError::WaitTimedOut { left } => Self::lock_held(
+                left,
+                |ms| format!("the lock was not granted within wait_ms; the holder's lease ends in at most {ms} ms"),
+                |no_ttl| format!("the lock was not granted within wait_ms: {no_ttl}"),
+            ),
             LockError::QuorumUnavailable { answered, needed } => {
                 tracing::warn!(answered, needed, "Redlock quorum unavailable");
                 let mut error = Self::new(

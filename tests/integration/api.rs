@@ -1304,9 +1304,7 @@ async fn reacquire_with_a_new_owner_label_updates_it(app: &TestApp) {
 async fn a_key_set_with_no_ttl_is_409_without_a_lease_end() {
     let app = TestApp::redis().await;
     let name = "no-ttl:k";
-    app.redis_server()
-        .cmd::<()>(::redis::cmd("SET").arg(lock_key(name)).arg("foreign"))
-        .await;
+    app.set_lock_key_without_ttl(name).await;
     assert_eq!(app.redis_server().pttl(&lock_key(name)).await, -1);
     let shared = json!({ "ttl_ms": 5000, "mode": "shared" });
     for (r, mode) in [

@@ -564,9 +564,7 @@ async fn a_waiter_looks_once_more_when_its_wait_ends() {
 async fn a_wait_on_a_key_with_no_ttl_runs_out_without_a_lease_end() {
     let app = TestApp::redis().await;
     let name = "no-ttl-wait";
-    app.redis_server()
-        .cmd::<()>(::redis::cmd("SET").arg(lock_key(name)).arg("foreign"))
-        .await;
+    app.set_lock_key_without_ttl(name).await;
     for wait_ms in [300, 1500] {
         let r = acquire_waiting(&app, name, 5000, wait_ms).await;
         let problem = r.expect_problem(409, "lock-held");
@@ -591,9 +589,7 @@ async fn a_wait_on_a_key_with_no_ttl_runs_out_without_a_lease_end() {
 async fn a_waiter_on_a_key_with_no_ttl_looks_again_each_second() {
     let app = TestApp::redis().await;
     let name = "no-ttl-relook";
-    app.redis_server()
-        .cmd::<()>(::redis::cmd("SET").arg(lock_key(name)).arg("foreign"))
-        .await;
+    app.set_lock_key_without_ttl(name).await;
     let asked = Instant::now();
     let (b, ()) = tokio::join!(acquire_waiting(&app, name, 5000, 30_000), async {
         until_waiters(&app, 1).await;

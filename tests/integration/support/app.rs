@@ -616,6 +616,14 @@ impl TestApp {
         }
     }
 
+    /// Sets the lock key of `name` as a client other than lockd might:
+    /// with no TTL (and no fence, no holder hash). Redis only.
+    pub async fn set_lock_key_without_ttl(&self, name: &str) {
+        self.redis_server()
+            .cmd::<()>(::redis::cmd("SET").arg(lock_key(name)).arg("foreign"))
+            .await;
+    }
+
     /// The holder's token only.
     pub async fn holder_token(&self, name: &str) -> Option<String> {
         self.holder(name).await.map(|(token, _)| token)
