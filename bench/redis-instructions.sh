@@ -11,6 +11,10 @@
 #     script straight on Redis: the floor's Redis commands;
 #   - each lockd binary given (release build, default settings), and the
 #     last one again with --history-length 0 (lockd-nohistory);
+#   - with LEASE_WRITES=1 (environment; locks only), `lockd-bench
+#     null-server --writes lease` and `--writes lease-history`: the least
+#     Redis work an exclusive lease needs, without and with its history
+#     (docs/performance.md);
 # each driven by `lockd-bench cycle` (CLIENTS clients, SECONDS long; NAMES,
 # in the environment, `reused` (the default: each client its own name) or
 # `distinct` (a new name every cycle); KIND `lock` (the default), `shared`
@@ -73,24 +77,37 @@ if [ "$kind" = lock ]; then
   measure raw "$bench" --json "$work/run.json" raw-cycle --redis-url "$redis_url" \
     --clients "$clients" --seconds "$seconds"
 fi
-lockd_run() {
-  local label=$1 bin=$2
-  shift 2
-  local port
-  port=$(free_port)
-  "$bin" serve --listen "127.0.0.1:$port" --redis-url "$redis_url" "$@" \
-    2>"$work/$label.log" &
+# serve_run LABEL COMMAND...: COMMAND serves HTTP on $port (set by the
+# caller) until killed, its stderr in $work/LABEL.log; measured after a
+# second's warm-up, so that loading the scripts into Redis (the first
+# target's alone: Redis keeps them) is not counted.
+serve_run() {
+  local label=$1
+  shift
+  "$@" 2>"$work/$label.log" &
   local pid=$!
   pids+=("$pid")
   until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.1; done
-  # A second's warm-up first, so that loading the scripts into Redis (the
-  # first target's alone: Redis keeps them) is not counted.
   "$bench" --server "http://127.0.0.1:$port" --json "$work/warm.json" \
     cycle --clients 1 --seconds 1 --names "$names" --kind "$kind" >/dev/null
   measure "$label" "$bench" --server "http://127.0.0.1:$port" --json "$work/run.json" \
     cycle --clients "$clients" --seconds "$seconds" --names "$names" --kind "$kind"
   kill "$pid"
   wait "$pid" 2>/dev/null || true
+}
+if [ "${LEASE_WRITES:-0}" = 1 ] && [ "$kind" = lock ]; then
+  for writes in lease lease-history; do
+    port=$(free_port)
+    serve_run "$writes-writes" "$bench" null-server --listen "127.0.0.1:$port" \
+      --redis-url "$redis_url" --writes "$writes"
+  done
+fi
+# lockd_run LABEL BIN [FLAG...]: a lockd (release build) with FLAGs.
+lockd_run() {
+  local label=$1 bin=$2
+  shift 2
+  port=$(free_port)
+  serve_run "$label" "$bin" serve --listen "127.0.0.1:$port" --redis-url "$redis_url" "$@"
 }
 for i in $(seq 1 $#); do
   label=lockd$([ $# -gt 1 ] && echo "-$((i - 1))" || true)
@@ -100,8 +117,8 @@ lockd_run lockd-nohistory "${!#}" --history-length 0
 
 echo
 echo "$kind cycles, $names names, $clients clients"
-printf '%-18s %14s %10s %22s\n' target instructions cycles "Redis instr. per cycle"
+printf '%-22s %14s %10s %22s\n' target instructions cycles "Redis instr. per cycle"
 for row in "${results[@]}"; do
   set -- $row
-  printf '%-18s %14s %10.0f %22.0f\n' "$1" "$2" "$3" "$(python3 -c "print($2 / max($3, 1))")"
+  printf '%-22s %14s %10.0f %22.0f\n' "$1" "$2" "$3" "$(python3 -c "print($2 / max($3, 1))")"
 done
