@@ -437,11 +437,23 @@ impl ApiError {
         }
     }
 
-    /// A 409 `lock-held` for a holder with `left` of its lease, its
+    /// A 409 `lock-held` for a holder with `left` of its lease (see
+    /// [`ApiError::held_for`]).
+    fn lock_held(
+        left: LeaseLeft,
+        ends: impl FnOnce(u128) -> String,
+        no_end: impl FnOnce(&str) -> String,
+    ) -> Self {
+        Self::held_for(Kind::LockHeld, left, ends, no_end)
+    }
+
+    /// An error of `kind` (a 409 of a lease held by another: `lock-held`,
+    /// `run-in-progress`) for a holder with `left` of its lease, its
     /// `Retry-After` that lease (or the suggestion for a key with no TTL):
     /// `ends(ms)` words the detail of a lease that ends within `ms`,
     /// `no_end(words)` that of a key with no TTL ([`no_ttl_retry`]'s words).
-    fn lock_held(
+    pub fn held_for(
+        kind: Kind,
         left: LeaseLeft,
         ends: impl FnOnce(u128) -> String,
         no_end: impl FnOnce(&str) -> String,
@@ -450,7 +462,7 @@ impl ApiError {
             None => ends(left.retry_after().as_millis()),
             Some(words) => no_end(&words),
         };
-        Self::new(Kind::LockHeld, detail).retry_after(left.retry_after())
+        Self::new(kind, detail).retry_after(left.retry_after())
     }
 
     /// An error of `kind` with `detail` for the caller.

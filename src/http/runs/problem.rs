@@ -4,7 +4,7 @@
 
 use axum::http::StatusCode;
 
-use crate::http::problem::{ApiError, Kind, LeaseProblem, no_ttl_retry};
+use crate::http::problem::{ApiError, Kind, LeaseProblem};
 use crate::lock::run::{RunMiss, StartRefusal};
 
 /// Every problem type only a run answers with.
@@ -61,17 +61,16 @@ impl From<StartRefusal> for ApiError {
                 } else {
                     "retry then, or start with wait_ms"
                 };
-                let detail = no_ttl_retry(left).map_or_else(
-                    || {
+                ApiError::held_for(
+                    Kind::Leased(&RUN_IN_PROGRESS),
+                    left,
+                    |ms| {
                         format!(
-                            "another attempt is running this job; its lease ends in at most {} ms, when it completes, is abandoned or runs out; {then}",
-                            left.retry_after().as_millis()
+                            "another attempt is running this job; its lease ends in at most {ms} ms, when it completes, is abandoned or runs out; {then}"
                         )
                     },
                     |no_ttl| format!("another attempt is running this job: {no_ttl}"),
-                );
-                ApiError::new(Kind::Leased(&RUN_IN_PROGRESS), detail)
-                    .retry_after(left.retry_after())
+                )
             }
             StartRefusal::FingerprintMismatch => ApiError::new(
                 Kind::Leased(&FINGERPRINT_MISMATCH),
