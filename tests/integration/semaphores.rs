@@ -1105,16 +1105,29 @@ async fn a_holders_retry_queued_behind_a_waiter_renews_at_once(app: &TestApp) {
 /// A permit is the holder's for at least its `ttl_ms` from the moment the
 /// holder sent its request: another client polling for it is never granted
 /// it earlier (a clock in whole milliseconds let it run out up to 1 ms
-/// early). 60 rounds of a 20 ms permit, the second client polling.
+/// early). 60 rounds of a 20 ms permit, the second client polling. On a
+/// busy machine a 20 ms permit may run out before its answer arrives: a
+/// 503 that says so, a round with nothing to check, and another is run
+/// (at most 600 in all).
 async fn a_permit_never_runs_out_before_its_ttl(app: &TestApp) {
     const TTL: Duration = Duration::from_millis(20);
     let mut early = Vec::new();
-    for round in 0..60 {
+    let mut checked = 0;
+    for round in 0..600 {
+        if checked == 60 {
+            break;
+        }
         let name = format!("edge-{round}");
         let sent = Instant::now();
-        take(app, &name, json!({"limit": 1, "ttl_ms": TTL.as_millis()}))
-            .await
-            .expect_status(201);
+        let first = take(app, &name, json!({"limit": 1, "ttl_ms": TTL.as_millis()})).await;
+        if first.status == 503 {
+            let problem = first.expect_problem(503, "backend-unavailable");
+            let detail = problem["detail"].as_str().unwrap_or("");
+            assert!(detail.contains("ran out before"), "{problem}");
+            continue;
+        }
+        first.expect_status(201);
+        checked += 1;
         let granted = loop {
             let reply = take(app, &name, json!({"limit": 1, "ttl_ms": 1_000})).await;
             if reply.status == 201 {
@@ -1130,4 +1143,5 @@ async fn a_permit_never_runs_out_before_its_ttl(app: &TestApp) {
         early.is_empty(),
         "granted to another before the lease could end, by {early:?}"
     );
+    assert!(checked > 0, "every 20 ms permit ran out before its answer");
 }

@@ -223,8 +223,9 @@ impl RedisBackend {
                 .await?;
         }
         let lease = |fence| {
-            Lease::left(fence, req.ttl, sent, sent_wall)
-                .ok_or_else(|| LockError::Unavailable("the attempt ran out in transit".into()))
+            Lease::left(fence, req.ttl, sent, sent_wall).ok_or(LockError::LeaseSpent {
+                ttl: req.ttl.as_duration(),
+            })
         };
         Ok(match status {
             4 => Err(StartRefusal::FingerprintMismatch),

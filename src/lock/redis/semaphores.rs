@@ -163,10 +163,11 @@ impl RedisBackend {
             })),
             3 => Ok(Err(Refusal::LimitMismatch { held: limit })),
             1 | 2 => {
-                let lease = Lease::left(stored_number(&value)?, req.ttl, sent, sent_wall)
-                    .ok_or_else(|| {
-                        LockError::Unavailable("the permit ran out in transit".into())
-                    })?;
+                let lease = Lease::left(stored_number(&value)?, req.ttl, sent, sent_wall).ok_or(
+                    LockError::LeaseSpent {
+                        ttl: req.ttl.as_duration(),
+                    },
+                )?;
                 let permit = Permit { lease, limit };
                 Ok(Ok(if status == 1 {
                     PermitOutcome::Granted(permit)
