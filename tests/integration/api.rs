@@ -928,10 +928,11 @@ async fn redis_keys_follow_the_documented_data_model() {
 
     // An expiry leaves the holder hash, the fence retention past the
     // lease's end: the next grant writes its entry, as expired then.
-    let short = app.acquire_ttl(name, 50).await;
+    // 200 ms: long enough for its answer to come on a busy machine.
+    let short = app.acquire_ttl(name, 200).await;
     short.expect_status(201);
     assert!(short.fence() > grant.fence());
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         redis.keys().await,
         sorted(vec![fence.clone(), meta.clone(), history.clone()])

@@ -205,9 +205,10 @@ async fn run_workload(app: &TestApp) -> [String; 2] {
         .expect_status(404);
 
     // A lease that runs out while held: its release finds it gone.
-    let expiring = app.acquire_ttl(short, 50).await;
+    // 200 ms: long enough for its answer to come on a busy machine.
+    let expiring = app.acquire_ttl(short, 200).await;
     expiring.expect_status(201);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
     app.release(short, &expiring.token())
         .await
         .expect_status(404);
