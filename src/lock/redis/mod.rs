@@ -979,8 +979,14 @@ fn redis_error(e: &redis::RedisError) -> LockError {
     }
 }
 
-fn positive_ms(ms: i64) -> Duration {
-    Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1))
+/// What a refused holder has left, from the `PTTL` a script read: no end
+/// for -1 (a key a foreign client set without a TTL), else at least 1 ms
+/// (-2, a key gone by the answer, included).
+fn lease_left(pttl: i64) -> LeaseLeft {
+    match pttl {
+        -1 => LeaseLeft::NoTtl,
+        ms => LeaseLeft::AtMost(Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1))),
+    }
 }
 
 #[async_trait]
@@ -1165,15 +1171,12 @@ impl LockNode for RedisBackend {
             3 => Err(LockError::ModeMismatch {
                 held: req.mode.other(),
             }),
-            // PTTL is -1 only for a key a foreign client set without a TTL:
-            // there is no expiry to wait for.
-            _ if value == -1 => Err(LockError::Held {
-                left: LeaseLeft::NoTtl,
-            }),
-            // -2: a renew-only request found the lock free (nothing to
-            // renew; the caller reads no lease from it), 1 ms as memory's.
+            // -1: a key a foreign client set without a TTL, with no expiry
+            // to wait for. -2: a renew-only request found the lock free
+            // (nothing to renew; the caller reads no lease from it), 1 ms
+            // as memory's.
             _ => Err(LockError::Held {
-                left: LeaseLeft::AtMost(positive_ms(value)),
+                left: lease_left(value),
             }),
         }
     }

@@ -19,8 +19,7 @@ use crate::lock::run::{
     StartRequest, Started,
 };
 use crate::lock::{
-    ExtendTtl, Kind, LaggingWrite, Lease, LeaseLeft, LockError, LockName, Meta, Token, Ttl,
-    unix_millis,
+    ExtendTtl, Kind, LaggingWrite, Lease, LockError, LockName, Meta, Token, Ttl, unix_millis,
 };
 
 /// The shared part of the run scripts (`read_record`, `ms`).
@@ -232,12 +231,7 @@ impl RedisBackend {
             3 => Ok(Started::Done(answer.done()?)),
             0 => Err(StartRefusal::InProgress {
                 // PTTL -1: a foreign client set the attempt's key with no TTL.
-                left: match answer.signed()? {
-                    -1 => LeaseLeft::NoTtl,
-                    ms => LeaseLeft::AtMost(Duration::from_millis(
-                        u64::try_from(ms).unwrap_or(0).max(1),
-                    )),
-                },
+                left: super::lease_left(answer.signed()?),
                 waited: false,
             }),
             1 => {
