@@ -599,7 +599,7 @@ impl From<LockError> for ApiError {
                 Self::new(
                     Kind::BackendUnavailable,
                     format!(
-                        "the lease of {} ms ran out before the lock store's answer arrived (the round trip took longer): nothing is held; try again, or ask for a longer ttl_ms",
+                        "the lease of {} ms ran out before the lock store's answer arrived (the round trip took longer; with Redlock, the round trip and the clock drift allowance): nothing is held; try again, or ask for a longer ttl_ms",
                         ttl.as_millis()
                     ),
                 )

@@ -39,8 +39,9 @@ pub enum LockError {
     /// The store granted or renewed the lease, but its answer arrived
     /// after the lease (`ttl`) had run out: nothing is held (a new grant
     /// is released again). A TTL shorter than the store's round trip, most
-    /// often a `ttl_ms` of a few ms. Transient: a faster round trip, or a
-    /// longer TTL, gets a lease.
+    /// often a `ttl_ms` of a few ms. With Redlock: a quorum granted, but
+    /// its validity (`ttl − elapsed − drift`) was not positive. Transient:
+    /// a faster round trip, or a longer TTL, gets a lease.
     #[error("the lease ran out before the store's answer arrived")]
     LeaseSpent {
         /// The lease asked for.

@@ -11,7 +11,10 @@
 //!   positive; the answer reports the validity, not the TTL. Otherwise the
 //!   partial grants are compare-and-deleted on every node at once, and a node
 //!   that did not answer gets the delete again in the background until it
-//!   answers or the lease would have run out.
+//!   answers or the lease would have run out. When the quorum granted but
+//!   no validity was left, the answer is [`LockError::LeaseSpent`] (503:
+//!   nothing is held), since nobody else holds the lock; a refusal by
+//!   other holders is [`LockError::Held`].
 //! - **Extend** succeeds when a quorum extended within the new validity; a
 //!   partial extend is not rolled back, it runs out with its TTL.
 //! - **Release** goes to every node, whether or not it granted.
@@ -228,7 +231,8 @@ impl LockStore for Redlock {
                 .await;
                 raised.counted_oks().filter(|held| **held).count() >= self.quorum
             };
-            if fence_ok && let Some(validity) = self.validity(req.ttl, started.elapsed()) {
+            let validity = self.validity(req.ttl, started.elapsed());
+            if fence_ok && let Some(validity) = validity {
                 let lease = Lease {
                     fence,
                     ttl: validity,
@@ -241,6 +245,22 @@ impl LockStore for Redlock {
                     Acquired::Granted(lease)
                 });
             }
+            // A quorum granted, and nobody else holds the lock: what is
+            // missing is the validity (the lease ran out, less the drift,
+            // before the quorum's answers were in) or a quorum that took
+            // the fence. Either way nothing is held once the partial
+            // grants are released, and the answer says so, not "held".
+            self.release_everywhere(&req.name, &req.token, req.ttl)
+                .await;
+            return Err(if validity.is_none() {
+                LockError::LeaseSpent {
+                    ttl: req.ttl.as_duration(),
+                }
+            } else {
+                LockError::Unavailable(
+                    "a quorum granted, but fewer than a quorum took its fence".to_owned(),
+                )
+            });
         }
 
         self.release_everywhere(&req.name, &req.token, req.ttl)
