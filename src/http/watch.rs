@@ -350,7 +350,8 @@ type Streamed<S> = ([(HeaderName, &'static str); 1], Sse<S>);
 
 /// Opens the watch and waits for its first event (the `state`) within the
 /// request timeout, so that a store that does not answer is a 503 rather
-/// than a stream that says nothing.
+/// than a stream that says nothing; a first read that fails (Redis down,
+/// or not answering within its timeout) is a 503 at once.
 async fn stream(
     locks: &Locks,
     limits: &Limits,
@@ -362,9 +363,10 @@ async fn stream(
         None => None,
     };
     let mut watch = locks.watch(&subject)?;
-    let first = match tokio::time::timeout(limits.request_timeout, watch.next()).await {
-        Ok(Some(first)) => first,
-        Ok(None) => return Err(LockError::ShuttingDown.into()),
+    let first = match tokio::time::timeout(limits.request_timeout, watch.first()).await {
+        Ok(Ok(Some(first))) => first,
+        Ok(Ok(None)) => return Err(LockError::ShuttingDown.into()),
+        Ok(Err(e)) => return Err(e.into()),
         Err(_) => {
             return Err(
                 LockError::Unavailable("no first read of a watched lock in time".into()).into(),

@@ -1,6 +1,7 @@
 //! Redis outages: stopped (connections refused), frozen with SIGSTOP
-//! (connections hang), or down when lockd starts. Every lock request must
-//! get a 503 problem with `Retry-After` within about the Redis timeout,
+//! (connections hang), or down when lockd starts. Every lock request, a
+//! new watch included, must get a 503 problem with `Retry-After` within
+//! about the Redis timeout,
 //! never hang; `/healthz` stays 200 while `/readyz` says 503; and lockd
 //! recovers by itself when Redis is back.
 
@@ -63,6 +64,11 @@ async fn assert_outage_answers(app: &TestApp, token: &str) {
     expect_unavailable(app, Method::PATCH, "/locks/k", Some(token)).await;
     expect_unavailable(app, Method::DELETE, "/locks/k", Some(token)).await;
     expect_unavailable(app, Method::GET, "/locks/k", None).await;
+    // A watch's first read too, at once, not after the request timeout
+    // (found by a new-user trial: 10 s).
+    expect_unavailable(app, Method::GET, "/locks/k/events", None).await;
+    expect_unavailable(app, Method::GET, "/semaphores/s/events", None).await;
+    expect_unavailable(app, Method::GET, "/runs/r/events", None).await;
     expect_unavailable(app, Method::GET, "/readyz", None).await;
     let health = app.get("/healthz").await;
     health.expect_status(200);

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
@@ -201,6 +201,11 @@ struct Channel {
     /// first read.
     now: Mutex<Option<(u64, Snapshot)>>,
     events: broadcast::Sender<Arc<Sequenced>>,
+    /// Whether the last read made before the first `state` failed (the
+    /// store down, or not answering in time): a watcher still waiting for
+    /// its first event is then told at once ([`Watch::first`]) rather than
+    /// left to wait while the follower tries again.
+    first_failed: watch::Sender<bool>,
 }
 
 impl Channel {
@@ -298,6 +303,7 @@ impl Watches {
             let channel = Arc::new(Channel {
                 now: Mutex::new(None),
                 events,
+                first_failed: watch::Sender::new(false),
             });
             let follower = Follower::new(subject.clone(), channel.clone(), self.store.clone());
             let stop = self.shutdown.clone();
@@ -320,11 +326,13 @@ impl Watches {
         let channel = entry.channel.clone();
         drop(entries);
         let (events, first) = channel.join();
+        let first_failed = channel.first_failed.subscribe();
         Ok(Watch {
             watches: self.clone(),
             subject: subject.clone(),
             channel,
             events,
+            first_failed,
             first,
         })
     }
@@ -383,9 +391,41 @@ pub struct Watch {
     channel: Arc<Channel>,
     events: broadcast::Receiver<Arc<Sequenced>>,
     first: Option<Arc<Sequenced>>,
+    first_failed: watch::Receiver<bool>,
 }
 
 impl Watch {
+    /// The first event (the `state`), as [`Watch::next`]; or, while no
+    /// `state` was told yet, [`LockError::Unavailable`] as soon as a read
+    /// of the subject fails (the store down, or not answering within its
+    /// timeout), so that a new watch fails as fast as any other request
+    /// rather than wait for the follower's next try.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] as said.
+    pub async fn first(&mut self) -> Result<Option<Arc<Sequenced>>, LockError> {
+        if self.first.is_some() {
+            return Ok(self.next().await);
+        }
+        let mut failed = self.first_failed.clone();
+        loop {
+            if *failed.borrow_and_update() {
+                return Err(LockError::Unavailable(
+                    "the first read of a watched subject failed".into(),
+                ));
+            }
+            tokio::select! {
+                next = self.next() => return Ok(next),
+                changed = failed.changed() => {
+                    if changed.is_err() {
+                        // The follower is gone (shutdown): as `next` says.
+                        return Ok(self.next().await);
+                    }
+                }
+            }
+        }
+    }
+
     /// The next event, or `None` when the watch is over (shutdown).
     pub async fn next(&mut self) -> Option<Arc<Sequenced>> {
         if let Some(first) = self.first.take() {
@@ -770,11 +810,15 @@ impl Follower {
                     tracing::debug!(error = %e, lock = %name, "a watch could not read the lock; trying again");
                     self.retry = Some((Instant::now() + self.backoff.next_pause(), purpose));
                 }
+                if !self.told_once {
+                    self.channel.first_failed.send_replace(true);
+                }
                 return;
             }
         };
         self.backoff.reset();
         self.retry = None;
+        self.channel.first_failed.send_replace(false);
         if purpose == Purpose::First {
             self.limit = read.limit;
             self.counter = read.counter;
