@@ -722,3 +722,61 @@ fn scan_calls(stats: &str) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// A key of another type under lockd's prefix (a foreign client's) where a
+/// lock's, a semaphore's or a run's key would be: each listing leaves that
+/// name out and lists the others, where one such key answered every
+/// listing with 500 (found by a new-user trial). `GET` of the name itself
+/// is still a 500, as any read Redis refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_key_of_another_type_is_left_out_of_a_listing() {
+    let app = TestApp::redis().await;
+    let redis = app.redis_server();
+    hold(&app, &["stray:lock-ok".to_owned()]).await;
+    take(&app, "stray:sem-ok", 2).await.expect_status(201);
+    app.send_json(
+        Method::POST,
+        "/runs/stray:run-ok",
+        &[],
+        Some(json!({"ttl_ms": 60_000})),
+    )
+    .await
+    .expect_status(201);
+    // A hash where the lock's string is, strings where the semaphore's
+    // sorted set and the run's hash are.
+    redis
+        .cmd::<()>(
+            ::redis::cmd("HSET")
+                .arg(format!("{PREFIX}{{stray:lock-bad}}"))
+                .arg("a")
+                .arg("b"),
+        )
+        .await;
+    for key in ["sem:{stray:sem-bad}:permits", "run:{stray:run-bad}:record"] {
+        redis
+            .cmd::<()>(::redis::cmd("SET").arg(format!("{PREFIX}{key}")).arg("x"))
+            .await;
+    }
+    for (route, ok) in [
+        ("/locks", "stray:lock-ok"),
+        ("/semaphores", "stray:sem-ok"),
+        ("/runs", "stray:run-ok"),
+    ] {
+        let pages = walk(&app, route, "prefix=stray:", &[]).await;
+        let listed: BTreeSet<String> = pages
+            .iter()
+            .flatten()
+            .map(|item| {
+                item["name"]
+                    .as_str()
+                    .or_else(|| item["key"].as_str())
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(listed, BTreeSet::from([ok.to_owned()]), "{route}");
+    }
+    app.get("/locks/stray:lock-bad")
+        .await
+        .expect_problem(500, "backend-error");
+}

@@ -369,14 +369,18 @@ impl RedisBackend {
     /// Runs `calls` (scripts that read) at once on one pooled connection,
     /// which carries them together (a multiplexed connection; a cluster
     /// connection sends each to the master of its keys), within the
-    /// operation timeout: their answers, in order.
+    /// operation timeout: each call's own answer, in order. A refusal of
+    /// one call (its key of another type, written by a foreign client) is
+    /// that call's error alone, where the connection's failure or the
+    /// timeout fails them all.
     ///
     /// # Errors
-    /// The first failure, as for [`Self::scan`].
-    pub(super) async fn run_together<T: FromRedisValue>(
+    /// The first transient failure ([`LockError::is_transient`]), or the
+    /// timeout.
+    pub(super) async fn run_each<T: FromRedisValue>(
         &self,
         calls: &[ScriptInvocation<'static>],
-    ) -> Result<Vec<T>, LockError> {
+    ) -> Result<Vec<Result<T, LockError>>, LockError> {
         if calls.is_empty() {
             return Ok(Vec::new());
         }
@@ -389,16 +393,22 @@ impl RedisBackend {
                 async move { call.invoke_async::<T>(&mut conn).await }
             }))
             .await;
-            let answers: Result<Vec<T>, LockError> = answers
+            let mut answers: Vec<Result<T, LockError>> = answers
                 .into_iter()
                 .map(|a| a.map_err(|e| self.error(&e)))
                 .collect();
-            if matches!(&answers, Err(e) if e.is_transient()) {
+            if let Some(i) = answers
+                .iter()
+                .position(|a| matches!(a, Err(e) if e.is_transient()))
+            {
                 self.discard(held);
-            } else {
-                self.report.connected();
+                return Err(answers
+                    .swap_remove(i)
+                    .err()
+                    .unwrap_or_else(|| LockError::Unavailable("a read failed".into())));
             }
-            answers
+            self.report.connected();
+            Ok(answers)
         };
         tokio::time::timeout(self.timeout, attempt)
             .await
@@ -408,25 +418,31 @@ impl RedisBackend {
     }
 
     /// As [`crate::lock::RunNode::runs`]: the runs `keys`, in their order,
-    /// each by its inspect script, read together on one connection.
+    /// each by its inspect script, read together on one connection; a key
+    /// whose read is refused is left out (see [`unless_foreign`]).
     ///
     /// # Errors
-    /// As for [`Self::scan`]: the first failure.
+    /// As for [`Self::scan`]: the first transient failure.
     pub async fn runs(&self, keys: &[LockName]) -> Result<Vec<Option<RunInfo>>, LockError> {
         let read_at = Instant::now();
         let calls: Vec<_> = keys.iter().map(|key| self.inspect_run_call(key)).collect();
-        let answers: Vec<Vec<redis::Value>> = self.run_together(&calls).await?;
-        answers
-            .into_iter()
-            .map(|answer| run_of(answer, read_at))
+        let answers = self.run_each::<Vec<redis::Value>>(&calls).await?;
+        keys.iter()
+            .zip(answers)
+            .map(
+                |(key, answer)| match unless_foreign(Kind::Run, key, answer) {
+                    Some(answer) => run_of(answer, read_at),
+                    None => Ok(None),
+                },
+            )
             .collect()
     }
 
     /// The semaphores `names`, in their order, read together, as
-    /// [`Self::runs`] reads runs.
+    /// [`Self::runs`] reads runs (a refused read left out).
     ///
     /// # Errors
-    /// As for [`Self::scan`]: the first failure.
+    /// As for [`Self::scan`]: the first transient failure.
     pub async fn semaphores(
         &self,
         names: &[LockName],
@@ -436,11 +452,42 @@ impl RedisBackend {
             .iter()
             .map(|name| self.inspect_semaphore_call(name))
             .collect();
-        let answers: Vec<Vec<redis::Value>> = self.run_together(&calls).await?;
-        answers
-            .into_iter()
-            .map(|answer| semaphore_of(answer, read_at))
+        let answers = self.run_each::<Vec<redis::Value>>(&calls).await?;
+        names
+            .iter()
+            .zip(answers)
+            .map(
+                |(name, answer)| match unless_foreign(Kind::Semaphore, name, answer) {
+                    Some(answer) => semaphore_of(answer, read_at),
+                    None => Ok(None),
+                },
+            )
             .collect()
+    }
+}
+
+/// A listing's read of `name` (a `kind`): its answer, or `None` when
+/// Redis refused it (a key of another type under lockd's prefix, written
+/// by a foreign client): one such key must not fail the listing of every
+/// other name for everyone. The key's name and the refusal are logged at
+/// `warn`, so that an operator can find the key (`GET` of the name itself
+/// still answers 500, as every refused read does).
+pub(super) fn unless_foreign<T>(
+    kind: Kind,
+    name: &LockName,
+    answer: Result<T, LockError>,
+) -> Option<T> {
+    match answer {
+        Ok(answer) => Some(answer),
+        Err(e) => {
+            tracing::warn!(
+                kind = kind.as_str(),
+                name = %name,
+                error = %e,
+                "a listing leaves out a name whose keys Redis refused to read (a key of another type, written by a client other than lockd?)"
+            );
+            None
+        }
     }
 }
 

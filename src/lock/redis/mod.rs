@@ -1369,10 +1369,14 @@ impl LockNode for RedisBackend {
     ) -> Result<Vec<Option<(Token, LockInfo)>>, LockError> {
         let read_at = Instant::now();
         let calls: Vec<_> = names.iter().map(|n| self.inspect_call(n)).collect();
-        let answers: Vec<InspectAnswer> = self.run_together(&calls).await?;
-        Ok(answers
-            .into_iter()
-            .map(|answer| holder_of(answer, read_at))
+        let answers = self.run_each::<InspectAnswer>(&calls).await?;
+        Ok(names
+            .iter()
+            .zip(answers)
+            .map(|(name, answer)| {
+                listing::unless_foreign(Kind::Lock, name, answer)
+                    .and_then(|answer| holder_of(answer, read_at))
+            })
             .collect())
     }
 }
