@@ -235,6 +235,18 @@ pub enum KeysError {
     },
 }
 
+impl KeysError {
+    /// What is wrong, without the file's name: for a refusal of an entry
+    /// the caller made itself (`lockd keygen`'s flags), where the file is
+    /// not at fault.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Parse { message, .. } => message.clone(),
+            Self::Read { .. } => self.to_string(),
+        }
+    }
+}
+
 /// The keys of one keys file.
 #[derive(Debug, Default)]
 pub struct KeyRing {
@@ -354,6 +366,17 @@ fn check_entry(entry: KeyEntry) -> Result<Key, String> {
     if entry.prefixes.is_empty() || entry.prefixes.iter().any(String::is_empty) {
         return Err(format!(
             "key {id:?}: prefixes must list at least one non-empty prefix (\"*\" for every name)"
+        ));
+    }
+    // A prefix no name can start with would let the key use nothing.
+    if let Some(bad) = entry
+        .prefixes
+        .iter()
+        .find(|p| *p != "*" && !crate::lock::LockName::fits(p))
+    {
+        return Err(format!(
+            "key {id:?}: prefix {bad:?} can start no lock name (names are ASCII letters, digits and ._-:@, at most {} characters); give \"*\" alone for every name",
+            crate::lock::LockName::MAX_LEN
         ));
     }
     if entry.permissions.is_empty() {
@@ -527,6 +550,8 @@ mod tests {
             good.replace("permissions = [\"read\"]", "permissions = []"),
             good.replace("[\"x:\"]", "[]"),           // no prefix
             good.replace("[\"x:\"]", "[\"\"]"),       // empty prefix
+            good.replace("[\"x:\"]", "[\"a b\"]"),    // no name starts so
+            good.replace("[\"x:\"]", "[\"x*\"]"),     // `*` only alone
             good.replace(&secret_sha256("s"), "abc"), // short hash
             good.replace(&secret_sha256("s"), &"zz".repeat(32)), // not hex
             good.replace("id = \"a\"", "id = \"\""),  // empty id

@@ -62,6 +62,14 @@ fn mint(args: &KeygenArgs) -> Result<String, String> {
         requests_per_second: args.requests_per_second,
     };
     let text = entry.to_toml();
+    // The entry alone first, so that a refused flag is told as such, not
+    // as a fault of the keys file.
+    KeyRing::parse(&text, Path::new("(new key)")).map_err(|e| {
+        format!(
+            "{}; nothing was written: check --id, --prefix and --requests-per-second",
+            e.message()
+        )
+    })?;
     match &args.keys_file {
         Some(path) => {
             append(path, &entry.id, &text)?;
@@ -73,8 +81,6 @@ fn mint(args: &KeygenArgs) -> Result<String, String> {
             );
         }
         None => {
-            // Checks the entry alone, as a keys file would.
-            KeyRing::parse(&text, Path::new("(new key)")).map_err(|e| e.to_string())?;
             eprintln!("# Add this to your keys file; the secret (stdout) is shown once:\n{text}");
         }
     }

@@ -102,7 +102,7 @@ where
 /// The 400 of a body whose field at fault has a name that may not be
 /// echoed ([`echoable`]).
 const NOT_ECHOED_FIELD: &str = "invalid JSON body: a field's name is not one this route takes, \
-                                or is given twice (not echoed: it is over 64 characters, or has \
+                                or is given twice (not echoed: it is empty or over 64 characters, or has \
                                 whitespace, `:`, `,` or a quote in it)";
 
 /// The 400 of a body object that `T` refused: naming the field at fault
@@ -177,7 +177,7 @@ fn query_refusal(text: &str) -> String {
         .strip_prefix("Failed to deserialize query string: ")
         .unwrap_or(text);
     const NOT_PLAIN: &str = "invalid query string: a parameter's name is not one this route \
-                             takes (not echoed: it is over 64 characters, or has whitespace, \
+                             takes (not echoed: it is empty or over 64 characters, or has whitespace, \
                              `:`, `,` or a quote in it)";
     let plain = echoable;
     let whole = words;
@@ -338,5 +338,10 @@ mod tests {
             assert!(!words.contains("SECRET1"), "{name}: {words}");
             assert!(words.starts_with("invalid query string: "), "{words}");
         }
+        // An empty name (`?=5`) is told as such, not as a long or odd one.
+        let words = query_refusal(
+            "Failed to deserialize query string: unknown field ``, expected one of `ttl_ms`",
+        );
+        assert!(words.contains("it is empty or"), "{words}");
     }
 }

@@ -424,6 +424,7 @@ fn a_config_file_typo_names_the_key_as_written_and_the_real_problem() {
 /// `lockd keygen --id X` when the keys file has a key `X` already says that
 /// the id exists and how to go on (another `--id`, or delete the old
 /// entry), not that the keys file is invalid; the file is left as it was.
+/// So does a refused `--prefix`.
 #[test]
 fn keygen_with_an_id_already_in_the_keys_file_says_so_and_how_to_go_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -459,6 +460,25 @@ fn keygen_with_an_id_already_in_the_keys_file_says_so_and_how_to_go_on() {
     );
     assert!(!stderr.contains("invalid keys file"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&keys).unwrap(), before);
+
+    // A prefix no lock name can start with (a space, a `*` not alone) or
+    // an empty one is refused as the flag it is, not blamed on the file,
+    // and nothing is written (found by a new-user trial: written, then
+    // loaded as a key that could use no name).
+    for prefix in ["a b", "x*", ""] {
+        let refused = keygen(prefix);
+        let stderr = &refused.stderr;
+        assert_eq!(refused.status.code(), Some(2), "{prefix:?}: {stderr}");
+        assert!(
+            refused.stdout.is_empty(),
+            "{prefix:?}: a secret was printed"
+        );
+        assert!(
+            stderr.contains("--prefix") && !stderr.contains("invalid keys file"),
+            "{prefix:?}: {stderr}"
+        );
+        assert_eq!(std::fs::read_to_string(&keys).unwrap(), before);
+    }
 }
 
 /// A Redis password given in other forms than the URL's userinfo never
