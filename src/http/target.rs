@@ -201,7 +201,8 @@ const RUN_SUB_RESOURCES: [&str; 3] = ["result", "events", "history"];
 
 /// The rule a path under `/locks/`, `/semaphores/` or `/runs/` breaks when
 /// its name holds a `/` (`/locks/a/b`), which no route takes: a name is one
-/// path segment. A sub-resource (`/locks/a/events`) is a route.
+/// path segment. A sub-resource (`/locks/a/events`) is a route; the rule
+/// names them, for a mistyped one (`/locks/a/historyx`).
 fn name_with_a_slash(path: &str) -> Option<&'static str> {
     let (rest, subs) = match path.strip_prefix("/runs/") {
         Some(rest) => (rest, &RUN_SUB_RESOURCES[..]),
@@ -215,11 +216,17 @@ fn name_with_a_slash(path: &str) -> Option<&'static str> {
     if !name.is_empty() && subs.contains(&after) {
         return None;
     }
-    Some(
-        "a lock or semaphore name, or a run's key, is one path segment and cannot contain \
-         `/`: names are 1 to 200 of A-Z a-z 0-9 . _ - : @ (use `:` to group names, as in \
-         jobs:nightly)",
-    )
+    // A mistyped sub-resource (`/locks/a/historyx`) breaks the same rule:
+    // the answer names the routes under a name too.
+    Some(if subs.len() == RUN_SUB_RESOURCES.len() {
+        "a run's key is one path segment and cannot contain `/`: keys are 1 to 200 of A-Z \
+         a-z 0-9 . _ - : @ (use `:` to group keys, as in jobs:nightly); the routes under a \
+         key are /result, /events and /history"
+    } else {
+        "a lock or semaphore name is one path segment and cannot contain `/`: names are 1 to \
+         200 of A-Z a-z 0-9 . _ - : @ (use `:` to group names, as in jobs:nightly); the \
+         routes under a name are /events and /history"
+    })
 }
 
 /// The first malformed percent-escape of `query` (a `%` not followed by two
@@ -274,5 +281,11 @@ mod tests {
         ] {
             assert_eq!(name_with_a_slash(good), None, "{good}");
         }
+        // A mistyped sub-resource is told the routes there are (found by
+        // a new-user trial).
+        let rule = name_with_a_slash("/locks/a/historyx").expect("refused");
+        assert!(rule.contains("/events and /history"), "{rule}");
+        let rule = name_with_a_slash("/runs/a/results").expect("refused");
+        assert!(rule.contains("/result, /events and /history"), "{rule}");
     }
 }
