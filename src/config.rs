@@ -602,7 +602,7 @@ fn describe_one(e: &figment::Error) -> String {
     let problem = match &e.kind {
         Kind::UnknownField(found, expected) => {
             let hint = closest(found, expected)
-                .map(|k| format!("; did you mean `{k}`?"))
+                .map(|k| format!("; did you mean {k}?"))
                 .unwrap_or_default();
             return format!(
                 "invalid settings in {source}: unknown key `{found}`{hint} \
@@ -634,15 +634,29 @@ fn plain_type(expected: &str) -> String {
     }
 }
 
-/// The known key closest to `found` (a typo's likely intent), if one is
-/// close enough.
-fn closest<'a>(found: &str, known: &[&'a str]) -> Option<&'a str> {
+/// The known keys `found` likely meant, quoted: those that have it as a
+/// word (`ttl`: `default_ttl_ms` or `max_ttl_ms`, at most three), else the
+/// closest one (a typo), if one is close enough: within a quarter of its
+/// length and 3 edits, and half of `found`'s length, so that a short word
+/// is not taken for any other short key (`ttl` for `dev`).
+fn closest(found: &str, known: &[&str]) -> Option<String> {
+    let quoted = |k: &&str| format!("`{k}`");
+    let words: Vec<String> = known
+        .iter()
+        .filter(|k| k.split('_').any(|w| w == found))
+        .take(3)
+        .map(quoted)
+        .collect();
+    if !words.is_empty() {
+        return Some(words.join(" or "));
+    }
+    let most = |k: &str| 3.max(k.len() / 4).min(found.chars().count() / 2);
     known
         .iter()
-        .map(|k| (edit_distance(found, k), *k))
-        .filter(|(d, k)| *d <= 3.max(k.len() / 4))
+        .map(|k| (edit_distance(found, k), k))
+        .filter(|(d, k)| *d <= most(k))
         .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k)
+        .map(|(_, k)| quoted(k))
 }
 
 /// Levenshtein distance, by characters.
@@ -1258,6 +1272,25 @@ fn at_least_1_ms(key: &str, ms: u64) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mistyped key gets the key it likely meant; a word of several
+    /// keys gets those keys; a short word is not taken for any other short
+    /// key (a new-user trial's `ttl = 5` was told "did you mean `dev`?").
+    #[test]
+    fn an_unknown_key_is_told_the_keys_it_likely_meant() {
+        let known = ["dev", "listen", "default_ttl_ms", "max_ttl_ms", "redis_url"];
+        assert_eq!(
+            closest("default_tll_ms", &known).as_deref(),
+            Some("`default_ttl_ms`")
+        );
+        assert_eq!(closest("listn", &known).as_deref(), Some("`listen`"));
+        assert_eq!(
+            closest("ttl", &known).as_deref(),
+            Some("`default_ttl_ms` or `max_ttl_ms`")
+        );
+        assert_eq!(closest("xyz", &known), None);
+        assert_eq!(closest("colour", &known), None);
+    }
     use std::collections::BTreeMap;
     use std::io::Write as _;
 
