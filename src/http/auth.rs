@@ -105,7 +105,7 @@ pub async fn guard_locks(
 }
 
 /// Why a break is refused on a lockd without API keys.
-const NO_KEYS_NO_BREAKS: &str = "breaking a lease needs an API key with the `admin` permission, and this lockd runs without API keys (start it with --auth-keys-file); only --dev breaks without one";
+const NO_KEYS_NO_BREAKS: &str = "breaking a lease needs an API key with the admin permission, and this lockd runs without API keys (start it with --auth-keys-file); only --dev breaks without one";
 
 /// Whether a DELETE asks for a break: a `force` parameter that is not
 /// `false` (the handler refuses a value other than `true` with 400, so
@@ -162,8 +162,10 @@ fn check(
     if !key.may(permission) {
         return Err(ApiError::new(
             Kind::Forbidden,
+            // Unquoted: the permission is lockd's word, not the client's,
+            // so the access log keeps it (it masks quoted parts).
             format!(
-                "this API key does not have the `{}` permission",
+                "this API key does not have the {} permission",
                 permission.as_str()
             ),
         ));

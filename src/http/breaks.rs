@@ -175,7 +175,7 @@ pub async fn break_leases(
 
 /// Why a break was refused for want of a caller (never reached: the key
 /// check refuses first).
-const NO_ADMIN: &str = "breaking a lease needs an API key with the `admin` permission";
+const NO_ADMIN: &str = "breaking a lease needs an API key with the admin permission";
 
 fn holder(lease: BrokenLease) -> BrokenHolder {
     BrokenHolder {
