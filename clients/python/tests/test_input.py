@@ -43,6 +43,22 @@ def test_bad_durations_are_value_errors_before_any_request(value: Any) -> None:
                 call()
 
 
+def test_a_ttl_of_0_is_a_value_error_before_any_request() -> None:
+    # lockd refuses a lease of 0 ms (a new-user trial got its 400 instead).
+    with Lockd("http://127.0.0.1:9", transport=_refusing()) as client:
+        lease = Lease(name="a", token="t" * 32, fence=1, ttl_ms=1, expires_at=datetime.now(timezone.utc))
+        calls: List[Callable[[], object]] = [
+            lambda: client.acquire("a", ttl_ms=0),
+            lambda: client.extend(lease, ttl_ms=0),
+            lambda: client.lock("a", ttl_ms=0),
+            lambda: client.acquire_permit("a", limit=1, ttl_ms=0),
+            lambda: client.once("a", lambda attempt: 1, ttl_ms=0),
+        ]
+        for call in calls:
+            with pytest.raises(ValueError, match="1 or more"):
+                call()
+
+
 @pytest.mark.parametrize("name", ["", ".", ".."])
 def test_names_no_url_can_carry_are_value_errors(name: str) -> None:
     with Lockd("http://127.0.0.1:9", transport=_refusing()) as client:

@@ -322,7 +322,7 @@ export class Lockd {
    * `waitMs`), {@link UnavailableError} past the retry deadline.
    */
   async acquire(name: string, options: AcquireOptions = {}): Promise<Lease> {
-    checkMs("ttlMs", options.ttlMs);
+    checkMs("ttlMs", options.ttlMs, 1);
     checkMs("waitMs", options.waitMs);
     const token = options.token ?? (await newToken());
     const body = fields({ ttl_ms: options.ttlMs, wait_ms: options.waitMs, owner: options.owner, mode: options.mode });
@@ -335,7 +335,7 @@ export class Lockd {
    * {@link LeaseLostError} when the lease is gone, {@link NotOwnerError}
    * when another token holds the lock. */
   async extend(lease: Lease, options: { ttlMs?: number } = {}, signal?: AbortSignal): Promise<Lease> {
-    checkMs("ttlMs", options.ttlMs);
+    checkMs("ttlMs", options.ttlMs, 1);
     const body = fields({ ttl_ms: options.ttlMs });
     const answer = await this.#call("PATCH", path("locks", lease.name), { token: lease.token, body, signal });
     return this.#lease({ ...answer.body, mode: lease.mode }, lease.token, lease.name);
@@ -380,7 +380,7 @@ export class Lockd {
    * permits are held under another limit.
    */
   async acquirePermit(name: string, options: PermitOptions): Promise<Permit> {
-    checkMs("ttlMs", options.ttlMs);
+    checkMs("ttlMs", options.ttlMs, 1);
     checkMs("waitMs", options.waitMs);
     checkCount("limit", options.limit);
     const token = options.token ?? (await newToken());
@@ -392,7 +392,7 @@ export class Lockd {
   /** Resets the permit's lease to `ttlMs` (default: its own TTL); throws
    * {@link LeaseLostError} when the permit is gone. */
   async extendPermit(permit: Permit, options: { ttlMs?: number } = {}, signal?: AbortSignal): Promise<Permit> {
-    checkMs("ttlMs", options.ttlMs);
+    checkMs("ttlMs", options.ttlMs, 1);
     const body = fields({ ttl_ms: options.ttlMs });
     const answer = await this.#call("PATCH", path("semaphores", permit.name), { token: permit.token, body, signal });
     return this.#permit({ ...answer.body, limit: answer.body.limit ?? permit.limit }, permit.token, permit.name);
@@ -440,7 +440,7 @@ export class Lockd {
    * See lockd's docs/runs.md for what a run guarantees.
    */
   async once<T>(key: string, options: OnceOptions, fn: (signal: AbortSignal, attempt: RunAttempt) => Promise<T>): Promise<T> {
-    checkMs("ttlMs", options.ttlMs);
+    checkMs("ttlMs", options.ttlMs, 1);
     checkMs("waitMs", options.waitMs);
     checkMs("retentionMs", options.retentionMs);
     if (options.retentionMs === 0) throw new RangeError("retentionMs must be 1 ms or more: got 0");
@@ -769,11 +769,12 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-/** Refuses a duration that lockd would refuse, or that is not a number at
- * all (`NaN` would otherwise be left out, and the server's default used). */
-function checkMs(option: string, ms: number | undefined): void {
-  if (ms !== undefined && !(typeof ms === "number" && Number.isSafeInteger(ms) && ms >= 0)) {
-    throw new RangeError(`${option} must be a whole number of milliseconds, 0 or more: got ${ms}`);
+/** Refuses a duration that lockd would refuse (under `least` ms: 1 for a
+ * TTL, 0 for the others), or that is not a number at all (`NaN` would
+ * otherwise be left out, and the server's default used). */
+function checkMs(option: string, ms: number | undefined, least = 0): void {
+  if (ms !== undefined && !(typeof ms === "number" && Number.isSafeInteger(ms) && ms >= least)) {
+    throw new RangeError(`${option} must be a whole number of milliseconds, ${least} or more: got ${ms}`);
   }
 }
 

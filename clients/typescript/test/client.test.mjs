@@ -196,9 +196,12 @@ test("bad durations and names are refused before any request", async () => {
     return fetch(input, init);
   };
   const lockd = new Lockd({ url: servers.url, fetch: counting });
-  for (const options of [{ waitMs: 1.5 }, { ttlMs: Number.NaN }, { ttlMs: Infinity }, { waitMs: -1 }]) {
+  // A TTL of 0 too: lockd refuses a lease of 0 ms (a new-user trial got its 400).
+  for (const options of [{ waitMs: 1.5 }, { ttlMs: Number.NaN }, { ttlMs: Infinity }, { waitMs: -1 }, { ttlMs: 0 }]) {
     await assert.rejects(lockd.acquire("ts:bad", options), RangeError, JSON.stringify(options));
   }
+  await assert.rejects(lockd.withLock("ts:bad", { ttlMs: 0 }, async () => undefined), RangeError);
+  await assert.rejects(lockd.acquirePermit("ts:bad", { limit: 1, ttlMs: 0 }), RangeError);
   // URLs normalise "." and ".." away: no request could name them.
   for (const name of ["", ".", ".."]) {
     await assert.rejects(lockd.acquire(name), RangeError, name);

@@ -231,7 +231,7 @@ def acquire_request(
     mode: object,
 ) -> Request:
     body: Body = {}
-    _put(body, "ttl_ms", check_ms("ttl_ms", ttl_ms))
+    _put(body, "ttl_ms", check_ms("ttl_ms", ttl_ms, least=1))
     wait = check_ms("wait_ms", wait_ms)
     _put(body, "wait_ms", wait)
     _put(body, "owner", owner)
@@ -249,7 +249,7 @@ def permit_request(
     owner: Optional[str],
 ) -> Request:
     body: Body = {"limit": check_count("limit", limit)}
-    _put(body, "ttl_ms", check_ms("ttl_ms", ttl_ms))
+    _put(body, "ttl_ms", check_ms("ttl_ms", ttl_ms, least=1))
     wait = check_ms("wait_ms", wait_ms)
     _put(body, "wait_ms", wait)
     _put(body, "owner", owner)
@@ -265,7 +265,7 @@ def start_run_request(
     owner: Optional[str],
 ) -> Request:
     body: Body = {}
-    _put(body, "ttl_ms", check_ms("ttl_ms", ttl_ms))
+    _put(body, "ttl_ms", check_ms("ttl_ms", ttl_ms, least=1))
     wait = check_ms("wait_ms", wait_ms)
     _put(body, "wait_ms", wait)
     _put(body, "owner", owner)
@@ -298,7 +298,7 @@ def held_path(held: Held) -> str:
 
 
 def extend_request(held: Held, ttl_ms: object) -> Request:
-    ttl = check_ms("ttl_ms", ttl_ms)
+    ttl = check_ms("ttl_ms", ttl_ms, least=1)
     return Request("PATCH", held_path(held), token=held.token, body=None if ttl is None else {"ttl_ms": ttl})
 
 
