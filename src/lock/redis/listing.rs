@@ -419,7 +419,8 @@ impl RedisBackend {
 
     /// As [`crate::lock::RunNode::runs`]: the runs `keys`, in their order,
     /// each by its inspect script, read together on one connection; a key
-    /// whose read is refused is left out (a key of another type that a foreign client wrote: logged at `warn`).
+    /// whose read is refused is left out (a key of another type that a
+    /// foreign client wrote: logged at `warn`).
     ///
     /// # Errors
     /// As for [`Self::scan`]: the first transient failure.
