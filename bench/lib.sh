@@ -34,6 +34,20 @@ start_redis() {
   until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.05; done
 }
 
+# Starts a redis-server of its own as start_redis does, but under
+# valgrind's callgrind, which counts the instructions it runs (its dumps
+# in $work/callgrind.PID.N; `callgrind_control -z` zeroes the count,
+# `-d` dumps it): sets $redis_port and $redis_pid. Needs scratch first.
+start_callgrind_redis() {
+  redis_port=$(free_port)
+  valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.%p" \
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$work" >"$work/valgrind.log" 2>&1 &
+  redis_pid=$!
+  pids+=("$redis_pid")
+  until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.2; done
+}
+
 # Makes a scratch directory, $work, removed at exit, when every process
 # whose pid the caller adds to the array $pids is killed.
 scratch() {

@@ -39,13 +39,7 @@ build_bench $#
 bench=target/release/lockd-bench
 scratch
 
-redis_port=$(free_port)
-valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.%p" \
-  redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$work" >"$work/valgrind.log" 2>&1 &
-redis_pid=$!
-pids+=("$redis_pid")
-until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.2; done
+start_callgrind_redis
 redis_url="redis://127.0.0.1:$redis_port"
 
 # Instructions Redis ran since the last zeroing: the newest dump's total.

@@ -15,21 +15,15 @@ shift $(($# < 1 ? $# : 1))
 . bench/lib.sh
 scripts/ensure-deps.sh redis-server redis-cli python3 valgrind
 scratch
-port=$(free_port)
-valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.%p" \
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$work" >"$work/valgrind.log" 2>&1 &
-redis_pid=$!
-pids+=("$redis_pid")
-until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.2; done
+start_callgrind_redis
 export DUMPS=$work
 printf '%-24s %-9s %10s\n' script names "instr./cycle"
 for names in distinct reused; do
   for length in "${HISTORY_LENGTH:-20}" 0; do
-    HISTORY_LENGTH=$length python3 bench/script_cycle.py "$port" "$redis_pid" "$cycles" \
+    HISTORY_LENGTH=$length python3 bench/script_cycle.py "$redis_port" "$redis_pid" "$cycles" \
       "$names" "repository, history $length"
     for variant in "$@"; do
-      HISTORY_LENGTH=$length python3 bench/script_cycle.py "$port" "$redis_pid" "$cycles" \
+      HISTORY_LENGTH=$length python3 bench/script_cycle.py "$redis_port" "$redis_pid" "$cycles" \
         "$names" "$(basename "$variant"), history $length" \
         "$variant/acquire.lua" "$variant/release.lua"
     done
