@@ -393,22 +393,18 @@ impl RedisBackend {
                 async move { call.invoke_async::<T>(&mut conn).await }
             }))
             .await;
-            let mut answers: Vec<Result<T, LockError>> = answers
-                .into_iter()
-                .map(|a| a.map_err(|e| self.error(&e)))
-                .collect();
-            if let Some(i) = answers
-                .iter()
-                .position(|a| matches!(a, Err(e) if e.is_transient()))
-            {
-                self.discard(held);
-                return Err(answers
-                    .swap_remove(i)
-                    .err()
-                    .unwrap_or_else(|| LockError::Unavailable("a read failed".into())));
+            let mut each = Vec::with_capacity(answers.len());
+            for answer in answers {
+                match answer.map_err(|e| self.error(&e)) {
+                    Err(e) if e.is_transient() => {
+                        self.discard(held);
+                        return Err(e);
+                    }
+                    answer => each.push(answer),
+                }
             }
             self.report.connected();
-            Ok(answers)
+            Ok(each)
         };
         tokio::time::timeout(self.timeout, attempt)
             .await

@@ -211,6 +211,8 @@ impl LockStore for Redlock {
         let sent_wall = SystemTime::now();
         let answers = fan_out(&self.nodes, Counting::Now, |_, n| Some(n.acquire(req))).await;
 
+        // Why a quorum's grant is not a lease, when it is not.
+        let mut spent = None;
         if answers.granted() >= self.quorum {
             let granted: Vec<u64> = answers.oks().map(|a| a.lease().fence).collect();
             let renewed = answers.oks().any(|a| matches!(a, Acquired::Renewed(_)));
@@ -250,9 +252,7 @@ impl LockStore for Redlock {
             // before the quorum's answers were in) or a quorum that took
             // the fence. Either way nothing is held once the partial
             // grants are released, and the answer says so, not "held".
-            self.release_everywhere(&req.name, &req.token, req.ttl)
-                .await;
-            return Err(if validity.is_none() {
+            spent = Some(if validity.is_none() {
                 LockError::LeaseSpent {
                     ttl: req.ttl.as_duration(),
                 }
@@ -265,6 +265,9 @@ impl LockStore for Redlock {
 
         self.release_everywhere(&req.name, &req.token, req.ttl)
             .await;
+        if let Some(spent) = spent {
+            return Err(spent);
+        }
         answers.told(self.quorum)?;
         let held = answers.held();
         let free = answers.answered() - held.len();
