@@ -204,29 +204,27 @@ const RUN_SUB_RESOURCES: [&str; 3] = ["result", "events", "history"];
 /// path segment. A sub-resource (`/locks/a/events`) is a route; the rule
 /// names them, for a mistyped one (`/locks/a/historyx`).
 fn name_with_a_slash(path: &str) -> Option<&'static str> {
-    let (rest, subs) = match path.strip_prefix("/runs/") {
-        Some(rest) => (rest, &RUN_SUB_RESOURCES[..]),
+    // A mistyped sub-resource (`/locks/a/historyx`) breaks the same rule:
+    // the answer names the routes under a name too.
+    let (rest, subs, rule) = match path.strip_prefix("/runs/") {
+        Some(rest) => (
+            rest,
+            &RUN_SUB_RESOURCES[..],
+            "a run's key is one path segment and cannot contain `/`: keys are 1 to 200 of A-Z \
+             a-z 0-9 . _ - : @ (use `:` to group keys, as in jobs:nightly); the routes under a \
+             key are /result, /events and /history",
+        ),
         None => (
             path.strip_prefix("/locks/")
                 .or_else(|| path.strip_prefix("/semaphores/"))?,
             &SUB_RESOURCES[..],
+            "a lock or semaphore name is one path segment and cannot contain `/`: names are 1 \
+             to 200 of A-Z a-z 0-9 . _ - : @ (use `:` to group names, as in jobs:nightly); the \
+             routes under a name are /events and /history",
         ),
     };
     let (name, after) = rest.split_once('/')?;
-    if !name.is_empty() && subs.contains(&after) {
-        return None;
-    }
-    // A mistyped sub-resource (`/locks/a/historyx`) breaks the same rule:
-    // the answer names the routes under a name too.
-    Some(if subs.len() == RUN_SUB_RESOURCES.len() {
-        "a run's key is one path segment and cannot contain `/`: keys are 1 to 200 of A-Z \
-         a-z 0-9 . _ - : @ (use `:` to group keys, as in jobs:nightly); the routes under a \
-         key are /result, /events and /history"
-    } else {
-        "a lock or semaphore name is one path segment and cannot contain `/`: names are 1 to \
-         200 of A-Z a-z 0-9 . _ - : @ (use `:` to group names, as in jobs:nightly); the \
-         routes under a name are /events and /history"
-    })
+    (name.is_empty() || !subs.contains(&after)).then_some(rule)
 }
 
 /// The first malformed percent-escape of `query` (a `%` not followed by two
