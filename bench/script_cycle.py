@@ -13,8 +13,13 @@ lock of 30 s with an owner and metadata, a history of HISTORY_LENGTH
 
 Usage: script_cycle.py PORT REDIS_PID CYCLES NAMES LABEL [ACQUIRE RELEASE]
   NAMES: reused (one name) or distinct (a new name every cycle);
-  ACQUIRE and RELEASE: Lua files to run instead of the repository's (the
-  whole script each, as lockd would load it).
+  ACQUIRE and RELEASE: Lua files to run instead of the repository's: the
+  whole script each, as lockd would load it, or a body that still has the
+  `-- @shared-rules` line, put together as the repository's are.
+  RECORD_KEY (environment, with ACQUIRE and RELEASE): the suffix of the key
+  the release is given as KEYS[2]; default `:meta` (the holder hash), as
+  lockd does; `:fence` for a variant that keeps the holder's record in
+  the fence counter.
 Prints `LABEL NAMES INSTRUCTIONS_PER_CYCLE`.
 """
 
@@ -74,8 +79,14 @@ class Redis:
 def main():
     port, pid, cycles, names, label = sys.argv[1:6]
     port, pid, cycles = int(port), int(pid), int(cycles)
+    record_key = ":meta"
     if len(sys.argv) > 7:
         acquire_lua, release_lua = (open(p).read() for p in sys.argv[6:8])
+        if "-- @shared-rules\n" in acquire_lua:
+            acquire_lua = exclusive_source(True, acquire_lua)
+        if "-- @shared-rules\n" in release_lua:
+            release_lua = exclusive_source(False, release_lua)
+        record_key = os.environ.get("RECORD_KEY", record_key)
     else:
         acquire_lua = exclusive_source(True, lua("acquire.lua"))
         release_lua = exclusive_source(False, lua("release.lua"))
@@ -97,7 +108,7 @@ def main():
             '{"host":"h","pid":12}', now + 30_000, keep, length, RETENTION_MS, now,
         )
         released = redis.call(
-            "EVALSHA", release, 6, key, key + ":meta", key + ":shared", key + ":readers",
+            "EVALSHA", release, 6, key, key + record_key, key + ":shared", key + ":readers",
             key + ":writers", key + ":history",
             token, key + ":released", "PUBLISH", length, RETENTION_MS, now,
         )
@@ -116,7 +127,7 @@ def main():
         for line in f:
             if line.startswith(("summary:", "totals:")):
                 total = int(line.split()[1])
-    print("%-24s %-9s %10d" % (label, names, total // cycles))
+    print("%-32s %-9s %10d" % (label, names, total // cycles))
 
 
 if __name__ == "__main__":
