@@ -14,8 +14,11 @@
 //!    response; the request's tracing span opens; any error from below
 //!    that is not yet a problem document (router 404 and 405, body-limit
 //!    413, timeout 503) becomes one ([`problem`]), with the request ID in
-//!    it; the HTTP metrics count and time the request, and the access log
-//!    line is written once it is answered (499 if the client went away).
+//!    it; an answer under a browser page's path (`/ui`, `/docs`) gets
+//!    that page's security headers, whatever answered it
+//!    ([`pages::dress`]); the HTTP metrics count and time the request, and
+//!    the access log line is written once it is answered (499 if the
+//!    client went away).
 //! 2. [`target`]: a `#fragment`, a path or query that is not UTF-8 once
 //!    percent-decoded, a `token` in the query, or a transfer coding other
 //!    than `chunked`: 400; a declared `Content-Length` over the body limit

@@ -180,7 +180,7 @@ pub fn router(state: AppState, with_metrics: bool) -> Router {
         Stack::new(DefaultBodyLimit::max(BODY_LIMIT), browsers.guard()),
         layer_fn(target::refuse_malformed),
     );
-    telemetry::wrap(app, metrics, checks)
+    telemetry::wrap(app, metrics, checks, pages::dress)
 }
 
 /// What every `/locks/{name}` request passes before its method router, in
@@ -265,5 +265,6 @@ pub fn metrics_router(state: AppState, browsers: &Browsers) -> Router {
         app = app.layer(cors);
     }
     let checks = Stack::new(browsers.guard(), layer_fn(target::refuse_malformed));
-    telemetry::wrap(app, metrics, checks)
+    // No browser page on this address.
+    telemetry::wrap(app, metrics, checks, |_| None)
 }

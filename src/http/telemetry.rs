@@ -37,9 +37,15 @@ const MAX_LOGGED_NAME: usize = 200;
 /// The longest client-chosen request ID kept.
 const MAX_REQUEST_ID: usize = 128;
 
+/// What some answers must carry beside the telemetry's own: given a
+/// request's path, a function that puts it on the answer (the browser
+/// pages' headers, `pages::dress`), or `None`.
+pub type Dress = fn(&str) -> Option<fn(&mut Response)>;
+
 /// Puts the telemetry around `app`, with `checks` (the layers every
 /// request passes first, [`super::target`] and the body limit) right
-/// inside it; `metrics` counts its requests.
+/// inside it; `metrics` counts its requests; `dress` is applied to every
+/// answer, whatever answered it (a route, a check, the 404 fallback).
 ///
 /// One `Router::layer` for both: axum wraps each route in a boxed `Route`
 /// once per `layer` call, and every request (a parked waiter's for as long
@@ -54,7 +60,7 @@ const MAX_REQUEST_ID: usize = 128;
 /// the answer. One layer rather than six (tower-http's request-ID and trace
 /// layers and three `from_fn` middlewares), each of which cloned its inner
 /// service and boxed a future per request: measured in docs/performance.md.
-pub fn wrap<L>(app: Router, metrics: Arc<Metrics>, checks: L) -> Router
+pub fn wrap<L>(app: Router, metrics: Arc<Metrics>, checks: L, dress: Dress) -> Router
 where
     L: Layer<Route> + Clone + Send + Sync + 'static,
     L::Service:
@@ -64,6 +70,7 @@ where
     app.layer(tower_layer::layer_fn(move |route| Telemetry {
         inner: checks.layer(route),
         metrics: metrics.clone(),
+        dress,
     }))
 }
 
@@ -72,6 +79,7 @@ where
 struct Telemetry<S> {
     inner: S,
     metrics: Arc<Metrics>,
+    dress: Dress,
 }
 
 impl<S> Service<Request> for Telemetry<S>
@@ -115,6 +123,9 @@ where
             answered: false,
             metrics: self.metrics.clone(),
         };
+        // A browser page's headers go on every answer under its path,
+        // refusals included.
+        let dress = (self.dress)(request.uri().path());
         // The span takes the line's first fields; the answer's come later.
         let span = request_span(&pending.line(0, "", None, 0.0));
         pending.span = span.clone();
@@ -128,6 +139,9 @@ where
                 let mut pending = pending;
                 let Ok(response) = answer.await;
                 let mut response = normalize(response, &pending.id);
+                if let Some(dress) = dress {
+                    dress(&mut response);
+                }
                 pending.answered(&response);
                 response
                     .headers_mut()

@@ -306,3 +306,41 @@ async fn the_console_passes_the_browser_checks_and_others_do_not() {
     .await
     .expect_problem(403, "cross-origin");
 }
+
+/// Every answer under the pages' paths carries their headers, whatever
+/// layer answers it: a frame from another site (403), a token in the
+/// query (400), a `Host` that is not lockd's (421), a path that is no page
+/// (404); the API's answers do not.
+#[tokio::test]
+async fn console_and_docs_refusals_carry_the_page_headers_too() {
+    let app = TestApp::memory().await;
+    let framed = [
+        ("sec-fetch-site", "cross-site"),
+        ("sec-fetch-mode", "navigate"),
+        ("sec-fetch-dest", "iframe"),
+    ];
+    for (page, csp) in [("/ui", CONSOLE_CSP), ("/docs", docs::CSP)] {
+        let refused = app.send(Method::GET, page, &framed, None).await;
+        refused.expect_problem(403, "cross-origin");
+        assert_page_headers(&refused, csp, &format!("{page} framed"));
+        let token = format!("{page}?token={}", random_token());
+        let refused = app.send(Method::GET, &token, &[], None).await;
+        refused.expect_status(400);
+        assert_page_headers(&refused, csp, &format!("{page} with a token"));
+        let refused = app
+            .send(Method::GET, page, &[("host", "evil.example")], None)
+            .await;
+        refused.expect_status(421);
+        assert_page_headers(&refused, csp, &format!("{page} for another host"));
+        let missing = format!("{page}/nope.js");
+        let refused = app.send(Method::GET, &missing, &[], None).await;
+        refused.expect_status(404);
+        assert_page_headers(&refused, csp, &missing);
+    }
+    // A path that only starts like a page's is not one; nor is the API.
+    for path in ["/uix", "/docsx", "/locks?prefix=a"] {
+        let reply = app.get(path).await;
+        assert_eq!(reply.header("content-security-policy"), None, "{path}");
+        assert_eq!(reply.header("x-frame-options"), None, "{path}");
+    }
+}

@@ -10,8 +10,12 @@
 //! the API carry the key), and pass the same browser checks as every route
 //! ([`super::browsers`]; lockd's own pages are its own origin).
 //!
-//! Every answer of these routes, errors included, carries
-//! [`SECURITY_HEADERS`] and its page's `Content-Security-Policy`: the
+//! Every answer under their paths (`/ui`, `/ui/...`, `/docs`,
+//! `/docs/...`), refusals included (a path that is no page, a request from
+//! another site, a bad `Host`, whatever layer answers it), carries
+//! [`SECURITY_HEADERS`] and its page's `Content-Security-Policy`
+//! ([`dress`], which the router gives its telemetry layer, the one that
+//! sees every answer): the
 //! console's is strict (`script-src 'self'`, `style-src 'self'`, no inline
 //! script or style, nothing from elsewhere); the docs page's allows what
 //! Scalar needs (inline styles, one inline script by its hash), no more.
@@ -22,7 +26,6 @@ pub mod docs;
 
 use axum::Router;
 use axum::http::{HeaderName, HeaderValue, header};
-use axum::middleware::map_response;
 use axum::response::Response;
 use axum::routing::MethodRouter;
 use utoipa::openapi::OpenApi;
@@ -49,11 +52,10 @@ pub const SECURITY_HEADERS: [(HeaderName, &str); 5] = [
     ),
 ];
 
-/// One page route: its path, the `Content-Security-Policy` of its answers,
-/// and its handler (a `GET`, which answers `HEAD` too).
+/// One page route: its path and its handler (a `GET`, which answers `HEAD`
+/// too). Its headers come from [`dress`], by path.
 struct Page<S> {
     path: &'static str,
-    csp: &'static str,
     get: MethodRouter<S>,
 }
 
@@ -64,24 +66,22 @@ fn pages<S: Clone + Send + Sync + 'static>(doc: &OpenApi) -> Vec<Page<S>> {
     let mut all = vec![
         Page {
             path: docs::PAGE,
-            csp: docs::CSP,
             get: docs.page(),
         },
         Page {
             path: docs::SCRIPT,
-            csp: docs::CSP,
             get: docs::script(),
         },
     ];
-    all.extend(console::files().into_iter().map(|(path, get)| Page {
-        path,
-        csp: console::CSP,
-        get,
-    }));
+    all.extend(
+        console::files()
+            .into_iter()
+            .map(|(path, get)| Page { path, get }),
+    );
     all
 }
 
-/// The router of every page route, each with its headers; their metric
+/// The router of every page route (their headers: [`dress`]); their metric
 /// series are declared in `metrics` (`GET`, 200; the redirect `/ui/`, 308).
 pub fn router<S: Clone + Send + Sync + 'static>(doc: &OpenApi, metrics: &Metrics) -> Router<S> {
     let mut router = Router::new();
@@ -92,18 +92,31 @@ pub fn router<S: Clone + Send + Sync + 'static>(doc: &OpenApi, metrics: &Metrics
             "200"
         };
         metrics.declare_route("GET", page.path, status);
-        let csp = page.csp;
-        router = router.route(
-            page.path,
-            page.get
-                .layer(map_response(move |response| with_headers(response, csp))),
-        );
+        router = router.route(page.path, page.get);
     }
     router
 }
 
-/// `response` with [`SECURITY_HEADERS`] and the policy `csp`.
-async fn with_headers(mut response: Response, csp: &'static str) -> Response {
+/// What the answers to a request for `path` must carry: under `/ui`, the
+/// console's headers; under `/docs`, the docs page's; `None` for every
+/// other path (the API's answers are JSON, not pages). For
+/// `telemetry::wrap`.
+pub fn dress(path: &str) -> Option<fn(&mut Response)> {
+    let under = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    if under(console::PAGE) {
+        Some(|response| secure(response, console::CSP))
+    } else if under(docs::PAGE) {
+        Some(|response| secure(response, docs::CSP))
+    } else {
+        None
+    }
+}
+
+/// Puts [`SECURITY_HEADERS`] and the policy `csp` on `response`.
+fn secure(response: &mut Response, csp: &'static str) {
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
@@ -112,5 +125,4 @@ async fn with_headers(mut response: Response, csp: &'static str) -> Response {
     for (name, value) in SECURITY_HEADERS {
         headers.insert(name, HeaderValue::from_static(value));
     }
-    response
 }

@@ -225,16 +225,21 @@ impl LockStore for Redlock {
             // any later quorum meets a node at or above it.
             let consistent =
                 granted.len() == self.nodes.len() && granted.iter().all(|f| *f == fence);
-            let fence_ok = consistent || {
+            // How many nodes hold the fence (and the grant) now.
+            let took = if consistent {
+                granted.len()
+            } else {
                 let answering = answers.answering();
                 let raised = fan_out(&self.nodes, Counting::As(answers.counts()), |i, n| {
                     answering[i].then(|| n.raise_fence(&req.name, &req.token, fence))
                 })
                 .await;
-                raised.counted_oks().filter(|held| **held).count() >= self.quorum
+                raised.counted_oks().filter(|held| **held).count()
             };
             let validity = self.validity(req.ttl, started.elapsed());
-            if fence_ok && let Some(validity) = validity {
+            if took >= self.quorum
+                && let Some(validity) = validity
+            {
                 let lease = Lease {
                     fence,
                     ttl: validity,
@@ -250,16 +255,20 @@ impl LockStore for Redlock {
             // A quorum granted, and nobody else holds the lock: what is
             // missing is the validity (the lease ran out, less the drift,
             // before the quorum's answers were in) or a quorum that took
-            // the fence. Either way nothing is held once the partial
-            // grants are released, and the answer says so, not "held".
+            // the fence (a node that did not answer in time, or restarted
+            // without the grant, in between: as for any round that too
+            // few nodes answered). Either way nothing is held once the
+            // partial grants are released, and the answer says so, not
+            // "held".
             spent = Some(if validity.is_none() {
                 LockError::LeaseSpent {
                     ttl: req.ttl.as_duration(),
                 }
             } else {
-                LockError::Unavailable(
-                    "a quorum granted, but fewer than a quorum took its fence".to_owned(),
-                )
+                LockError::QuorumUnavailable {
+                    answered: took,
+                    needed: self.quorum,
+                }
             });
         }
 

@@ -81,7 +81,7 @@ local function history_closed(fence, mode, granted, ends, owner, meta, how, at, 
   local held = redis.pcall('LPUSH', history_key, fence .. ' ' .. mode .. ' ' .. granted .. ' '
     .. (ends or at) .. ' ' .. how .. ' ' .. at .. tail .. '\n' .. (owner or '') .. '\n' .. (meta or ''))
   if type(held) == 'number' and held > 2 and held > 2 * history_size() then
-    redis.pcall('LTRIM', history_key, 0, history_size() - 1)
+    redis.pcall('LTRIM', history_key, '0', history_ms(history_size() - 1))
   end
   history_keep_for(0)
 end

@@ -21,7 +21,7 @@ if pttl == -2 then
     return {-2, '', '', '', '', writer, {}, ''}
   end
   local now = now_us()
-  local live = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf', 'WITHSCORES')
+  local live = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. int(now), '+inf', 'WITHSCORES')
   local leases = {}
   for i = 1, #live, 2 do
     local record = redis.call('HGET', KEYS[5], holder_field(live[i]))

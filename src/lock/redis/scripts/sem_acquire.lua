@@ -43,7 +43,7 @@ if mine and redis.call('ZSCORE', permits, token) then
   return {2, record.fence, limit}
 end
 if held >= limit then
-  local first = redis.call('ZRANGE', permits, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', permits, '0', '0', 'WITHSCORES')
   return {0, math.max(1, math.ceil((tonumber(first[2]) - now) / 1000)), limit}
 end
 local fence, err = next_fence(KEYS[3], ARGV[6])
@@ -53,7 +53,7 @@ end
 fence = string.format('%.0f', fence)
 local record = {fence = fence, owner = ARGV[4], granted_at_ms = tonumber(ARGV[5]), ttl_ms = ttl,
   meta = ARGV[9]}
-redis.call('ZADD', permits, now + us(ttl), token)
+redis.call('ZADD', permits, int(now + us(ttl)), token)
 redis.call('HSET', holders, 'limit', limit, holder_field(token), cjson.encode(record))
 expire_with_last(permits, holders, now)
 tell(ARGV[8], ARGV[7], 'acquired ' .. fence .. ' ' .. ARGV[3] .. ' ' .. ARGV[5] .. ' ' .. ARGV[4]

@@ -5,7 +5,7 @@
 -- expiry first, or {0} when no permit is held.
 local permits, holders = KEYS[1], KEYS[2]
 local now = now_us()
-local live = redis.call('ZRANGEBYSCORE', permits, '(' .. now, '+inf', 'WITHSCORES')
+local live = redis.call('ZRANGEBYSCORE', permits, '(' .. int(now), '+inf', 'WITHSCORES')
 if #live == 0 then
   return {0}
 end

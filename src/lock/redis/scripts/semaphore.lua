@@ -25,14 +25,23 @@ local function us(ms)
   return ms * 1000
 end
 
+-- A whole number `n` as the decimal text a command is given. A Lua number
+-- given to redis.call is written with a "%.17g" printf (and one joined to
+-- text with "%.14g", which rounds a time in µs to its 14 first digits):
+-- each costs Redis several times what this does (docs/performance.md).
+local function int(n)
+  return string.format('%d', n)
+end
+
 -- Forgets the permits that ran out by `now`, publishing `expired FENCE`
 -- for each on `channel` with `publish` (PUBLISH or SPUBLISH), before the
 -- calling script's own change (src/lock/change.rs); returns how many are
 -- held.
 local function prune(permits, holders, now, channel, publish)
-  local gone = redis.call('ZRANGEBYSCORE', permits, '-inf', now)
+  local upto = int(now)
+  local gone = redis.call('ZRANGEBYSCORE', permits, '-inf', upto)
   if #gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', permits, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', permits, '-inf', upto)
     -- In slices: unpack() of thousands of values overflows Lua's stack.
     for first = 1, #gone, 500 do
       local fields = {}
@@ -65,10 +74,10 @@ end
 -- where keys that Redis expired would vanish without a word, and a watcher
 -- could hear the next permit granted before the last one ran out.
 local function expire_with_last(permits, holders, now)
-  local last = redis.call('ZRANGE', permits, -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', permits, '-1', '-1', 'WITHSCORES')
   if #last == 2 then
     -- In whole ms, rounded up, and the second after the last permit.
-    local left = math.floor((tonumber(last[2]) - now) / 1000) + 1001
+    local left = int(math.floor((tonumber(last[2]) - now) / 1000) + 1001)
     redis.call('PEXPIRE', permits, left)
     redis.call('PEXPIRE', holders, left)
   end
@@ -84,7 +93,7 @@ end
 -- life (expire_with_last). For a renewal and an extend alike.
 local function reset_lease(permits, holders, token, record, ttl, now)
   record.ttl_ms = ttl
-  redis.call('ZADD', permits, 'XX', now + us(ttl), token)
+  redis.call('ZADD', permits, 'XX', int(now + us(ttl)), token)
   redis.call('HSET', holders, holder_field(token), cjson.encode(record))
   expire_with_last(permits, holders, now)
 end
@@ -95,7 +104,7 @@ end
 -- FENCE BY` for each; appends {fence, mode, owner, meta} of each to
 -- `out`. Call prune first: what ran out is not broken but expired.
 local function break_leases(leases, records, fence, by, channel, publish, mode, out)
-  for _, token in ipairs(redis.call('ZRANGE', leases, 0, -1)) do
+  for _, token in ipairs(redis.call('ZRANGE', leases, '0', '-1')) do
     local field = holder_field(token)
     local ok, record = pcall(cjson.decode, redis.call('HGET', records, field) or '')
     if ok and type(record) == 'table' and record.fence then

@@ -25,7 +25,7 @@ end
 
 -- Milliseconds until the last live shared lease ends (at least 1).
 local function last_shared_ms(shared)
-  local last = redis.call('ZRANGE', shared, -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', shared, '-1', '-1', 'WITHSCORES')
   if #last < 2 then
     return 1
   end
@@ -47,21 +47,21 @@ local function note_writer(writers, token, wait_ms, shared)
   end
   local now = now_us()
   local until_us = now + us(wait)
-  local last = redis.call('ZRANGE', shared, -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', shared, '-1', '-1', 'WITHSCORES')
   if #last == 2 then
     until_us = math.min(until_us, tonumber(last[2]) + 1000000)
   end
-  redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
-  redis.call('ZADD', writers, until_us, token)
-  local last = redis.call('ZRANGE', writers, -1, -1, 'WITHSCORES')
-  redis.call('PEXPIRE', writers, math.floor((tonumber(last[2]) - now) / 1000) + 1)
+  redis.call('ZREMRANGEBYSCORE', writers, '-inf', int(now))
+  redis.call('ZADD', writers, int(until_us), token)
+  local last = redis.call('ZRANGE', writers, '-1', '-1', 'WITHSCORES')
+  redis.call('PEXPIRE', writers, int(math.floor((tonumber(last[2]) - now) / 1000) + 1))
 end
 
 -- Milliseconds until the last waiting writer stops waiting, or nil when
 -- none waits; `now` in µs of this server's clock (read here when nil).
 local function writer_waits_ms(writers, now)
   now = now or now_us()
-  local last = redis.call('ZRANGE', writers, -1, -1, 'WITHSCORES')
+  local last = redis.call('ZRANGE', writers, '-1', '-1', 'WITHSCORES')
   if #last < 2 or tonumber(last[2]) <= now then
     return nil
   end

@@ -56,7 +56,7 @@ end
 local text = fence
 local record = {fence = text, owner = ARGV[3], granted_at_ms = tonumber(ARGV[4]), ttl_ms = ttl,
   meta = ARGV[10]}
-redis.call('ZADD', shared, now + us(ttl), token)
+redis.call('ZADD', shared, int(now + us(ttl)), token)
 redis.call('HSET', readers, field, cjson.encode(record))
 expire_with_last(shared, readers, now)
 publish_change(ARGV[7], ARGV[6], 'shared ' .. text .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' '
