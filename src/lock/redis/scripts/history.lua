@@ -48,8 +48,13 @@ local function history_size()
   return tonumber(ARGV[#ARGV - 2]) or 0
 end
 
--- A whole number of ms as Redis and the entries write it.
-local function history_ms(n)
+-- A whole number `n` (ms, µs, an index) as decimal text, as Redis and the
+-- history's entries write it; for every script, which all have this file
+-- in front. A Lua number given to redis.call is written with a "%.17g"
+-- printf (and one joined to text with "%.14g", which rounds a time in µs
+-- to its 14 first digits): each costs Redis several times what this does
+-- (docs/performance.md).
+local function int(n)
   return string.format('%d', n)
 end
 
@@ -59,7 +64,7 @@ local function history_keep_for(ms)
   if ms <= 0 then
     redis.pcall('PEXPIRE', history_key, ARGV[#ARGV - 1])
   else
-    redis.pcall('PEXPIRE', history_key, history_ms(ms + (tonumber(ARGV[#ARGV - 1]) or 0)))
+    redis.pcall('PEXPIRE', history_key, int(ms + (tonumber(ARGV[#ARGV - 1]) or 0)))
   end
 end
 
@@ -81,7 +86,7 @@ local function history_closed(fence, mode, granted, ends, owner, meta, how, at, 
   local held = redis.pcall('LPUSH', history_key, fence .. ' ' .. mode .. ' ' .. granted .. ' '
     .. (ends or at) .. ' ' .. how .. ' ' .. at .. tail .. '\n' .. (owner or '') .. '\n' .. (meta or ''))
   if type(held) == 'number' and held > 2 and held > 2 * history_size() then
-    redis.pcall('LTRIM', history_key, '0', history_ms(history_size() - 1))
+    redis.pcall('LTRIM', history_key, '0', int(history_size() - 1))
   end
   history_keep_for(0)
 end

@@ -26,9 +26,4 @@ local function read_record(names)
   return rec
 end
 
--- The integer text of a whole number of milliseconds (Lua's numbers are
--- doubles: exact up to 2^53). '%d', not '%.0f': a float's printf costs
--- Redis several times an integer's (docs/performance.md).
-local function ms(n)
-  return string.format('%d', n)
-end
+-- Whole numbers are written with `int` (history.lua).

@@ -31,7 +31,7 @@ if ttl == '' then
   end
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
-redis.call('HSET', KEYS[2], 'ttl_ms', ttl, 'ends_ms', ms(tonumber(ARGV[7]) + tonumber(ttl)))
-redis.call('PEXPIRE', KEYS[2], ms(tonumber(ttl) + tonumber(ARGV[4])))
+redis.call('HSET', KEYS[2], 'ttl_ms', ttl, 'ends_ms', int(tonumber(ARGV[7]) + tonumber(ttl)))
+redis.call('PEXPIRE', KEYS[2], int(tonumber(ttl) + tonumber(ARGV[4])))
 publish_change(ARGV[6], ARGV[5], 'extended ' .. (rec[2] or '0') .. ' ' .. ttl .. ' ' .. ARGV[7])
 return {1, rec[2] or '0', rec[3] or '0', ttl}

@@ -31,8 +31,8 @@ if state == 'done' then
   local done = read_record({'completed_at_ms', 'result'})
   return {3, rec[3] or '0', rec[4] or '0', done[1] or '0', done[2] or 'null'}
 end
-local keep = ms(tonumber(ARGV[2]) + tonumber(ARGV[9]))
-local ends = ms(tonumber(ARGV[4]) + tonumber(ARGV[2]))
+local keep = int(tonumber(ARGV[2]) + tonumber(ARGV[9]))
+local ends = int(tonumber(ARGV[4]) + tonumber(ARGV[2]))
 local current = redis.call('GET', KEYS[1])
 if current then
   if current ~= ARGV[1] then
@@ -69,12 +69,12 @@ if state then
 end
 local attempt = (tonumber(rec[4] or '') or 0) + 1
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('HSET', KEYS[2], 'state', 'running', 'fence', ms(fence), 'attempt', ms(attempt),
+redis.call('HSET', KEYS[2], 'state', 'running', 'fence', int(fence), 'attempt', int(attempt),
   'owner', ARGV[3], 'started_at_ms', ARGV[4], 'ttl_ms', ARGV[2], 'ends_ms', ends, 'meta', ARGV[10])
 if not fingerprint and ARGV[8] ~= '' then
   redis.call('HSET', KEYS[2], 'fingerprint', ARGV[8])
 end
 redis.call('PEXPIRE', KEYS[2], keep)
-publish_change(ARGV[7], ARGV[6], 'acquired ' .. ms(fence) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
+publish_change(ARGV[7], ARGV[6], 'acquired ' .. int(fence) .. ' ' .. ARGV[2] .. ' ' .. ARGV[4] .. ' ' .. ARGV[3]
   .. meta_line(ARGV[10]))
-return {1, ms(fence), ms(attempt), took_over}
+return {1, int(fence), int(attempt), took_over}

@@ -25,14 +25,6 @@ local function us(ms)
   return ms * 1000
 end
 
--- A whole number `n` as the decimal text a command is given. A Lua number
--- given to redis.call is written with a "%.17g" printf (and one joined to
--- text with "%.14g", which rounds a time in µs to its 14 first digits):
--- each costs Redis several times what this does (docs/performance.md).
-local function int(n)
-  return string.format('%d', n)
-end
-
 -- Forgets the permits that ran out by `now`, publishing `expired FENCE`
 -- for each on `channel` with `publish` (PUBLISH or SPUBLISH), before the
 -- calling script's own change (src/lock/change.rs); returns how many are

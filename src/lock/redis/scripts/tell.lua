@@ -30,7 +30,7 @@ local function history_open(fence, alone)
       return 0, head, expires, body, 0
     end
   end
-  local items = redis.pcall('LRANGE', history_key, '0', history_ms(history_size() - 1))
+  local items = redis.pcall('LRANGE', history_key, '0', int(history_size() - 1))
   if type(items) ~= 'table' or items.err then
     return nil
   end
@@ -75,9 +75,9 @@ local function history_granted(fence, mode, granted, ttl, owner, meta, alone)
   -- Trimmed back to the length once it holds twice that: one LTRIM every
   -- length grants rather than one each (readers read the newest alone).
   local held = redis.pcall('LPUSH', history_key,
-    fence .. ' ' .. mode .. ' ' .. granted .. ' ' .. history_ms(ends) .. '\n' .. owner .. '\n' .. meta)
+    fence .. ' ' .. mode .. ' ' .. granted .. ' ' .. int(ends) .. '\n' .. owner .. '\n' .. meta)
   if type(held) == 'number' and held > 2 and held > 2 * history_size() then
-    redis.pcall('LTRIM', history_key, '0', history_ms(history_size() - 1))
+    redis.pcall('LTRIM', history_key, '0', int(history_size() - 1))
   end
   history_keep_until(ends, alone)
 end
@@ -91,7 +91,7 @@ local function history_extended(fence, ttl, at)
   local index, head, _, body = history_open(fence)
   if index then
     local ends = at + ttl
-    redis.pcall('LSET', history_key, history_ms(index), head .. ' ' .. history_ms(ends) .. body)
+    redis.pcall('LSET', history_key, int(index), head .. ' ' .. int(ends) .. body)
     history_keep_until(ends)
   end
 end
@@ -115,7 +115,7 @@ local function history_ended(fence, how, by, alone)
   if by and by ~= '' then
     tail = ' ' .. by
   end
-  redis.pcall('LSET', history_key, history_ms(index),
+  redis.pcall('LSET', history_key, int(index),
     head .. ' ' .. expires .. ' ' .. how .. ' ' .. at .. tail .. body)
   if latest > 0 then
     history_keep_for(latest - history_now)
